@@ -1,0 +1,75 @@
+"""opmux: define inference ops once, let every platform plug in faster providers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opmux.core.custom_op import CustomOp, custom_op_counts, set_custom_ops
+from opmux.core.errors import (
+    BuildError,
+    ConfigError,
+    OpInputError,
+    OpmuxError,
+    PlatformError,
+    PluginLoadError,
+    ProviderUnavailableError,
+    RegistrationError,
+    SignatureMismatchError,
+    UnknownOpError,
+    UnknownRunnerError,
+)
+from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
+from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, load_plugins, plugin_report
+from opmux.core.registry import OpRegistry, get_op, global_registry, list_ops, register_op
+from opmux.core.torch_lib import direct_register_custom_op
+from opmux.platforms import current_platform
+from opmux.platforms.base import Platform
+
+__all__ = [
+    "PLUGIN_GROUP",
+    "BuildError",
+    "ConfigError",
+    "CustomOp",
+    "Op",
+    "OpImpl",
+    "OpInputError",
+    "OpRegistry",
+    "OpmuxError",
+    "Platform",
+    "PlatformError",
+    "PluginLoadError",
+    "PluginRecord",
+    "ProviderUnavailableError",
+    "RegistrationError",
+    "SignatureMismatchError",
+    "UnknownOpError",
+    "UnknownRunnerError",
+    "current_platform",
+    "custom_op_counts",
+    "direct_register_custom_op",
+    "enable_torch_wrap",
+    "get_op",
+    "global_registry",
+    "hookimpl",
+    "list_ops",
+    "load_plugins",
+    "plugin_report",
+    "register_op",
+    "set_custom_ops",
+    "torch_wrap_enabled",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("opmux")
+        except PackageNotFoundError:
+            return "0+unknown"
+    if name == "ops":
+        import opmux.ops as ops
+
+        return ops
+    raise AttributeError(f"module 'opmux' has no attribute {name!r}")

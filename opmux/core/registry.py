@@ -1,0 +1,226 @@
+"""The op registry: owns the torch libraries, the ops, and lazy plugin loading.
+
+The process has one global registry (:func:`global_registry`); tests build their own
+with a unique namespace (see ``tests/conftest.py``) or call :func:`_reset_for_tests`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, overload
+
+import torch
+
+from opmux.core.errors import RegistrationError, UnknownOpError
+from opmux.core.op import Op
+from opmux.core.torch_lib import infer_schema, validate_name
+
+__all__ = ["OpRegistry", "get_op", "global_registry", "list_ops", "register_op"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+DEFAULT_NAMESPACE = "opmux"
+
+
+class OpRegistry:
+    """Ops by qualified name, plus the :class:`torch.library.Library` of each namespace.
+
+    :param loader: called once, on first use of any op, to load plugins (the global
+        registry loads entry-point plugins; a test registry usually has none).
+    """
+
+    def __init__(self, *, loader: Callable[[OpRegistry], None] | None = None) -> None:
+        self._ops: dict[str, Op] = {}
+        self._libs: dict[str, torch.library.Library] = {}
+        self._lock = threading.RLock()
+        self._loader = loader
+        #: one-element list read on the hot path: has the loader run?
+        self._loaded: list[bool] = [loader is None]
+        self._loading_thread: int | None = None
+        self._journal: list[tuple[Op, str]] | None = None
+        self._op_journal: list[Op] | None = None
+
+    # ------------------------------------------------------------ libraries
+    def library(self, namespace: str) -> torch.library.Library:
+        """The FRAGMENT library of ``namespace`` (created on first use, kept alive)."""
+        with self._lock:
+            lib = self._libs.get(namespace)
+            if lib is None:
+                validate_name("namespace", namespace)
+                lib = torch.library.Library(namespace, "FRAGMENT")
+                self._libs[namespace] = lib
+            return lib
+
+    def _impl_kernel(self, op: Op, kernel: Callable[..., Any], key: str) -> None:
+        self.library(op.namespace).impl(op.name, kernel, key)
+
+    def _register_fake(self, op: Op, fn: Callable[..., Any], *, override: bool) -> None:
+        torch.library.register_fake(op.qualname, fn, lib=self.library(op.namespace),
+                                    allow_override=override)
+
+    # ----------------------------------------------------------------- ops
+    def register_op(self, fn: Callable[..., Any], *, name: str | None = None,
+                    namespace: str = DEFAULT_NAMESPACE, mutates_args: Iterable[str] = (),
+                    tags: Sequence[torch.Tag] = ()) -> Op:
+        """Define ``namespace::name`` from the native function ``fn``; see :func:`register_op`."""
+        op_name = validate_name("op", name if name is not None else fn.__name__)
+        validate_name("namespace", namespace)
+        qualname = f"{namespace}::{op_name}"
+        mutates = tuple(mutates_args)
+        schema = infer_schema(fn, op=qualname, mutates_args=mutates)
+        with self._lock:
+            if qualname in self._ops or hasattr(getattr(torch.ops, namespace), op_name):
+                raise RegistrationError(
+                    f"op {qualname!r} is already defined; choose another name or namespace "
+                    f"(tests: use the fresh-registry fixture, which gives a unique namespace)",
+                    op=qualname,
+                )
+            lib = self.library(namespace)
+            lib.define(op_name + schema, tags=tuple(tags))
+            op = Op(self, op_name, namespace, fn, schema, mutates)
+            lib.impl(op_name, op._native_kernel(), "CompositeExplicitAutograd")
+            self._register_fake(op, fn, override=False)
+            self._ops[qualname] = op
+            if self._op_journal is not None:
+                self._op_journal.append(op)
+            return op
+
+    def get_op(self, name: str) -> Op:
+        """The op called ``name`` (``"rms_norm"`` means ``"opmux::rms_norm"``)."""
+        qualname = name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
+        op = self._ops.get(qualname)
+        if op is None and self is _GLOBAL[0] and qualname.startswith("opmux::"):
+            import opmux.ops  # noqa: F401  (the catalog registers itself on import)
+
+            op = self._ops.get(qualname)
+        if op is None:
+            raise UnknownOpError(
+                f"no op named {name!r}; registered ops: {sorted(self._ops)}"
+            )
+        return op
+
+    def list_ops(self) -> list[Op]:
+        """Every registered op, sorted by qualified name."""
+        if self is _GLOBAL[0]:
+            import opmux.ops  # noqa: F401
+
+        return [self._ops[k] for k in sorted(self._ops)]
+
+    def _forget_op(self, op: Op) -> None:
+        # torch cannot undefine one op of a shared library; the op stays defined in
+        # torch (native kernel only) but leaves the registry.
+        with self._lock:
+            self._ops.pop(op.qualname, None)
+
+    # --------------------------------------------------------------- loading
+    def _ensure_loaded(self) -> None:
+        if self._loaded[0] or self._loader is None:
+            return
+        with self._lock:
+            if self._loaded[0] or self._loading_thread == threading.get_ident():
+                return  # loaded, or re-entered from a plugin hook while loading
+            self._loading_thread = threading.get_ident()
+            try:
+                self._loader(self)
+            finally:
+                self._loading_thread = None
+                self._loaded[0] = True
+
+    def _journal_impl(self, op: Op, provider: str) -> None:
+        if self._journal is not None:
+            self._journal.append((op, provider))
+
+    def _begin_journal(self) -> None:
+        self._journal = []
+        self._op_journal = []
+
+    def _end_journal(self, *, rollback: bool) -> list[str]:
+        journal, ops = self._journal or [], self._op_journal or []
+        self._journal = self._op_journal = None
+        if rollback:
+            for op, provider in reversed(journal):
+                if provider in op._impls:
+                    op.unregister_impl(provider)
+            for op in ops:
+                self._forget_op(op)
+        return [f"{op.qualname}:{provider}" for op, provider in journal]
+
+    def _reset_for_tests(self) -> None:
+        """Drop every op and destroy this registry's torch libraries."""
+        with self._lock:
+            for lib in self._libs.values():
+                lib._destroy()
+            self._libs.clear()
+            self._ops.clear()
+            self._loaded[0] = self._loader is None
+
+
+def _load_global(registry: OpRegistry) -> None:
+    from opmux.core.plugins import _load_into
+
+    _load_into(registry)
+
+
+_GLOBAL: list[OpRegistry] = [OpRegistry(loader=_load_global)]
+
+
+def global_registry() -> OpRegistry:
+    """The process-wide registry plugins register into."""
+    return _GLOBAL[0]
+
+
+@overload
+def register_op(fn: _F, /) -> Op: ...
+
+
+@overload
+def register_op(*, name: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                mutates_args: Iterable[str] = (), tags: Sequence[torch.Tag] = (),
+                registry: OpRegistry | None = None) -> Callable[[Callable[..., Any]], Op]: ...
+
+
+def register_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+                namespace: str = DEFAULT_NAMESPACE, mutates_args: Iterable[str] = (),
+                tags: Sequence[torch.Tag] = (),
+                registry: OpRegistry | None = None) -> Op | Callable[[Callable[..., Any]], Op]:
+    """Turn a native PyTorch function into an :class:`~opmux.Op` and a torch op.
+
+    Usable bare (``@register_op``) or with arguments (``@register_op(name=...)``). The
+    schema is inferred from the annotations; the function becomes the
+    ``CompositeExplicitAutograd`` kernel and, until :meth:`Op.register_fake` says
+    otherwise, the fake kernel too.
+
+    >>> import torch, opmux
+    >>> @opmux.register_op(namespace="opmux_doc")
+    ... def scale2(x: torch.Tensor) -> torch.Tensor:
+    ...     return x * 2
+    >>> scale2(torch.ones(2)).tolist()
+    [2.0, 2.0]
+    >>> str(scale2.torch_op)
+    'opmux_doc.scale2.default'
+
+    :param name: op name (default: the function's name).
+    :param namespace: torch namespace (default ``"opmux"``).
+    :param mutates_args: names of Tensor arguments the op writes in place.
+    :param tags: :class:`torch.Tag` values for the schema.
+    :param registry: where to register (default: the global registry).
+    """
+    reg = registry if registry is not None else _GLOBAL[0]
+
+    def decorator(f: Callable[..., Any]) -> Op:
+        return reg.register_op(f, name=name, namespace=namespace, mutates_args=mutates_args,
+                               tags=tags)
+
+    if fn is not None:
+        return decorator(fn)
+    return decorator
+
+
+def get_op(name: str) -> Op:
+    """The op ``name`` from the global registry (the catalog is imported on demand)."""
+    return _GLOBAL[0].get_op(name)
+
+
+def list_ops() -> list[Op]:
+    """Every op of the global registry, the catalog included."""
+    return _GLOBAL[0].list_ops()

@@ -1,0 +1,151 @@
+"""Platform detection: which platform this process runs on, and why.
+
+Each built-in platform has one cheap detector in :data:`BUILTIN_DETECTORS` (tests
+monkeypatch this dict). Out-of-tree platforms come from plugins' ``opmux_platforms``
+hook. :func:`current_platform` resolves once, lazily, and caches; ``OPMUX_PLATFORM``
+forces a platform by name.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+
+from opmux.core.errors import PlatformError
+from opmux.platforms.ascend import AscendPlatform, detect_ascend
+from opmux.platforms.base import Detection, Platform
+from opmux.platforms.builtin import (
+    CpuPlatform,
+    CudaPlatform,
+    RocmPlatform,
+    XlaPlatform,
+    detect_cuda,
+    detect_rocm,
+    detect_xla,
+)
+
+__all__ = [
+    "BUILTIN_DETECTORS",
+    "BUILTIN_PLATFORMS",
+    "Detection",
+    "Platform",
+    "current_platform",
+    "detections",
+    "resolve_platform",
+]
+
+#: Detectors of the built-in platforms, in the order they are consulted. The first
+#: that claims the machine wins (after out-of-tree platforms); CPU is the fallback.
+BUILTIN_DETECTORS: dict[str, Callable[[], Detection]] = {
+    "ascend": detect_ascend,
+    "xla": detect_xla,
+    "rocm": detect_rocm,
+    "cuda": detect_cuda,
+}
+
+#: Built-in platform classes by name.
+BUILTIN_PLATFORMS: dict[str, type[Platform]] = {
+    "cpu": CpuPlatform,
+    "cuda": CudaPlatform,
+    "rocm": RocmPlatform,
+    "xla": XlaPlatform,
+    "ascend": AscendPlatform,
+}
+
+_lock = threading.Lock()
+_current: list[Platform | None] = [None]
+_detections: list[Detection] = []
+_resolved_at: list[str | None] = [None]
+
+
+def _run_detector(name: str, detector: Callable[[], Detection]) -> Detection:
+    try:
+        return detector()
+    except Exception as exc:  # kept as the reason; detection goes on
+        return Detection(name, None, f"detector raised {type(exc).__name__}: {exc}")
+
+
+def resolve_platform(oot: Sequence[type[Platform]] = ()) -> tuple[Platform, list[Detection]]:
+    """Decide the platform from scratch (no caching) given out-of-tree classes.
+
+    :raises PlatformError: ``OPMUX_PLATFORM`` names no known platform, or several
+        out-of-tree platforms claim the machine.
+    """
+    by_name: dict[str, type[Platform]] = dict(BUILTIN_PLATFORMS)
+    for cls in oot:
+        by_name[cls.name] = cls
+    forced = os.environ.get("OPMUX_PLATFORM", "").strip()
+    if forced:
+        cls = by_name.get(forced)
+        if cls is None:
+            raise PlatformError(
+                f"OPMUX_PLATFORM={forced!r} names no known platform; valid: {sorted(by_name)}"
+            )
+        return cls(), [Detection(forced, f"{cls.__module__}.{cls.__qualname__}",
+                                 "forced by OPMUX_PLATFORM")]
+    found: list[Detection] = []
+    claims: list[type[Platform]] = []
+    for cls in oot:
+        try:
+            ok = bool(cls.is_available())
+            why = "is_available() returned " + str(ok)
+        except Exception as exc:
+            ok, why = False, f"is_available() raised {type(exc).__name__}: {exc}"
+        found.append(Detection(cls.name, f"{cls.__module__}.{cls.__qualname__}" if ok else None,
+                               f"out-of-tree: {why}"))
+        if ok:
+            claims.append(cls)
+    if len(claims) > 1:
+        names = sorted(f"{c.name} ({c.__module__}.{c.__qualname__})" for c in claims)
+        raise PlatformError(
+            f"several out-of-tree platforms claim this machine: {', '.join(names)}; only one "
+            f"may be active: uninstall one, or force one with OPMUX_PLATFORM=<name>"
+        )
+    chosen: Platform | None = claims[0]() if claims else None
+    for name, detector in BUILTIN_DETECTORS.items():
+        det = _run_detector(name, detector)
+        found.append(det)
+        if chosen is None and det.claimed:
+            chosen = BUILTIN_PLATFORMS[name]()
+    found.append(Detection("cpu", "opmux.platforms.builtin.CpuPlatform",
+                           "fallback" if chosen is None else "available (not chosen)"))
+    return (chosen if chosen is not None else CpuPlatform()), found
+
+
+def current_platform() -> Platform:
+    """The platform of this process, resolved on first use and cached.
+
+    Out-of-tree platforms of installed plugins take part (their entry modules are
+    imported, which is cheap: heavy code loads only in ``opmux_register``).
+    """
+    cached = _current[0]
+    if cached is not None:
+        return cached
+    from opmux.core.plugins import _discovered_platforms
+
+    oot = _discovered_platforms()
+    with _lock:
+        if _current[0] is None:
+            platform, found = resolve_platform(oot)
+            _detections[:] = found
+            _resolved_at[0] = "".join(traceback.format_stack(limit=6)[:-1])
+            _current[0] = platform
+        result = _current[0]
+    assert result is not None
+    return result
+
+
+def detections() -> list[Detection]:
+    """Every detector's verdict from the last resolution (resolving if needed)."""
+    current_platform()
+    return list(_detections)
+
+
+def _reset_for_tests() -> None:
+    """Forget the cached platform so the next call resolves again."""
+    with _lock:
+        _current[0] = None
+        _detections.clear()
+        _resolved_at[0] = None
