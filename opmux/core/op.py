@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -56,6 +57,7 @@ DEVICE_TYPE_TO_KEY: Final[dict[str, str]] = {
 #: of a module global that a ``global`` statement rebinds.
 _WRAP: list[bool] = [True]
 _WRAP_LOCK = threading.Lock()
+_ALL_OPS: weakref.WeakSet[Op] = weakref.WeakSet()
 
 
 def torch_wrap_enabled() -> bool:
@@ -74,12 +76,18 @@ def enable_torch_wrap(enabled: bool = True) -> Iterator[None]:
     """
     with _WRAP_LOCK:
         previous = _WRAP[0]
-        _WRAP[0] = bool(enabled)
+        _set_wrap(bool(enabled))
     try:
         yield
     finally:
         with _WRAP_LOCK:
-            _WRAP[0] = previous
+            _set_wrap(previous)
+
+
+def _set_wrap(enabled: bool) -> None:
+    _WRAP[0] = enabled
+    for op in list(_ALL_OPS):
+        op._install_call(enabled)
 
 
 @final
@@ -122,11 +130,18 @@ class OpImpl:
 class _KeyChain:
     """The providers of one dispatch key, in priority order (mutable holder)."""
 
-    __slots__ = ("chain", "key")
+    __slots__ = ("chain", "key", "pairs")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.chain: tuple[OpImpl, ...] = ()
+        #: ``(supports_args, fn)`` of each chain entry: what the hot path reads.
+        self.pairs: tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...] = ()
+
+    def set(self, chain: tuple[OpImpl, ...]) -> None:
+        # pairs first: a reader of pairs never sees a chain without its pairs
+        self.pairs = tuple((impl.supports_args, impl.fn) for impl in chain)
+        self.chain = chain
 
 
 _LAYERS: Final = ("code", "env", "plugins", "platform")
@@ -160,28 +175,54 @@ class Op:
         self._layers: dict[str, list[str] | None] = dict.fromkeys(_LAYERS)
         self._fake: Callable[..., Any] = native
         self.torch_op: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
+        self._eager = self._build_eager()
+        # a class of its own, so __call__ can be the OpOverload itself (see _install_call)
+        self.__class__ = type("Op", (type(self),), {"__module__": "opmux"})
+        self._install_call(_WRAP[0])
+        _ALL_OPS.add(self)
 
     # ------------------------------------------------------------------ calling
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # HOT PATH: one flag read, then the torch dispatcher (or the eager bypass).
-        if _WRAP[0]:
-            return self.torch_op(*args, **kwargs)
-        return self._call_eager(args, kwargs)
+    # Each Op gets its own subclass whose ``__call__`` is, with the torch wrap on, the
+    # OpOverload itself (no Python frame of ours before the dispatcher) and, with the
+    # wrap off, the eager-selection closure. ``enable_torch_wrap`` swaps them.
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance class
+        return self.torch_op(*args, **kwargs)
 
-    def _call_eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # HOT PATH (torch wrap off): plain call of the selected provider.
-        if torch.compiler.is_compiling():
-            return self.torch_op(*args, **kwargs)
-        registry = self._registry
-        if not registry._loaded[0]:
-            registry._ensure_loaded()
-        holder = self._chains.get(_key_of(args))
-        if holder is not None:
-            for impl in holder.chain:
-                pred = impl.supports_args
-                if pred is None or pred(*args, **kwargs):
-                    return impl.fn(*args, **kwargs)
-        return self.native(*args, **kwargs)
+    def _install_call(self, wrap: bool) -> None:
+        target = self.torch_op if wrap else self._eager
+        setattr(type(self), "__call__", staticmethod(target))  # noqa: B010
+
+    def _build_eager(self) -> Callable[..., Any]:
+        chains = self._chains
+        native = self.native
+        torch_op = self.torch_op
+        loaded = self._registry._loaded
+        ensure_loaded = self._registry._ensure_loaded
+        is_compiling = torch.compiler.is_compiling
+        keymap = DEVICE_TYPE_TO_KEY
+        tensor = torch.Tensor
+
+        def eager(*args: Any, **kwargs: Any) -> Any:
+            # HOT PATH (torch wrap off): a plain call of the selected provider.
+            if is_compiling():
+                return torch_op(*args, **kwargs)
+            if not loaded[0]:
+                ensure_loaded()
+            first = args[0] if args else None
+            if isinstance(first, tensor):
+                # is_cpu / is_cuda are cheap; Tensor.device builds an object (≈1 µs)
+                key = "CPU" if first.is_cpu else "CUDA" if first.is_cuda else keymap.get(
+                    first.device.type, "PrivateUse1")
+            else:
+                key = _key_of(args, kwargs)
+            holder = chains.get(key)
+            if holder is not None:
+                for pred, fn in holder.pairs:
+                    if pred is None or pred(*args, **kwargs):
+                        return fn(*args, **kwargs)
+            return native(*args, **kwargs)
+
+        return eager
 
     def _make_kernel(self, holder: _KeyChain) -> Callable[..., Any]:
         native = self.native
@@ -192,10 +233,9 @@ class Op:
             # HOT PATH: the torch dispatcher calls this with every argument positional.
             if not loaded[0]:
                 ensure_loaded()
-            for impl in holder.chain:
-                pred = impl.supports_args
+            for pred, fn in holder.pairs:
                 if pred is None or pred(*args):
-                    return impl.fn(*args)
+                    return fn(*args)
             return native(*args)
 
         kernel.__name__ = f"{self.name}_{holder.key.lower()}_kernel"
@@ -325,11 +365,11 @@ class Op:
     def _rebuild_chains(self) -> None:
         order = self.priority()
         for key, holder in self._chains.items():
-            holder.chain = tuple(
+            holder.set(tuple(
                 impl for name in order
                 if (impl := self._impls.get(name)) is not None
                 and impl.provider != NATIVE and impl.dispatch_key == key and impl.supported
-            )
+            ))
 
     # ---------------------------------------------------------- registration
     def register_impl(
@@ -470,6 +510,7 @@ def _safe_pred(impl: OpImpl, args: tuple[Any, ...], kwargs: dict[str, Any]) -> b
 
 
 def _key_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> str:
+    """The dispatch key of the first tensor argument (``CPU`` when there is none)."""
     for a in args:
         if isinstance(a, torch.Tensor):
             return DEVICE_TYPE_TO_KEY.get(a.device.type, "PrivateUse1")

@@ -78,13 +78,14 @@ def resolve_platform(oot: Sequence[type[Platform]] = ()) -> tuple[Platform, list
         by_name[cls.name] = cls
     forced = os.environ.get("OPMUX_PLATFORM", "").strip()
     if forced:
-        cls = by_name.get(forced)
-        if cls is None:
+        forced_cls = by_name.get(forced)
+        if forced_cls is None:
             raise PlatformError(
                 f"OPMUX_PLATFORM={forced!r} names no known platform; valid: {sorted(by_name)}"
             )
-        return cls(), [Detection(forced, f"{cls.__module__}.{cls.__qualname__}",
-                                 "forced by OPMUX_PLATFORM")]
+        return forced_cls(), [Detection(
+            forced, f"{forced_cls.__module__}.{forced_cls.__qualname__}",
+            "forced by OPMUX_PLATFORM")]
     found: list[Detection] = []
     claims: list[type[Platform]] = []
     for cls in oot:

@@ -1,0 +1,17 @@
+# The two commands of the README. Each sets up what it needs (lane environments are
+# cached outside the checkout, see .ci/lane).
+LANES ?= core triton mindspore xla
+
+.PHONY: demo info test $(addprefix test-,$(LANES))
+
+demo:  ## the main job: a tiny decoder through opmux ops, checked against native
+	@bash .ci/lane core -- opmux demo
+
+info:
+	@bash .ci/lane core -- opmux info
+
+test: $(addprefix test-,$(LANES))  ## every lane; fails on any failure (pytest exit 5 too)
+
+test-%:
+	@echo "==> lane $*"
+	@bash .ci/lane $*

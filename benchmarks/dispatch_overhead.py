@@ -1,0 +1,110 @@
+"""Per-call overhead of opmux dispatch on a 4-element add, against baselines run here.
+
+Prints µs/call (median of repeats) and ratios: opmux (torch wrap on) vs a bare
+``Library.define/impl`` op, opmux (wrap off) vs a plain call of the chosen provider,
+both vs ``torch.library.custom_op``. Each with 1 provider and with 3 providers (the first
+with a ``supports_args`` that declines, so the second runs).
+
+    python benchmarks/dispatch_overhead.py [--number 20000] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import opmux
+
+
+def _time_all(cases: dict[str, Callable[[], Any]], number: int, repeat: int) -> dict[str, float]:
+    """Median µs/call per case; rounds interleave the cases so load spikes hit all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():
+        for _ in range(200):
+            fn()
+    for _ in range(repeat):
+        for name, fn in cases.items():
+            samples[name].append(timeit.timeit(fn, number=number) / number * 1e6)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--number", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=25)
+    ns = parser.parse_args()
+    torch.set_num_threads(1)
+    x, y = torch.ones(4), torch.ones(4)
+
+    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, y)
+
+    lib = torch.library.Library("opmux_bench_bare", "FRAGMENT")
+    lib.define("add(Tensor x, Tensor y) -> Tensor")
+    lib.impl("add", add, "CPU")
+    bare = torch.ops.opmux_bench_bare.add.default
+
+    @torch.library.custom_op("opmux_bench_co::add", mutates_args=())
+    def co_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, y)
+
+    registry = opmux.OpRegistry()
+    one = opmux.register_op(name="add1", namespace="opmux_bench", registry=registry)(add)
+    one.register_impl("fast", dispatch_key="CPU")(add)
+    three = opmux.register_op(name="add3", namespace="opmux_bench", registry=registry)(add)
+
+    def declines(x: torch.Tensor, y: torch.Tensor) -> bool:
+        return x.dtype == torch.float64
+
+    three.register_impl("picky", dispatch_key="CPU", supports_args=declines)(add)
+    three.register_impl("second", dispatch_key="CPU")(add)
+    three.register_impl("third", dispatch_key="CPU")(add)
+    three.set_default_priority(["picky", "second", "third"])
+    assert one.dispatch(x, y).provider == "fast" and three.dispatch(x, y).provider == "second"
+
+    with opmux.enable_torch_wrap(False):
+        eager_one, eager_three = type(one).__call__, type(three).__call__
+    cases: dict[str, Callable[[], Any]] = {
+        "plain call": lambda: add(x, y),
+        "Library.define/impl op": lambda: bare(x, y),
+        "torch.library.custom_op": lambda: co_add(x, y),
+        "opmux wrap on, 1 provider": lambda: one(x, y),
+        "opmux wrap on, 3 providers": lambda: three(x, y),
+        # the exact callables enable_torch_wrap(False) installs as the ops' __call__
+        "opmux wrap off, 1 provider": lambda: eager_one(x, y),
+        "opmux wrap off, 3 providers": lambda: eager_three(x, y),
+    }
+    t = _time_all(cases, ns.number, ns.repeat)
+
+    width = max(map(len, t))
+    print(f"{'case':<{width}}  µs/call")
+    for name, value in t.items():
+        print(f"{name:<{width}}  {value:7.2f}")
+    print()
+    ratios = [
+        ("wrap on, 1 provider / bare define-impl op", "opmux wrap on, 1 provider",
+         "Library.define/impl op", 1.10),
+        ("wrap on, 3 providers / bare define-impl op", "opmux wrap on, 3 providers",
+         "Library.define/impl op", 1.10),
+        ("wrap off, 1 provider / plain call", "opmux wrap off, 1 provider", "plain call", 1.5),
+        ("wrap off, 3 providers / plain call", "opmux wrap off, 3 providers", "plain call", 1.5),
+        ("wrap on, 1 provider / custom_op", "opmux wrap on, 1 provider",
+         "torch.library.custom_op", 1.0),
+    ]
+    width = max(len(r[0]) for r in ratios)
+    print(f"{'ratio':<{width}}  value  target")
+    for label, num, den, target in ratios:
+        value = t[num] / t[den]
+        verdict = "ok" if value <= target else "MISSED"
+        print(f"{label:<{width}}  {value:5.2f}  <= {target:.2f} {verdict}")
+    registry._reset_for_tests()
+    lib._destroy()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""An example third-party opmux plugin (see ``plugin.py`` for the hooks)."""

@@ -1,0 +1,75 @@
+"""Shared fixtures.
+
+Test isolation: every test that defines ops gets its own :class:`opmux.OpRegistry`
+(``registry``) and a namespace no other test uses (``ns``); the registry's torch
+libraries are destroyed afterwards, so tests never depend on order. Tests that load
+plugins use ``fresh_plugins``, which resets the plugin manager and the cached platform.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+import opmux
+from opmux.core import custom_op as _custom_op
+from opmux.core import plugins as _plugins
+from opmux.platforms import _reset_for_tests as _reset_platform
+
+_counter = itertools.count()
+
+#: marker → module that must be importable for tests carrying it
+_MARKER_NEEDS = {"triton": "triton", "xla": "torch_xla", "mindspore": "mindspore"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Lanes select their tests with -m; a developer running plain `pytest` in an
+    # environment without a stack sees those tests skipped with the reason.
+    for item in items:
+        for marker, module in _MARKER_NEEDS.items():
+            if item.get_closest_marker(marker) and importlib.util.find_spec(module) is None:
+                item.add_marker(pytest.mark.skip(reason=f"needs {module} (lane {marker})"))
+        if item.get_closest_marker("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture
+def ns() -> str:
+    """A torch namespace unique to this test."""
+    return f"opmux_t{os.getpid()}_{next(_counter)}"
+
+
+@pytest.fixture
+def registry() -> Iterator[opmux.OpRegistry]:
+    """A fresh registry with no plugin loader; its libraries are destroyed afterwards."""
+    reg = opmux.OpRegistry()
+    yield reg
+    reg._reset_for_tests()
+
+
+@pytest.fixture
+def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A fresh plugin manager and platform cache, restored afterwards."""
+    for var in ("OPMUX_PLUGINS", "OPMUX_STRICT_PLUGINS", "OPMUX_PRIORITY", "OPMUX_PLATFORM"):
+        monkeypatch.delenv(var, raising=False)
+    saved = _plugins._STATE[0]
+    _plugins._reset_for_tests()
+    _reset_platform()
+    yield
+    _plugins._STATE[0] = saved
+    _reset_platform()
+
+
+@pytest.fixture
+def fresh_custom_ops() -> Iterator[None]:
+    """Reset CustomOp enablement, counts and out-of-tree replacements around a test."""
+    _custom_op._reset_for_tests()
+    yield
+    _custom_op._reset_for_tests()

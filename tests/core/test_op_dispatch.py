@@ -1,0 +1,157 @@
+"""Provider selection: priorities, predicates, keys, scoped overrides, the eager bypass."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import opmux
+
+
+@pytest.fixture
+def add(registry: opmux.OpRegistry, ns: str) -> opmux.Op:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def add_one(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    @add_one.register_impl("p10", dispatch_key="CPU")
+    def _p10(x: torch.Tensor) -> torch.Tensor:
+        return x + 10
+
+    @add_one.register_impl("p20", dispatch_key="CPU",
+                           supports_args=lambda x: x.dtype == torch.float32)
+    def _p20(x: torch.Tensor) -> torch.Tensor:
+        return x + 20
+
+    return add_one
+
+
+def test_op_is_a_torch_op(add: opmux.Op, ns: str) -> None:
+    assert add.name == "add_one" and add.namespace == ns
+    assert add.torch_op is getattr(torch.ops, ns).add_one.default
+    assert add.schema == "(Tensor x) -> Tensor"
+    assert getattr(torch.ops, ns).add_one(torch.zeros(1)).item() in (10.0, 20.0)
+
+
+def test_registration_order_is_the_default_priority(add: opmux.Op) -> None:
+    assert add.priority() == ["p10", "p20", "native"]
+    assert add.priority_source() == "registration order"
+    assert add(torch.zeros(2)).tolist() == [10.0, 10.0]
+
+
+def test_priority_order_decides(add: opmux.Op) -> None:
+    add.set_default_priority(["p20", "p10"])
+    assert add(torch.zeros(2)).tolist() == [20.0, 20.0]
+    assert add.dispatch(torch.zeros(2)).provider == "p20"
+    add.set_default_priority(["native"])
+    assert add(torch.zeros(2)).tolist() == [1.0, 1.0]
+
+
+def test_supports_args_rejection_falls_through(add: opmux.Op) -> None:
+    add.set_default_priority(["p20"])
+    x64 = torch.zeros(2, dtype=torch.float64)
+    assert add(x64).tolist() == [1.0, 1.0]  # p20 rejects float64, p10 not listed → native
+    assert add.dispatch(x64).provider == "native"
+    add.set_default_priority(["p20", "p10"])
+    assert add(x64).tolist() == [10.0, 10.0]
+
+
+def test_scoped_priority_restores_even_after_an_exception(add: opmux.Op) -> None:
+    add.set_default_priority(["p10"])
+    with add.set_priority(["p20"]):
+        assert add(torch.zeros(1)).item() == 20.0
+        with add.set_priority(["native"]):
+            assert add(torch.zeros(1)).item() == 1.0
+        assert add(torch.zeros(1)).item() == 20.0
+    assert add(torch.zeros(1)).item() == 10.0
+    with pytest.raises(RuntimeError, match="boom"), add.set_priority(["p20"]):
+        raise RuntimeError("boom")
+    assert add(torch.zeros(1)).item() == 10.0
+
+
+def test_cpu_provider_is_not_used_for_meta_tensors(add: opmux.Op) -> None:
+    out = add(torch.zeros(3, device="meta"))
+    assert out.device.type == "meta" and out.shape == (3,)
+    assert add.dispatch(torch.zeros(3, device="meta")).provider == "native"
+
+
+def test_unsupported_providers_are_dropped_when_the_priority_is_set(
+        registry: opmux.OpRegistry, ns: str) -> None:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def neg(x: torch.Tensor) -> torch.Tensor:
+        return -x
+
+    @neg.register_impl("absent", dispatch_key="CPU", supported=False, reason="no library")
+    def _absent(x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("an unsupported provider must never run")
+
+    neg.set_default_priority(["absent", "native"])
+    assert neg(torch.ones(1)).item() == -1.0
+    assert neg.supported_providers() == ["native"]
+    assert "unsupported (no library)" in neg.explain(torch.ones(1))
+
+
+def test_explain_names_the_choice_and_every_skip(add: opmux.Op) -> None:
+    add.set_default_priority(["p20", "p10"])
+    text = add.explain(torch.zeros(1, dtype=torch.float64))
+    assert "runs 'p10'" in text
+    assert "supports_args rejected" in text
+    meta = add.explain(torch.zeros(1, device="meta"))
+    assert "serves dispatch key CPU, not Meta" in meta
+
+
+def test_impls_and_opimpl_call(add: opmux.Op) -> None:
+    impls = add.impls
+    assert set(impls) == {"native", "p10", "p20"}
+    assert impls["p10"].dispatch_key == "CPU" and impls["p10"].supported
+    assert impls["p20"](torch.zeros(1)).item() == 20.0
+    assert impls["native"].dispatch_key == "CompositeExplicitAutograd"
+
+
+def test_eager_bypass_runs_the_same_selection(add: opmux.Op) -> None:
+    add.set_default_priority(["p20", "p10"])
+    with opmux.enable_torch_wrap(False):
+        assert not opmux.torch_wrap_enabled()
+        assert add(torch.zeros(1)).item() == 20.0
+        assert add(torch.zeros(1, dtype=torch.float64)).item() == 10.0
+        assert add(x=torch.zeros(1)).item() == 20.0
+        assert add(torch.zeros(1, device="meta")).device.type == "meta"
+    assert opmux.torch_wrap_enabled()
+
+
+def test_sixteen_threads_dispatch_while_priorities_change(add: opmux.Op) -> None:
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    seen: set[float] = set()
+
+    def dispatcher() -> None:
+        x = torch.zeros(1)
+        try:
+            while not stop.is_set():
+                seen.add(add(x).item())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def changer() -> None:
+        try:
+            for i in range(300):
+                if i % 3 == 0:
+                    with add.set_priority(["p20"]):
+                        pass
+                else:
+                    add.set_default_priority(["p10"] if i % 2 else ["p20", "p10"])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(16)]
+    threads.append(threading.Thread(target=changer))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert seen <= {10.0, 20.0} and seen  # never native (1.0), never anything else

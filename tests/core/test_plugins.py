@@ -1,0 +1,255 @@
+"""Plugin discovery and loading: isolation of broken plugins, strict mode, allow-list."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import opmux
+from opmux.core import plugins
+
+
+@pytest.fixture
+def reg_op(registry: opmux.OpRegistry, ns: str) -> opmux.Op:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def inc(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    return inc
+
+
+class FakePlugins:
+    """Builds plugin modules in ``sys.modules`` and serves them as entry points."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.eps: list[importlib.metadata.EntryPoint] = []
+        self.monkeypatch = monkeypatch
+        monkeypatch.setattr(plugins, "_entry_points", lambda: list(self.eps))
+
+    def add(self, name: str, *, platforms: list[str] | None = None,
+            register: Callable[..., None] | None = None, info: Any = None,
+            module_value: str | None = None, extra: dict[str, Any] | None = None) -> None:
+        modname = f"_opmux_test_plugin_{name}"
+        if module_value is None:
+            mod = types.ModuleType(modname)
+
+            @opmux.hookimpl
+            def opmux_plugin_info() -> Any:
+                return info if info is not None else {"name": name,
+                                                      "platforms": platforms or ["*"]}
+
+            mod.opmux_plugin_info = opmux_plugin_info  # type: ignore[attr-defined]
+            if register is not None:
+                mod.opmux_register = opmux.hookimpl(register)  # type: ignore[attr-defined]
+            for key, value in (extra or {}).items():
+                setattr(mod, key, value)
+            self.monkeypatch.setitem(sys.modules, modname, mod)
+        self.eps.append(importlib.metadata.EntryPoint(
+            name, module_value or modname, plugins.PLUGIN_GROUP))
+
+
+@pytest.fixture
+def fake(fresh_plugins: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePlugins]:
+    yield FakePlugins(monkeypatch)
+
+
+def _provider(op: opmux.Op, name: str, delta: float) -> Callable[..., None]:
+    def register(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
+        def impl(x: torch.Tensor) -> torch.Tensor:
+            return x + delta
+
+        registry.get_op(op.qualname).register_impl(name, dispatch_key="CPU")(impl)
+
+    return register
+
+
+def _report() -> dict[str, opmux.PluginRecord]:
+    return {r.name: r for r in opmux.plugin_report()}
+
+
+def test_good_plugin_loads_and_serves(fake: FakePlugins, registry: opmux.OpRegistry,
+                                      reg_op: opmux.Op) -> None:
+    fake.add("good", register=_provider(reg_op, "good", 10))
+    plugins._load_into(registry)
+    rec = _report()["good"]
+    assert rec.status == "loaded" and rec.providers == [f"{reg_op.qualname}:good"]
+    assert reg_op(torch.zeros(1)).item() == 10.0
+
+
+def test_broken_plugins_are_isolated_and_rolled_back(
+        fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op) -> None:
+    def half_then_raise(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
+        _provider(reg_op, "half", 50)(registry, platform)
+        raise RuntimeError("vendor library missing")
+
+    fake.add("a_import", module_value="_opmux_no_such_module_xyz")
+    fake.add("b_raises", register=half_then_raise)
+    fake.add("d_badinfo", info={"name": "d", "platforms": "cpu"})
+    fake.add("e_badschema", register=lambda registry, platform: registry.get_op(
+        reg_op.qualname).register_impl("bad", dispatch_key="CPU")(lambda y: y))
+    fake.add("good", register=_provider(reg_op, "good", 10))
+    fake.add("z_dup", register=lambda registry, platform: (
+        _provider(reg_op, "good", 30)(registry, platform)))
+    plugins._load_into(registry)
+    rep = _report()
+    assert rep["good"].status == "loaded", rep["good"].reason
+    assert rep["a_import"].status == "failed"
+    assert "ModuleNotFoundError" in rep["a_import"].reason
+    assert rep["b_raises"].status == "failed"
+    assert "vendor library missing" in rep["b_raises"].reason
+    assert "Traceback" in rep["b_raises"].traceback
+    assert rep["z_dup"].status == "failed" and "already registered" in rep["z_dup"].reason
+    assert rep["d_badinfo"].status == "failed" and "platforms" in rep["d_badinfo"].reason
+    assert rep["e_badschema"].status == "failed"
+    # nothing half-registered remains: "half" was rolled back; "good" is the plugin's own
+    assert set(reg_op.impls) == {"native", "good"}
+    assert reg_op(torch.zeros(1)).item() == 10.0
+
+
+def test_strict_mode_makes_failures_fatal(fake: FakePlugins, registry: opmux.OpRegistry,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPMUX_STRICT_PLUGINS", "1")
+    fake.add("broken", module_value="_opmux_no_such_module_xyz")
+    with pytest.raises(opmux.PluginLoadError, match="plugin 'broken' failed") as info:
+        plugins._load_into(registry)
+    assert info.value.plugin == "broken"
+
+
+def test_allow_list(fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPMUX_PLUGINS", "good")
+    fake.add("good", register=_provider(reg_op, "good", 10))
+    fake.add("other", register=_provider(reg_op, "other", 20))
+    plugins._load_into(registry)
+    rep = _report()
+    assert rep["good"].status == "loaded"
+    assert rep["other"].status == "skipped" and "OPMUX_PLUGINS" in rep["other"].reason
+    assert "other" not in reg_op.impls
+
+
+def test_platform_mismatch_is_skipped_before_register(
+        fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op) -> None:
+    def must_not_run(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
+        raise AssertionError("a plugin for another platform must not register")
+
+    fake.add("gpu_only", platforms=["cuda"], register=must_not_run)
+    plugins._load_into(registry)
+    rec = _report()["gpu_only"]
+    assert rec.status == "skipped" and "platform mismatch" in rec.reason
+
+
+def test_loading_is_idempotent(fake: FakePlugins, registry: opmux.OpRegistry,
+                               reg_op: opmux.Op) -> None:
+    calls: list[int] = []
+
+    def register(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
+        calls.append(1)
+
+    fake.add("counted", register=register)
+    plugins._load_into(registry)
+    plugins._load_into(registry)
+    assert calls == [1]
+
+
+def test_plugin_default_priority_and_env_priority_compose(
+        fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def prefer_b(op_name: str, platform: opmux.Platform) -> list[str] | None:
+        return ["b", "a"] if op_name == reg_op.name else None
+
+    def register(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
+        _provider(reg_op, "a", 10)(registry, platform)
+        _provider(reg_op, "b", 20)(registry, platform)
+
+    fake.add("ab", register=register,
+             extra={"opmux_default_priority": opmux.hookimpl(prefer_b)})
+    monkeypatch.setenv("OPMUX_PRIORITY", f"{reg_op.qualname}=a,native")
+    plugins._load_into(registry)
+    assert reg_op.priority() == ["a", "native"] and reg_op.priority_source() == "env"
+    reg_op._set_layer("env", None)
+    assert reg_op.priority_source() == "plugins" and reg_op(torch.zeros(1)).item() == 20.0
+    reg_op.set_default_priority(["native"])  # code wins over everything
+    assert reg_op(torch.zeros(1)).item() == 1.0
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("{op}=nope", r"unknown provider\(s\) \['nope'\]"),
+    ("no_such_op=a", "unknown op 'no_such_op'"),
+    ("{op}", "is not of the form"),
+])
+def test_bad_env_priority_says_which_part(fake: FakePlugins, registry: opmux.OpRegistry,
+                                          reg_op: opmux.Op, monkeypatch: pytest.MonkeyPatch,
+                                          value: str, message: str) -> None:
+    monkeypatch.setenv("OPMUX_PRIORITY", value.format(op=reg_op.qualname))
+    with pytest.raises(opmux.ConfigError, match=message):
+        plugins._load_into(registry)
+
+
+def test_oot_platforms(fake: FakePlugins, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opmux import platforms
+
+    def make(name: str) -> type[opmux.Platform]:
+        return type(f"P_{name}", (opmux.Platform,), {
+            "name": name, "device_type": "cpu", "dispatch_key": "CPU",
+            "is_available": classmethod(lambda cls: True)})
+
+    one, two = make("one_accel"), make("two_accel")
+    fake.add("p1", extra={"opmux_platforms": opmux.hookimpl(lambda: [one])})
+    assert opmux.current_platform().name == "one_accel"
+    fake.add("p2", extra={"opmux_platforms": opmux.hookimpl(lambda: [two])})
+    plugins._reset_for_tests()
+    platforms._reset_for_tests()
+    with pytest.raises(opmux.PlatformError, match=r"one_accel.*two_accel"):
+        opmux.current_platform()
+    monkeypatch.setenv("OPMUX_PLATFORM", "two_accel")
+    platforms._reset_for_tests()
+    assert opmux.current_platform().name == "two_accel"
+
+
+def test_plugins_load_in_a_spawned_worker() -> None:
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        records = pool.submit(opmux.load_plugins).result(timeout=300)
+    status = {r.name: r.status for r in records}
+    assert status.get("cpu") == "loaded"
+    assert status.get("example_vendor") == "loaded"
+
+
+def test_real_example_package_end_to_end_in_a_fresh_process(tmp_path: Any) -> None:
+    import json
+    import os
+    import subprocess
+
+    code = (
+        "import json, torch, opmux\n"
+        "opmux.load_plugins()\n"
+        "op = opmux.get_op('silu_and_mul')\n"
+        "x = torch.randn(4, 64)\n"
+        "rep = {r.name: r.status for r in opmux.plugin_report()}\n"
+        "ref = op.impls['native'](x)\n"
+        "out = op.impls['example_vendor'](x)\n"
+        "print(json.dumps({'platform': opmux.current_platform().name, 'report': rep,\n"
+        "  'chosen': op.dispatch(x).provider, 'explain': op.explain(x),\n"
+        "  'err': (out - ref).abs().max().item()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPMUX_")}
+    base = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                     capture_output=True, text=True).stdout)
+    assert base["report"]["example_vendor"] == "loaded"
+    assert base["platform"] == "cpu"
+    assert base["err"] < 1e-5
+    assert "example_vendor" in base["explain"]
+    env["OPMUX_EXAMPLE_PLATFORM"] = "1"
+    accel = json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                      capture_output=True, text=True).stdout)
+    assert accel["platform"] == "example_accel"
+    assert accel["chosen"] == "example_vendor"

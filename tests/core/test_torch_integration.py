@@ -1,0 +1,154 @@
+"""torch integration: compile without graph breaks, opcheck, mutation, autograd, fakes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opmux
+
+
+@pytest.fixture
+def three_ops(registry: opmux.OpRegistry, ns: str) -> tuple[opmux.Op, opmux.Op, opmux.Op]:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @opmux.register_op(namespace=ns, registry=registry)
+    def shift(x: torch.Tensor, by: float = 1.0) -> torch.Tensor:
+        return x + by
+
+    @opmux.register_op(namespace=ns, registry=registry)
+    def split_sum(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(-1), x.amax(-1)
+
+    @double.register_impl("cpu_mark", dispatch_key="CPU")
+    def _double_cpu(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 10
+
+    return double, shift, split_sum
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_fullgraph_compile_has_no_graph_breaks(
+        three_ops: tuple[opmux.Op, opmux.Op, opmux.Op], backend: str) -> None:
+    double, shift, split_sum = three_ops
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        s, m = split_sum(shift(double(x), 0.5))
+        return s + m
+
+    x = torch.randn(4, 8)
+    explained = torch._dynamo.explain(block)(x)
+    assert explained.graph_break_count == 0
+    assert explained.graph_count == 1
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(x), block(x))
+    # the provider is chosen when the graph runs: the CPU provider served
+    torch.testing.assert_close(compiled(x), (x * 2 + 10.5).sum(-1) + (x * 2 + 10.5).amax(-1))
+    torch._dynamo.reset()
+
+
+def test_opcheck_passes(three_ops: tuple[opmux.Op, opmux.Op, opmux.Op]) -> None:
+    double, shift, split_sum = three_ops
+    x = torch.randn(3, 5)
+    torch.library.opcheck(double.torch_op, (x,))
+    torch.library.opcheck(shift.torch_op, (x, 2.0))
+    torch.library.opcheck(split_sum.torch_op, (x,))
+
+
+def test_mutating_op_end_to_end(registry: opmux.OpRegistry, ns: str) -> None:
+    @opmux.register_op(namespace=ns, registry=registry, mutates_args=["out"])
+    def fill_plus(out: torch.Tensor, x: torch.Tensor) -> None:
+        out.copy_(x + 1)
+
+    assert "Tensor(a0!) out" in fill_plus.schema
+
+    @fill_plus.register_impl("cpu_mark", dispatch_key="CPU")
+    def _fill(out: torch.Tensor, x: torch.Tensor) -> None:
+        out.copy_(x + 10)
+
+    out = torch.zeros(3)
+    assert fill_plus(out, torch.ones(3)) is None
+    assert out.tolist() == [11.0] * 3
+    torch.library.opcheck(fill_plus.torch_op, (torch.zeros(3), torch.ones(3)))
+
+    def f(o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        fill_plus(o, x)
+        return o * 2
+
+    out2 = torch.zeros(3)
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    assert compiled(out2, torch.ones(3)).tolist() == [22.0] * 3
+    assert out2.tolist() == [11.0] * 3
+    torch._dynamo.reset()
+
+
+def test_register_autograd_gradcheck(registry: opmux.OpRegistry, ns: str) -> None:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def cube(x: torch.Tensor) -> torch.Tensor:
+        return x.pow(3)
+
+    def setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+        (x,) = inputs
+        ctx.save_for_backward(x)
+
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x * x
+
+    cube.register_autograd(backward, setup_context=setup_context)
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(cube, (x,))
+    torch.library.opcheck(cube.torch_op, (x,))
+
+
+def test_register_fake_overrides_shapes(registry: opmux.OpRegistry, ns: str) -> None:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def nonzero_count(x: torch.Tensor) -> torch.Tensor:
+        return x.new_full((int((x != 0).sum().item()),), 1.0)
+
+    @nonzero_count.register_fake
+    def _fake(x: torch.Tensor) -> torch.Tensor:
+        n = torch.library.get_ctx().new_dynamic_size()
+        return x.new_empty((n,))
+
+    assert nonzero_count(torch.tensor([0.0, 1.0, 2.0])).shape == (2,)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        out = nonzero_count(torch.empty(3))
+        assert out.dim() == 1
+
+
+def test_direct_register_custom_op(ns: str) -> None:
+    lib = torch.library.Library(ns, "FRAGMENT")
+    try:
+        def triple(x: torch.Tensor) -> torch.Tensor:
+            return x * 3
+
+        opmux.direct_register_custom_op("triple", triple, mutates_args=[],
+                                        fake_impl=lambda x: torch.empty_like(x),
+                                        target_lib=lib, dispatch_key="CPU")
+        op = getattr(torch.ops, ns).triple
+        assert op(torch.ones(2)).tolist() == [3.0, 3.0]
+        assert op(torch.ones(2, device="meta")).device.type == "meta"
+        compiled = torch.compile(lambda x: op(x) + 1, fullgraph=True, backend="eager")
+        assert compiled(torch.ones(1)).item() == 4.0
+        with pytest.raises(opmux.RegistrationError, match="already defined"):
+            opmux.direct_register_custom_op("triple", triple, target_lib=lib)
+        torch._dynamo.reset()
+    finally:
+        lib._destroy()
+
+
+def test_direct_register_custom_op_default_key_is_the_platform_key(ns: str) -> None:
+    # default library is opmux's own: use a unique name there
+    name = f"plus_{ns}"
+
+    def plus(x: torch.Tensor) -> torch.Tensor:
+        return x + 5
+
+    opmux.direct_register_custom_op(name, plus, mutates_args=[])
+    assert getattr(torch.ops.opmux, name)(torch.zeros(1)).item() == 5.0
