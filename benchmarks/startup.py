@@ -1,0 +1,58 @@
+"""Start-up cost of opmux over ``import torch``, in fresh subprocesses.
+
+Measures ``import opmux`` + platform detection + plugin discovery and loading, as the
+median over fresh interpreters of (time to do that after ``import torch``), and checks that
+no heavy stack (triton, torch_xla, mindspore, torch_npu) was imported on a platform that does
+not use it.
+
+    python benchmarks/startup.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+_PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import opmux
+opmux.current_platform()
+t2 = time.perf_counter()
+opmux.load_plugins()
+t3 = time.perf_counter()
+heavy = sorted(m for m in ("triton", "torch_xla", "mindspore", "torch_npu") if m in sys.modules)
+print(json.dumps({"torch": t1 - t0, "import_detect": t2 - t1, "plugins": t3 - t2,
+                  "platform": opmux.current_platform().name, "heavy": heavy}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    ns = parser.parse_args()
+    subprocess.run([sys.executable, "-c", _PROBE], check=True, capture_output=True)  # warm caches
+    rows = [json.loads(subprocess.run([sys.executable, "-c", _PROBE], check=True,
+                                      capture_output=True, text=True).stdout)
+            for _ in range(ns.runs)]
+    med = {k: statistics.median(r[k] for r in rows) * 1e3
+           for k in ("torch", "import_detect", "plugins")}
+    total = med["import_detect"] + med["plugins"]
+    print(f"platform: {rows[0]['platform']}, runs: {ns.runs} (medians)")
+    print(f"import torch                       {med['torch']:8.1f} ms  (baseline)")
+    print(f"import opmux + detection           {med['import_detect']:8.1f} ms")
+    print(f"plugin discovery + registration    {med['plugins']:8.1f} ms")
+    print(f"opmux over torch                   {total:8.1f} ms  "
+          f"({total / med['torch']:.2f}x of import torch; target <= 30 ms: "
+          f"{'ok' if total <= 30 else 'MISSED'})")
+    heavy = sorted({m for r in rows for m in r["heavy"]})
+    print(f"heavy stacks imported: {heavy or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
