@@ -1,0 +1,220 @@
+"""Provider ``cuda_c``: the CUDA C++ kernels of ``csrc/cuda``, built just in time.
+
+The sources are compiled with :func:`torch.utils.cpp_extension.load` (nvcc + ninja) into
+``$OPMUX_CACHE_DIR/cuda_c/<key>`` (default ``~/.cache/opmux``), where ``<key>`` hashes the
+sources, the torch version and its CUDA version, and loaded as a plain library whose
+``TORCH_LIBRARY(opmux_cuda, m)`` makes ``torch.ops.opmux_cuda.*`` available. The build runs
+when the provider is registered on a machine with a CUDA build of torch, nvcc and a visible
+GPU; anywhere else the provider is registered as unsupported with the reason (for example
+``torch is a CPU build (torch.version.cuda is None)``), which ``opmux info`` shows.
+
+The impls below carry the catalog's exact signatures; argument checks that must happen
+before anything is written (``advance_step_flashattn``, ``reshape_and_cache``) run in Python
+and raise :class:`~opmux.core.errors.OpInputError`, the rest is checked in C++.
+"""
+
+import hashlib
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from opmux.core.errors import BuildError
+from opmux.plugins.cuda.validation import check, validate_advance_step, validate_reshape_and_cache
+
+if TYPE_CHECKING:
+    from opmux.core.registry import OpRegistry
+
+__all__ = [
+    "CUDA_CFLAGS",
+    "PROVIDER",
+    "advance_step_flashattn",
+    "build",
+    "build_dir",
+    "cuda_c_status",
+    "register",
+    "reshape_and_cache",
+    "rms_norm",
+    "silu_and_mul",
+    "sources",
+]
+
+PROVIDER = "cuda_c"
+"""Provider name of the CUDA C++ kernels."""
+
+CUDA_CFLAGS: tuple[str, ...] = ("-O3", "--expt-relaxed-constexpr", "-std=c++20")
+"""nvcc flags; part of the cache key."""
+
+_LIB_NAME = "opmux_cuda_kernels"
+_lock = threading.Lock()
+_built: list[str] = []
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def source_dir() -> Path:
+    """Folder holding the CUDA sources (``csrc/cuda`` of the source tree)."""
+    return Path(__file__).resolve().parents[3] / "csrc" / "cuda"
+
+
+def sources() -> list[Path]:
+    """The translation units to compile (``*.cu`` and the binding ``*.cpp``), sorted."""
+    return sorted([*source_dir().glob("*.cu"), *source_dir().glob("*.cpp")])
+
+
+def _key() -> str:
+    h = hashlib.sha256()
+    for path in sorted(source_dir().glob("*")):
+        if path.suffix in (".cu", ".cpp", ".h", ".cuh"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for part in (torch.__version__, str(torch.version.cuda), " ".join(CUDA_CFLAGS)):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    """``$OPMUX_CACHE_DIR/cuda_c/<key>``: where the current sources build."""
+    root = os.environ.get("OPMUX_CACHE_DIR") or str(Path.home() / ".cache" / "opmux")
+    return Path(root).expanduser() / "cuda_c" / _key()
+
+
+def cuda_c_status() -> tuple[bool, str]:
+    """Whether the CUDA C++ kernels can be built and run here, and why (not); builds nothing.
+
+    :return: ``(possible, reason)``.
+    """
+    if torch.version.cuda is None:
+        if torch.version.hip is not None:
+            return False, "torch is a ROCm build; the cuda_c kernels are built for CUDA only"
+        return False, "torch is a CPU build (torch.version.cuda is None)"
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None and shutil.which("nvcc") is None:
+        return False, "nvcc not found (set CUDA_HOME or put nvcc on PATH)"
+    if not torch.cuda.is_available():
+        return False, "torch.cuda.is_available() is False: no CUDA device is visible"
+    if not sources():
+        return False, f"no CUDA sources under {source_dir()} (install from a source checkout)"
+    return True, f"CUDA {torch.version.cuda}, sources in {source_dir()}"
+
+
+def build(verbose: bool = False) -> str:
+    """Compile (or find up to date) and load the kernels; idempotent within a process.
+
+    :param verbose: print the compiler commands.
+    :return: the path of the loaded library.
+    :raises BuildError: the toolchain is missing or the compiler failed.
+    """
+    with _lock:
+        if _built:
+            return _built[0]
+        possible, reason = cuda_c_status()
+        if not possible:
+            raise BuildError(f"opmux cuda_c kernels cannot be built here: {reason}")
+        from torch.utils import cpp_extension
+
+        directory = build_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            path = cpp_extension.load(
+                name=_LIB_NAME, sources=[str(s) for s in sources()],
+                extra_cflags=["-O3", "-std=c++20"], extra_cuda_cflags=list(CUDA_CFLAGS),
+                build_directory=str(directory), verbose=verbose, is_python_module=False,
+            )
+        except Exception as exc:
+            raise BuildError(f"opmux cuda_c kernels failed to build in {directory}: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        _built.append(str(path))
+        return str(path)
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """``silu(x[..., :d]) * x[..., d:]`` (CUDA C++)."""
+    out: Tensor = torch.ops.opmux_cuda.silu_and_mul(x)
+    return out
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMS norm in fp32, returned in ``x.dtype`` (CUDA C++)."""
+    out: Tensor = torch.ops.opmux_cuda.rms_norm(x, weight, eps)
+    return out
+
+
+def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                      slot_mapping: Tensor) -> None:
+    """Scatter key/value rows into the paged caches; slot -1 skips (CUDA C++)."""
+    validate_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                               provider=PROVIDER)
+    check(slot_mapping.dtype == torch.int64, "reshape_and_cache", "slot_mapping",
+          "dtype torch.int64", slot_mapping.dtype, provider=PROVIDER)
+    torch.ops.opmux_cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                           input_tokens: Tensor, sampled_token_ids: Tensor,
+                           input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
+                           block_tables: Tensor) -> None:
+    """Advance decode state by one token in place (CUDA C++)."""
+    validate_advance_step(num_seqs, num_queries, block_size, input_tokens, sampled_token_ids,
+                          input_positions, seq_lens, slot_mapping, block_tables,
+                          provider=PROVIDER)
+    torch.ops.opmux_cuda.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                                sampled_token_ids, input_positions, seq_lens,
+                                                slot_mapping, block_tables)
+
+
+def _silu_supports(x: Tensor) -> bool:
+    return x.dtype in _FLOATS and x.dim() >= 1 and x.shape[-1] % 2 == 0
+
+
+def _rms_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+    return (x.dtype in _FLOATS and weight.dtype in _FLOATS and x.dim() >= 1
+            and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
+
+
+def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                  slot_mapping: Tensor) -> bool:
+    # the kernel writes rows of Hkv*D contiguous elements inside each cache block
+    return (slot_mapping.dtype == torch.int64 and key.dtype in _FLOATS
+            and key_cache.dtype in _FLOATS and key.dim() == 3 and key_cache.dim() == 4
+            and value.dtype == key.dtype and value_cache.dtype == key_cache.dtype
+            and key_cache.stride(3) == 1 and key_cache.stride(2) == key_cache.shape[3]
+            and key_cache.stride(1) == key_cache.shape[2] * key_cache.shape[3]
+            and value_cache.stride() == key_cache.stride())
+
+
+_IMPLS: dict[str, tuple[Callable[..., Any], Callable[..., bool] | None]] = {
+    "silu_and_mul": (silu_and_mul, _silu_supports),
+    "rms_norm": (rms_norm, _rms_supports),
+    "reshape_and_cache": (reshape_and_cache, _rac_supports),
+    "advance_step_flashattn": (advance_step_flashattn, None),
+}
+
+
+def register(registry: "OpRegistry", dispatch_key: str = "CUDA") -> list[str]:
+    """Register provider ``cuda_c`` (building the kernels when this machine can).
+
+    :param registry: the registry to register into.
+    :param dispatch_key: torch dispatch key served (``CUDA``).
+    :return: the ``op:provider`` pairs registered.
+    """
+    supported, reason = cuda_c_status()
+    if supported:
+        try:
+            build()
+        except BuildError as exc:
+            supported, reason = False, str(exc)
+    known = {op.name: op for op in registry.list_ops()}
+    done = []
+    for op_name, (fn, predicate) in _IMPLS.items():
+        op = known.get(op_name)
+        if op is None:
+            continue
+        op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=supported,
+                         supports_args=predicate, reason=reason)(fn)
+        done.append(f"{op_name}:{PROVIDER}")
+    return done

@@ -1,0 +1,114 @@
+"""Triton kernels for the KV-cache bookkeeping ops ``reshape_and_cache`` and
+``advance_step_flashattn``.
+
+Both mutate their arguments in place and validate everything before the launch, so a bad
+call writes nothing.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from opmux.plugins.cuda.triton_runtime import next_pow2
+from opmux.plugins.cuda.validation import validate_advance_step, validate_reshape_and_cache
+
+__all__ = [
+    "advance_step_flashattn",
+    "reshape_and_cache",
+    "reshape_and_cache_supports",
+]
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
+    key_ptr, value_ptr, kc_ptr, vc_ptr, slot_ptr,
+    k_st, k_sh, k_sd, v_st, v_sh, v_sd,
+    kc_sb, kc_so, kc_sh, kc_sd, vc_sb, vc_so, vc_sh, vc_sd,
+    num_kv_heads, head_size, block_size,
+    BLOCK_H: tl.constexpr, D_PAD: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot >= 0:
+        blk = slot // block_size
+        off = slot % block_size
+        heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        cols = tl.arange(0, D_PAD)
+        mask = (heads < num_kv_heads)[:, None] & (cols < head_size)[None, :]
+        h2 = heads[:, None]
+        c2 = cols[None, :]
+        k = tl.load(key_ptr + tok * k_st + h2 * k_sh + c2 * k_sd, mask=mask)
+        v = tl.load(value_ptr + tok * v_st + h2 * v_sh + c2 * v_sd, mask=mask)
+        tl.store(kc_ptr + blk * kc_sb + off * kc_so + h2 * kc_sh + c2 * kc_sd,
+                 k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + blk * vc_sb + off * vc_so + h2 * vc_sh + c2 * vc_sd,
+                 v.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write ``key[t]``/``value[t]`` to cache slot ``slot_mapping[t]``; slot -1 skips (Triton)."""
+    validate_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    tokens, hkv, d = key.shape
+    if tokens == 0 or hkv == 0 or d == 0:
+        return
+    d_pad = next_pow2(d)
+    block_h = max(1, min(next_pow2(hkv), 4096 // d_pad))
+    _reshape_and_cache_kernel[(tokens, triton.cdiv(hkv, block_h))](
+        key, value, key_cache, value_cache, slot_mapping.contiguous(),
+        *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),
+        hkv, d, key_cache.shape[1],
+        BLOCK_H=block_h, D_PAD=d_pad, num_warps=4 if block_h * d_pad >= 1024 else 1,
+    )
+
+
+def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                               value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    """Float tensors, 3-D key/value, 4-D caches, an integer slot mapping."""
+    return (key.dtype in _DTYPES and value.dtype in _DTYPES and key_cache.dtype in _DTYPES
+            and value_cache.dtype in _DTYPES and key.dim() == 3 and key_cache.dim() == 4
+            and slot_mapping.dtype in (torch.int64, torch.int32))
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _advance_step_kernel(  # type: ignore[no-untyped-def]
+    tokens_ptr, sampled_ptr, sampled_stride, positions_ptr, seq_lens_ptr, slots_ptr,
+    block_tables_ptr, bt_stride, num_seqs, num_queries, block_size,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < num_seqs
+    is_query = i < num_queries
+    pad = live & (i >= num_queries)
+    sampled = tl.load(sampled_ptr + i * sampled_stride, mask=is_query, other=0)
+    pos = tl.load(seq_lens_ptr + i, mask=is_query, other=0)
+    blk = tl.load(block_tables_ptr + i.to(tl.int64) * bt_stride + pos // block_size,
+                  mask=is_query, other=0)
+    slot = blk.to(tl.int64) * block_size + (pos % block_size)
+    tl.store(tokens_ptr + i, sampled, mask=is_query)
+    tl.store(positions_ptr + i, pos.to(tl.int64), mask=is_query)
+    tl.store(seq_lens_ptr + i, pos + 1, mask=is_query)
+    tl.store(slots_ptr + i, slot, mask=is_query)
+    tl.store(tokens_ptr + i, tl.zeros_like(sampled), mask=pad)
+    tl.store(positions_ptr + i, tl.zeros_like(sampled), mask=pad)
+    tl.store(slots_ptr + i, tl.full([BLOCK], -1, tl.int64), mask=pad)
+
+
+def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                           input_tokens: torch.Tensor, sampled_token_ids: torch.Tensor,
+                           input_positions: torch.Tensor, seq_lens: torch.Tensor,
+                           slot_mapping: torch.Tensor, block_tables: torch.Tensor) -> None:
+    """Advance decode state by one token in place (Triton); padding rows get slot -1."""
+    validate_advance_step(num_seqs, num_queries, block_size, input_tokens, sampled_token_ids,
+                          input_positions, seq_lens, slot_mapping, block_tables)
+    if num_seqs == 0:
+        return
+    block = min(next_pow2(num_seqs), 1024)
+    _advance_step_kernel[(triton.cdiv(num_seqs, block),)](
+        input_tokens, sampled_token_ids, sampled_token_ids.stride(0), input_positions, seq_lens,
+        slot_mapping, block_tables, block_tables.stride(0), num_seqs, num_queries, block_size,
+        BLOCK=block, num_warps=4,
+    )
+

@@ -1,0 +1,161 @@
+"""Triton kernels for ``rms_norm`` and ``fused_add_rms_norm``.
+
+One program per row. Rows up to ``_MAX_SINGLE`` elements stay in registers (one read of
+``x``); longer rows take two passes over the row (sum of squares, then normalise). Math in
+fp32, one rounding to ``x.dtype``. ``fused_add_rms_norm`` rounds ``x + residual`` to the
+input dtype before normalising, exactly as the native reference does.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from opmux.plugins.cuda.triton_runtime import next_pow2
+from opmux.plugins.cuda.validation import check
+
+__all__ = [
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_supports",
+    "rms_norm",
+    "rms_norm_supports",
+]
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MAX_SINGLE = 16384
+"""Longest row normalised from registers in one pass; longer rows loop in chunks of this."""
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _rms_norm_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    d,
+    x_stride,
+    res_stride,
+    out_stride,
+    res_out_stride,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SINGLE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    out_row = out_ptr + row * out_stride
+    res_row = res_ptr + row * res_stride
+    res_out_row = res_out_ptr + row * res_out_stride
+    if SINGLE:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < d
+        x = tl.load(x_row + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            s = (x.to(tl.float32) + tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32))
+            s = s.to(res_out_ptr.dtype.element_ty)
+            tl.store(res_out_row + cols, s, mask=mask)
+            xf = s.to(tl.float32)
+        else:
+            xf = x.to(tl.float32)
+        ms = tl.sum(xf * xf, axis=0) / d
+        inv = 1.0 / tl.sqrt(ms + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_row + cols, (xf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, d, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < d
+            xf = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                s = xf + tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
+                s = s.to(res_out_ptr.dtype.element_ty)
+                tl.store(res_out_row + cols, s, mask=mask)
+                xf = s.to(tl.float32)
+            acc += xf * xf
+        inv = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / d + eps)
+        for start in range(0, d, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < d
+            if HAS_RESIDUAL:
+                xf = tl.load(res_out_row + cols, mask=mask, other=0.0).to(tl.float32)
+            else:
+                xf = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out_row + cols, (xf * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
+    t2 = t.reshape(-1, d)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _check_common(op: str, x: torch.Tensor, weight: torch.Tensor) -> int:
+    check(x.dtype in _DTYPES, op, "x", "float32/float16/bfloat16", x.dtype)
+    check(x.dim() >= 1, op, "x", "at least 1 dimension", tuple(x.shape))
+    d = x.shape[-1]
+    check(weight.dim() == 1 and weight.shape[0] == d, op, "weight", f"shape ({d},)",
+          tuple(weight.shape))
+    check(weight.dtype in _DTYPES, op, "weight", "float32/float16/bfloat16", weight.dtype)
+    check(weight.device == x.device, op, "weight", f"device {x.device}", weight.device)
+    return d
+
+
+def _launch(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor,
+            out2: torch.Tensor, res_out2: torch.Tensor | None, eps: float) -> None:
+    rows, d = x2.shape
+    if rows == 0 or d == 0:
+        return
+    block = min(next_pow2(d), _MAX_SINGLE)
+    single = block >= d
+    num_warps = min(max(block // 512, 1), 16)
+    has_res = res2 is not None
+    _rms_norm_kernel[(rows,)](
+        x2, res2 if has_res else x2, weight.contiguous(), out2,
+        res_out2 if has_res else out2, d, x2.stride(0),
+        res2.stride(0) if res2 is not None else 0, out2.stride(0),
+        res_out2.stride(0) if res_out2 is not None else 0, float(eps),
+        HAS_RESIDUAL=has_res, BLOCK=block, SINGLE=single, num_warps=num_warps,
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x * rsqrt(mean(x**2, -1) + eps) * weight`` in fp32, returned in ``x.dtype`` (Triton)."""
+    d = _check_common("rms_norm", x, weight)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    _launch(_rows(x, d), None, weight, out.view(-1, d), None, eps)
+    return out
+
+
+def rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
+    """Float ``x`` and ``weight``, ``weight`` of shape ``(x.shape[-1],)``."""
+    return (x.dtype in _DTYPES and weight.dtype in _DTYPES and x.dim() >= 1
+            and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """``r = x + residual; (rms_norm(r, weight, eps), r)`` as new tensors (Triton)."""
+    op = "fused_add_rms_norm"
+    d = _check_common(op, x, weight)
+    check(residual.shape == x.shape, op, "residual", f"shape {tuple(x.shape)}",
+          tuple(residual.shape))
+    check(residual.dtype == x.dtype, op, "residual", f"dtype {x.dtype}", residual.dtype)
+    check(residual.device == x.device, op, "residual", f"device {x.device}", residual.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return out, new_res
+    _launch(_rows(x, d), _rows(residual, d), weight,
+            out.view(-1, d), new_res.view(-1, d), eps)
+    return out, new_res
+
+
+def fused_add_rms_norm_supports(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                eps: float = 1e-6) -> bool:
+    """As :func:`rms_norm_supports`, plus ``residual`` matching ``x`` in shape and dtype."""
+    return (rms_norm_supports(x, weight, eps) and residual.shape == x.shape
+            and residual.dtype == x.dtype)
