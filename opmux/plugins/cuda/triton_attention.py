@@ -143,8 +143,8 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
 
 def _validate(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
               block_tables: torch.Tensor, seq_lens: torch.Tensor,
-              query_start_loc: torch.Tensor, scale: float, sliding_window: Optional[int],  # noqa: UP045 (torch schema inference)
-              soft_cap: Optional[float]) -> None:  # noqa: UP045 (torch schema inference)
+              query_start_loc: torch.Tensor, scale: float, sliding_window: Optional[int],
+              soft_cap: Optional[float]) -> None:
     # the catalog's checks; index values are read only where that costs no device sync
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap, provider="triton",
@@ -156,8 +156,8 @@ def _validate(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
-                    sliding_window: Optional[int] = None,  # noqa: UP045 (torch schema inference)
-                    soft_cap: Optional[float] = None) -> torch.Tensor:  # noqa: UP045 (torch schema inference)
+                    sliding_window: Optional[int] = None,
+                    soft_cap: Optional[float] = None) -> torch.Tensor:
     """Ragged paged attention over a block-table KV cache (decode and prefill; Triton)."""
     _validate(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
               sliding_window, soft_cap)
@@ -194,8 +194,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
 def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
                              value_cache: torch.Tensor, block_tables: torch.Tensor,
                              seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                             sliding_window: Optional[int] = None,  # noqa: UP045 (torch schema inference)
-                             soft_cap: Optional[float] = None) -> bool:  # noqa: UP045 (torch schema inference)
+                             sliding_window: Optional[int] = None,
+                             soft_cap: Optional[float] = None) -> bool:
     """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts."""
     return (query.dtype in _DTYPES and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
