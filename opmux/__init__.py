@@ -18,9 +18,17 @@ from opmux.core.errors import (
     UnknownOpError,
     UnknownRunnerError,
 )
+from opmux.core.forward_context import collect_layers, forward_context, get_forward_context
 from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
 from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, load_plugins, plugin_report
 from opmux.core.registry import OpRegistry, get_op, global_registry, list_ops, register_op
+from opmux.core.runners import (
+    get_runner,
+    register_runner,
+    register_runner_op,
+    release_runner,
+    runner_scope,
+)
 from opmux.core.torch_lib import direct_register_custom_op
 from opmux.platforms import current_platform
 from opmux.platforms.base import Platform
@@ -44,17 +52,25 @@ __all__ = [
     "SignatureMismatchError",
     "UnknownOpError",
     "UnknownRunnerError",
+    "collect_layers",
     "current_platform",
     "custom_op_counts",
     "direct_register_custom_op",
     "enable_torch_wrap",
+    "forward_context",
+    "get_forward_context",
     "get_op",
+    "get_runner",
     "global_registry",
     "hookimpl",
     "list_ops",
     "load_plugins",
     "plugin_report",
     "register_op",
+    "register_runner",
+    "register_runner_op",
+    "release_runner",
+    "runner_scope",
     "set_custom_ops",
     "torch_wrap_enabled",
 ]

@@ -182,15 +182,20 @@ class Op:
         _ALL_OPS.add(self)
 
     # ------------------------------------------------------------------ calling
-    # Each Op gets its own subclass whose ``__call__`` is, with the torch wrap on, the
-    # OpOverload itself (no Python frame of ours before the dispatcher) and, with the
-    # wrap off, the eager-selection closure. ``enable_torch_wrap`` swaps them.
+    # Each Op gets its own subclass whose ``__call__`` forwards straight to the
+    # OpOverload (torch wrap on) or to the eager-selection closure (wrap off), with no
+    # flag test per call; ``enable_torch_wrap`` swaps them. It stays a plain function so
+    # that Dynamo inlines it.
     def __call__(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance class
         return self.torch_op(*args, **kwargs)
 
     def _install_call(self, wrap: bool) -> None:
         target = self.torch_op if wrap else self._eager
-        setattr(type(self), "__call__", staticmethod(target))  # noqa: B010
+
+        def __call__(_self: Any, *args: Any, **kwargs: Any) -> Any:
+            return target(*args, **kwargs)
+
+        setattr(type(self), "__call__", __call__)  # noqa: B010
 
     def _build_eager(self) -> Callable[..., Any]:
         chains = self._chains

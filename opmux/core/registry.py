@@ -6,6 +6,7 @@ with a unique namespace (see ``tests/conftest.py``) or call :func:`_reset_for_te
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
@@ -121,7 +122,12 @@ class OpRegistry:
                 return  # loaded, or re-entered from a plugin hook while loading
             self._loading_thread = threading.get_ident()
             try:
-                self._loader(self)
+                loader = self._loader
+                if "torch._dynamo" in sys.modules:
+                    # The first op call may come from a compiled graph; Dynamo must not
+                    # try to trace plugin loading (registration is not traceable).
+                    loader = torch._dynamo.disable(loader)
+                loader(self)
             finally:
                 self._loading_thread = None
                 self._loaded[0] = True

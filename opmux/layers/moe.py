@@ -1,0 +1,263 @@
+"""The :class:`FusedMoE` layer: router, experts, optional shared experts, one opaque op.
+
+On a platform path (``forward_cpu``, ``forward_cuda``, ...) the layer computes the router
+logits and then calls one *layer op*, ``opmux::moe_forward`` (or
+``opmux::moe_forward_shared`` when it has shared experts), passing its ``layer_name``.
+The op resolves the layer in the active :func:`~opmux.core.forward_context.forward_context`
+when it executes and runs routing, experts and shared experts there. Under
+``torch.compile(fullgraph=True)`` the whole mixture is one node: no data-dependent
+shapes reach the compiler. ``forward_native`` (the layer disabled with
+``opmux.set_custom_ops("all,-fused_moe")``) runs the same computation in line.
+
+The layer returns ``(shared_output, fused_output)`` as engines do; ``shared_output`` is
+``None`` without shared experts.
+
+>>> import torch, opmux
+>>> from opmux.core.forward_context import forward_context
+>>> from opmux.layers.moe import FusedMoE
+>>> moe = FusedMoE(num_experts=4, top_k=2, hidden_size=8, intermediate_size=16,
+...                layer_name="model.layers.0.mlp")
+>>> with forward_context(layers={moe.layer_name: moe}):
+...     shared, fused = moe(torch.randn(3, 8))
+>>> shared is None, tuple(fused.shape)
+(True, (3, 8))
+"""
+
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from opmux.core.custom_op import CustomOp
+from opmux.core.errors import ConfigError
+from opmux.core.forward_context import register_layer_op
+from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
+
+__all__ = ["FusedMoE", "SharedExpertsMLP", "moe_forward", "moe_forward_shared"]
+
+
+class SharedExpertsMLP(torch.nn.Module):
+    """The always-on experts of a MoE block: one SiLU-and-mul MLP.
+
+    :param hidden_size: d.
+    :param intermediate_size: width of the shared MLP (all shared experts together).
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *,
+                 dtype: Optional[torch.dtype] = None,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        #: gate and up projections stacked, ``[2 * intermediate, hidden]``.
+        self.gate_up_weight = torch.nn.Parameter(
+            torch.empty(2 * intermediate_size, hidden_size, dtype=dtype, device=device))
+        #: down projection, ``[hidden, intermediate]``.
+        self.down_weight = torch.nn.Parameter(
+            torch.empty(hidden_size, intermediate_size, dtype=dtype, device=device))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal init scaled by fan-in."""
+        with torch.no_grad():
+            self.gate_up_weight.normal_(0.0, self.gate_up_weight.shape[1] ** -0.5)
+            self.down_weight.normal_(0.0, self.down_weight.shape[1] ** -0.5)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate_up = F.linear(x, self.gate_up_weight)
+        inter = self.intermediate_size
+        return F.linear(F.silu(gate_up[..., :inter]) * gate_up[..., inter:], self.down_weight)
+
+
+@CustomOp.register("fused_moe")
+class FusedMoE(CustomOp):
+    """Mixture-of-experts block with a router, routed experts and optional shared experts.
+
+    :param num_experts: E routed experts.
+    :param top_k: experts per token.
+    :param hidden_size: d.
+    :param intermediate_size: I, per routed expert.
+    :param layer_name: unique name of this layer in the model (the key the layer op
+        resolves in the forward context).
+    :param renormalize: renormalise the top-k routing weights to sum 1.
+    :param num_expert_group: with ``topk_group``, route DeepSeek-style through
+        :func:`~opmux.ops.moe.grouped_topk`; ``None``: plain top-k softmax.
+    :param topk_group: groups kept per token (grouped routing only).
+    :param scoring_func: ``"softmax"`` or ``"sigmoid"`` (grouped routing only).
+    :param use_correction_bias: add an ``e_score_correction_bias`` parameter (DeepSeek-V3).
+    :param routed_scaling_factor: multiplies the routing weights (grouped routing only).
+    :param shared_intermediate_size: width of the shared-experts MLP; ``0``: none.
+    :raises ConfigError: inconsistent sizes or routing options.
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 *, layer_name: str, renormalize: bool = True,
+                 num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+                 scoring_func: str = "softmax", use_correction_bias: bool = False,
+                 routed_scaling_factor: float = 1.0, shared_intermediate_size: int = 0,
+                 dtype: Optional[torch.dtype] = None,
+                 device: Optional[torch.device] = None) -> None:
+        super().__init__()
+        _check_config(num_experts, top_k, hidden_size, intermediate_size, layer_name,
+                      num_expert_group, topk_group, scoring_func, use_correction_bias)
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.layer_name = layer_name
+        self.renormalize = renormalize
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.scoring_func = scoring_func
+        self.routed_scaling_factor = routed_scaling_factor
+        factory: dict[str, Any] = {"dtype": dtype, "device": device}
+        #: router, ``[E, d]``.
+        self.gate_weight = torch.nn.Parameter(torch.empty(num_experts, hidden_size, **factory))
+        #: routed experts' gate and up projections, ``[E, 2I, d]``.
+        self.w13_weight = torch.nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
+        #: routed experts' down projections, ``[E, d, I]``.
+        self.w2_weight = torch.nn.Parameter(
+            torch.empty(num_experts, hidden_size, intermediate_size, **factory))
+        self.e_score_correction_bias: Optional[torch.nn.Parameter] = (
+            torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32, device=device))
+            if use_correction_bias else None)
+        self.shared_experts: Optional[SharedExpertsMLP] = (
+            SharedExpertsMLP(hidden_size, shared_intermediate_size, **factory)
+            if shared_intermediate_size else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal init scaled by fan-in (router, experts, shared experts)."""
+        with torch.no_grad():
+            self.gate_weight.normal_(0.0, self.hidden_size ** -0.5)
+            self.w13_weight.normal_(0.0, self.hidden_size ** -0.5)
+            self.w2_weight.normal_(0.0, self.intermediate_size ** -0.5)
+        if self.shared_experts is not None:
+            self.shared_experts.reset_parameters()
+
+    # ------------------------------------------------------------------ compute
+    def route(self, router_logits: Tensor) -> tuple[Tensor, Tensor]:
+        """``(topk_weights, topk_ids)`` for ``router_logits [T, E]``."""
+        if self.num_expert_group is not None and self.topk_group is not None:
+            return grouped_topk(router_logits, self.top_k, self.renormalize,  # type: ignore[no-any-return]
+                                self.num_expert_group, self.topk_group, self.scoring_func,
+                                self.e_score_correction_bias, self.routed_scaling_factor)
+        return topk_softmax(router_logits, self.top_k, self.renormalize)  # type: ignore[no-any-return]
+
+    def forward_impl(self, hidden_states: Tensor, router_logits: Tensor
+                     ) -> tuple[Optional[Tensor], Tensor]:
+        """Routing, routed experts and shared experts for 2-D ``hidden_states [T, d]``."""
+        topk_weights, topk_ids = self.route(router_logits)
+        fused = fused_moe(hidden_states, self.w13_weight, self.w2_weight, topk_weights,
+                          topk_ids)
+        shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
+        return shared, fused
+
+    def _flatten(self, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
+        x = hidden_states.reshape(-1, self.hidden_size)
+        return x, F.linear(x, self.gate_weight)
+
+    def forward_native(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        """The computation in line (ops still dispatch to their providers)."""
+        x, logits = self._flatten(hidden_states)
+        shared, fused = self.forward_impl(x, logits)
+        shape = hidden_states.shape
+        return (None if shared is None else shared.view(shape)), fused.view(shape)
+
+    def forward_layer_op(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        """Through the layer op: one opaque node resolved by ``layer_name`` at run time."""
+        x, logits = self._flatten(hidden_states)
+        shape = hidden_states.shape
+        if self.shared_experts is None:
+            fused = moe_forward(self.layer_name, x, logits)
+            return None, fused.view(shape)
+        shared, fused = moe_forward_shared(self.layer_name, x, logits)
+        return shared.view(shape), fused.view(shape)
+
+    def forward_cuda(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        return self.forward_layer_op(hidden_states)
+
+    def forward_xla(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        return self.forward_layer_op(hidden_states)
+
+    def forward_npu(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        return self.forward_layer_op(hidden_states)
+
+    def forward_cpu(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+        return self.forward_layer_op(hidden_states)
+
+    def extra_repr(self) -> str:
+        routing = (f"grouped(groups={self.num_expert_group}, keep={self.topk_group}, "
+                   f"{self.scoring_func})" if self.num_expert_group is not None else "softmax")
+        shared = (self.shared_experts.intermediate_size if self.shared_experts is not None
+                  else 0)
+        return (f"layer_name={self.layer_name!r}, experts={self.num_experts}, "
+                f"top_k={self.top_k}, hidden={self.hidden_size}, "
+                f"intermediate={self.intermediate_size}, routing={routing}, "
+                f"shared_intermediate={shared}")
+
+
+def _check_config(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                  layer_name: str, num_expert_group: Optional[int], topk_group: Optional[int],
+                  scoring_func: str, use_correction_bias: bool) -> None:
+    where = f"FusedMoE(layer_name={layer_name!r})"
+    if not isinstance(layer_name, str) or not layer_name:
+        raise ConfigError(f"{where}: layer_name must be a non-empty string")
+    for arg, value in (("num_experts", num_experts), ("hidden_size", hidden_size),
+                       ("intermediate_size", intermediate_size)):
+        if value < 1:
+            raise ConfigError(f"{where}: {arg} must be >= 1, got {value}")
+    if not 1 <= top_k <= num_experts:
+        raise ConfigError(f"{where}: top_k must be in [1, num_experts={num_experts}], "
+                          f"got {top_k}")
+    if (num_expert_group is None) != (topk_group is None):
+        raise ConfigError(f"{where}: give both num_expert_group and topk_group for grouped "
+                          f"routing, or neither; got num_expert_group={num_expert_group}, "
+                          f"topk_group={topk_group}")
+    if num_expert_group is not None and topk_group is not None:
+        if num_expert_group < 1 or num_experts % num_expert_group:
+            raise ConfigError(f"{where}: num_expert_group must divide num_experts="
+                              f"{num_experts}, got {num_expert_group}")
+        if not 1 <= topk_group <= num_expert_group:
+            raise ConfigError(f"{where}: topk_group must be in [1, {num_expert_group}], "
+                              f"got {topk_group}")
+        if top_k > topk_group * (num_experts // num_expert_group):
+            kept = topk_group * (num_experts // num_expert_group)
+            raise ConfigError(f"{where}: top_k={top_k} exceeds the {kept} experts of "
+                              f"topk_group={topk_group} groups")
+    elif scoring_func != "softmax" or use_correction_bias:
+        raise ConfigError(f"{where}: scoring_func and use_correction_bias apply to grouped "
+                          f"routing only; set num_expert_group and topk_group")
+    if scoring_func not in ("softmax", "sigmoid"):
+        raise ConfigError(f"{where}: scoring_func must be 'softmax' or 'sigmoid', "
+                          f"got {scoring_func!r}")
+
+
+# ------------------------------------------------------------------ layer ops
+def _fake_fused(layer_name: str, hidden_states: Tensor, router_logits: Tensor) -> Tensor:
+    return torch.empty_like(hidden_states)
+
+
+def _fake_shared(layer_name: str, hidden_states: Tensor, router_logits: Tensor
+                 ) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(hidden_states), torch.empty_like(hidden_states)
+
+
+@register_layer_op("moe_forward", fake=_fake_fused)
+def moe_forward(layer: FusedMoE, hidden_states: Tensor, router_logits: Tensor) -> Tensor:
+    """Routed experts of the layer ``layer_name`` (resolved at run time)."""
+    return layer.forward_impl(hidden_states, router_logits)[1]
+
+
+@register_layer_op("moe_forward_shared", fake=_fake_shared)
+def moe_forward_shared(layer: FusedMoE, hidden_states: Tensor, router_logits: Tensor
+                       ) -> tuple[Tensor, Tensor]:
+    """``(shared_output, fused_output)`` of the layer ``layer_name`` (resolved at run time)."""
+    shared, fused = layer.forward_impl(hidden_states, router_logits)
+    if shared is None:
+        from opmux.core.errors import OpmuxError
+
+        raise OpmuxError(f"moe_forward_shared: layer {layer.layer_name!r} has no shared "
+                         f"experts; call moe_forward")
+    return shared, fused
