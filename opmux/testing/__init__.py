@@ -1,0 +1,60 @@
+"""The conformance kit: seeded cases per op, provider-vs-native checks, opcheck, pytest plugin.
+
+>>> from opmux.testing import cases_for
+>>> [c.name for c in cases_for("advance_step_flashattn")][:2]
+['worked-example', 'bs4-multi-block']
+
+Names are imported on first use: pytest imports this package for its plugin module in
+every run, and the plugin must stay inert until enabled.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opmux.testing.cases import Case, CaseGenerator, cases_for, has_cases, register_cases
+    from opmux.testing.conformance import (
+        TOLERANCES,
+        CaseResult,
+        ProviderReport,
+        check_provider,
+        run_case,
+        run_opcheck,
+        tolerance,
+    )
+
+__all__ = [
+    "TOLERANCES",
+    "Case",
+    "CaseGenerator",
+    "CaseResult",
+    "ProviderReport",
+    "cases_for",
+    "check_provider",
+    "has_cases",
+    "register_cases",
+    "run_case",
+    "run_opcheck",
+    "tolerance",
+]
+
+_HOME = {name: "opmux.testing.cases" for name in
+         ("Case", "CaseGenerator", "cases_for", "has_cases", "register_cases")}
+_HOME.update({name: "opmux.testing.conformance" for name in
+              ("TOLERANCES", "CaseResult", "ProviderReport", "check_provider", "run_case",
+               "run_opcheck", "tolerance")})
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opmux.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

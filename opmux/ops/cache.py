@@ -1,0 +1,95 @@
+"""Paged KV-cache bookkeeping: ``reshape_and_cache`` and ``advance_step_flashattn``."""
+
+# no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
+import torch
+from torch import Tensor
+
+from opmux.core.registry import register_op
+from opmux.ops._checks import check_advance_step_flashattn, check_reshape_and_cache
+
+__all__ = ["advance_step_flashattn", "reshape_and_cache"]
+
+
+@register_op(mutates_args=("key_cache", "value_cache"))
+def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                      slot_mapping: Tensor) -> None:
+    """Write token ``t``'s key and value into slot ``slot_mapping[t]`` of the paged caches.
+
+    Slot ``s`` is block ``s // block_size``, offset ``s % block_size``; slot ``-1`` is
+    skipped (padding token). Nothing is written when validation fails.
+
+    :param key: ``[T, Hkv, D]``, the caches' dtype.
+    :param value: ``[T, Hkv, D]``.
+    :param key_cache: ``[num_blocks, block_size, Hkv, D]``, contiguous; written in place.
+    :param value_cache: same shape and dtype as ``key_cache``; written in place.
+    :param slot_mapping: ``[T]`` int64, each ``-1`` or in ``[0, num_blocks*block_size)``.
+    :raises opmux.OpInputError: bad shapes, dtypes, layout, or a slot out of range.
+    """
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    _, _, hkv, d = key_cache.shape
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    key_cache.view(-1, hkv, d).index_copy_(0, slots, key[valid])
+    value_cache.view(-1, hkv, d).index_copy_(0, slots, value[valid])
+
+
+@reshape_and_cache.register_fake
+def _reshape_and_cache_fake(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                            slot_mapping: Tensor) -> None:
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, read_data=False)
+
+
+@register_op(mutates_args=("input_tokens", "input_positions", "seq_lens", "slot_mapping"))
+def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                           input_tokens: Tensor, sampled_token_ids: Tensor,
+                           input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
+                           block_tables: Tensor) -> None:
+    """Advance the decode state of ``num_seqs`` sequences by one sampled token, in place.
+
+    For ``i < num_queries``: ``input_tokens[i] = sampled_token_ids[i, 0]``; with
+    ``pos = seq_lens[i]``: ``input_positions[i] = pos``, ``seq_lens[i] = pos + 1`` and
+    ``slot_mapping[i] = block_tables[i, pos // block_size] * block_size + pos % block_size``.
+    Rows ``num_queries <= i < num_seqs`` are graph padding: token 0, position 0, slot -1,
+    ``seq_lens`` untouched.
+
+    >>> import torch, opmux
+    >>> tokens, pos = torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64)
+    >>> lens = torch.tensor([6, 8, 6, 6], dtype=torch.int32)
+    >>> slots = torch.zeros(4, dtype=torch.int64)
+    >>> tables = torch.arange(4, dtype=torch.int32).view(4, 1)
+    >>> sampled = torch.tensor([[11], [12], [13], [14]])
+    >>> opmux.ops.advance_step_flashattn(4, 4, 128, tokens, sampled, pos, lens, slots, tables)
+    >>> pos.tolist(), lens.tolist(), slots.tolist()
+    ([6, 8, 6, 6], [7, 9, 7, 7], [6, 136, 262, 390])
+
+    :raises opmux.OpInputError: wrong dtype, non-contiguous state, wrong first dimension,
+        or a next position outside the block table; nothing is written then.
+    """
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables)
+    n = num_queries
+    # compute everything first, then write
+    sampled = sampled_token_ids.reshape(-1)[:n] if sampled_token_ids.dim() == 1 \
+        else sampled_token_ids[:n, 0]
+    pos = seq_lens[:n].to(torch.int64)
+    block_idx = torch.div(pos, block_size, rounding_mode="floor")
+    blocks = block_tables[:n].gather(1, block_idx.unsqueeze(1)).squeeze(1).to(torch.int64)
+    slots = blocks * block_size + pos % block_size
+    input_tokens[:n] = sampled
+    input_positions[:n] = pos
+    seq_lens[:n] += 1
+    slot_mapping[:n] = slots
+    input_tokens[n:] = 0
+    input_positions[n:] = 0
+    slot_mapping[n:] = -1
+
+
+@advance_step_flashattn.register_fake
+def _advance_step_flashattn_fake(num_seqs: int, num_queries: int, block_size: int,
+                                 input_tokens: Tensor, sampled_token_ids: Tensor,
+                                 input_positions: Tensor, seq_lens: Tensor,
+                                 slot_mapping: Tensor, block_tables: Tensor) -> None:
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, read_data=False)

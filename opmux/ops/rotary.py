@@ -1,0 +1,68 @@
+"""Rotary position embedding: ``rotary_embedding`` (native reference, vLLM conventions)."""
+
+# no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from opmux.core.registry import register_op
+from opmux.ops._checks import check_rotary_embedding
+
+__all__ = ["make_cos_sin_cache", "rotary_embedding"]
+
+
+def make_cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0,
+                       dtype: torch.dtype = torch.float32,
+                       device: Optional[torch.device] = None) -> Tensor:
+    """Build a ``[max_position, rotary_dim]`` cache: ``cos`` columns first, then ``sin``.
+
+    :param rotary_dim: the rotary width ``rot`` (even, at most the head size).
+    :param base: the frequency base (10000 for Llama-style models).
+    """
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32,
+                                            device=device) / rotary_dim))
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=device), inv_freq)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, head_size: int, is_neox: bool) -> Tensor:
+    """Rotate the first ``rot`` dims of every head of ``x`` ([T, H*D] or [T, H, D])."""
+    shape = x.shape
+    heads = x.reshape(shape[0], x.shape[-1] // head_size if x.dim() == 2 else x.shape[1],
+                      head_size)
+    rot = cos.shape[-1] * 2
+    xr = heads[..., :rot].float()
+    c = cos.unsqueeze(1)
+    s = sin.unsqueeze(1)
+    if is_neox:
+        x1, x2 = xr[..., : rot // 2], xr[..., rot // 2:]
+        rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    out = torch.cat((rotated.to(x.dtype), heads[..., rot:]), dim=-1)
+    return out.reshape(shape)
+
+
+@register_op
+def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
+                     head_size: int, is_neox: bool = True) -> tuple[Tensor, Tensor]:
+    """Apply rotary embedding to ``query`` and ``key``; returns new tensors.
+
+    ``cos_sin_cache[max_pos, rot]`` holds ``cos`` in its first ``rot/2`` columns and ``sin``
+    in the last ``rot/2`` (vLLM convention). The first ``rot`` dims of each head rotate
+    (fp32 math); dims ``rot..head_size`` pass through unchanged. Neox style rotates the two
+    halves of the rotary dims, GPT-J style rotates interleaved pairs.
+
+    :param positions: ``[T]`` int64 positions, each in ``[0, max_pos)``.
+    :param query: ``[T, H*D]`` (or ``[T, H, D]``).
+    :param key: ``[T, Hkv*D]`` (or ``[T, Hkv, D]``), same dtype as ``query``.
+    :returns: ``(query, key)`` rotated, same shapes and dtype as the inputs.
+    :raises opmux.OpInputError: bad shapes or dtypes, or a position outside the cache.
+    """
+    check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox)
+    cos_sin = cos_sin_cache.index_select(0, positions.long()).float()
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    return (_rotate(query, cos, sin, head_size, is_neox),
+            _rotate(key, cos, sin, head_size, is_neox))

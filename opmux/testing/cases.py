@@ -1,0 +1,126 @@
+"""Conformance cases: what a case is, and the per-op generator registry.
+
+A generator is a function with no arguments returning an iterable of :class:`Case`
+objects built on the CPU from fixed seeds (so every run, on every machine, sees the same
+inputs); the kit moves them to the device under test. The catalog's generators live in
+:mod:`opmux.testing.catalog_cases`; plugins that add ops register theirs with
+:func:`register_cases`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from opmux.core.errors import RegistrationError, UnknownOpError
+
+__all__ = ["Case", "CaseGenerator", "cases_for", "has_cases", "register_cases"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One set of arguments for an op.
+
+    :ivar name: short id, unique within the op (``"bf16-gqa4-decode"``); used in test ids.
+    :ivar args: positional arguments (tensors on the CPU).
+    :ivar kwargs: keyword arguments.
+    :ivar dtype: dtype whose tolerance applies (default: first floating tensor argument).
+    :ivar atol: absolute tolerance override for this case.
+    :ivar rtol: relative tolerance override for this case.
+    """
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: torch.dtype | None = None
+    atol: float | None = None
+    rtol: float | None = None
+
+    def materialize(self, device: str | torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Fresh copies of the arguments on ``device`` (safe to mutate)."""
+        def move(a: Any) -> Any:
+            return a.detach().clone().to(device) if isinstance(a, torch.Tensor) else a
+
+        return tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()}
+
+    def tolerance_dtype(self) -> torch.dtype | None:
+        """The dtype that selects the tolerance (``None``: exact comparison)."""
+        if self.dtype is not None:
+            return self.dtype
+        for a in (*self.args, *self.kwargs.values()):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                return a.dtype
+        return None
+
+
+CaseGenerator = Callable[[], Iterable[Case]]
+"""A function returning an op's cases (built on the CPU, deterministic)."""
+
+_GENERATORS: dict[str, CaseGenerator] = {}
+_LOCK = threading.Lock()
+_CATALOG_LOADED: list[bool] = [False]
+
+
+def _qualify(op_name: str) -> str:
+    return op_name if "::" in op_name else f"opmux::{op_name}"
+
+
+def register_cases(op_name: str, generator: CaseGenerator, *, replace: bool = False) -> None:
+    """Register the conformance cases of ``op_name`` (``"ns::name"``; bare = ``opmux::``).
+
+    :param generator: no-argument function returning :class:`Case` objects.
+    :param replace: allow replacing an existing generator.
+    :raises RegistrationError: when the op already has a generator and ``replace`` is false.
+    """
+    qualname = _qualify(op_name)
+    with _LOCK:
+        if qualname in _GENERATORS and not replace:
+            raise RegistrationError(
+                f"conformance cases for op {qualname!r} are already registered; pass "
+                f"replace=True to override them", op=qualname)
+        _GENERATORS[qualname] = generator
+
+
+def unregister_cases(op_name: str) -> None:
+    """Remove the generator of ``op_name`` (tests)."""
+    with _LOCK:
+        _GENERATORS.pop(_qualify(op_name), None)
+
+
+def _ensure_catalog() -> None:
+    if not _CATALOG_LOADED[0]:
+        import opmux.testing.catalog_cases  # noqa: F401  (registers the catalog generators)
+
+        _CATALOG_LOADED[0] = True
+
+
+def has_cases(op_name: str) -> bool:
+    """Whether ``op_name`` has registered conformance cases."""
+    _ensure_catalog()
+    return _qualify(op_name) in _GENERATORS
+
+
+def cases_for(op_name: str) -> list[Case]:
+    """The conformance cases of ``op_name``, freshly generated.
+
+    :raises UnknownOpError: when no generator is registered for the op.
+    """
+    _ensure_catalog()
+    qualname = _qualify(op_name)
+    gen = _GENERATORS.get(qualname)
+    if gen is None:
+        raise UnknownOpError(
+            f"no conformance cases registered for op {qualname!r}; register a generator with "
+            f"opmux.testing.register_cases({qualname!r}, fn). Ops with cases: "
+            f"{sorted(_GENERATORS)}")
+    cases = list(gen())
+    names = [c.name for c in cases]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RegistrationError(f"conformance cases of op {qualname!r} repeat names {dup}",
+                                op=qualname)
+    return cases

@@ -1,0 +1,251 @@
+"""Seeded conformance cases for every catalog op, edge cases included.
+
+Sizes stay small so that slow providers (the Triton interpreter, simulators) can run
+every case in seconds. Mutated tensors start filled with random values, so a provider that
+writes where it must not (a padding slot, a padding row) is caught.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from opmux.ops.rotary import make_cos_sin_cache
+from opmux.testing.cases import Case, register_cases
+
+__all__ = ["attention_case", "register_catalog_cases"]
+
+DTYPES: tuple[tuple[str, torch.dtype], ...] = (
+    ("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
+"""Dtypes every op is checked in, with their case-name prefixes."""
+
+
+def _gen(name: str) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(name.encode()))
+
+
+def _randn(g: torch.Generator, shape: Sequence[int], dtype: torch.dtype,
+           scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(tuple(shape), generator=g) * scale).to(dtype)
+
+
+# ---------------------------------------------------------------------------- activations
+def _activation_cases(with_approximate: bool) -> Iterator[Case]:
+    shapes: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
+        (f"{tag}-basic", dt, (9, 2 * 64)) for tag, dt in DTYPES]
+    shapes += [("fp32-odd-d", torch.float32, (5, 2 * 45)),
+               ("fp32-3d", torch.float32, (2, 3, 2 * 40)),
+               ("fp32-wide", torch.float32, (3, 2 * 1100)),
+               ("bf16-3d", torch.bfloat16, (2, 5, 2 * 24)),
+               ("fp32-empty", torch.float32, (0, 2 * 16))]
+    for name, dt, shape in shapes:
+        x = _randn(_gen(name), shape, dt, scale=3.0)
+        if with_approximate:
+            for approx in ("none", "tanh"):
+                yield Case(f"{name}-{approx}", (x, approx))
+        else:
+            yield Case(name, (x,))
+
+
+def silu_and_mul_cases() -> Iterator[Case]:
+    """Cases of ``silu_and_mul``."""
+    return _activation_cases(False)
+
+
+def gelu_and_mul_cases() -> Iterator[Case]:
+    """Cases of ``gelu_and_mul`` (both approximations)."""
+    return _activation_cases(True)
+
+
+# ---------------------------------------------------------------------------------- norms
+def _norm_inputs() -> Iterator[tuple[str, torch.Tensor, torch.Tensor, float]]:
+    specs: list[tuple[str, torch.dtype, tuple[int, ...], float, float]] = [
+        (f"{tag}-basic", dt, (13, 128), 1.0, 1e-6) for tag, dt in DTYPES]
+    specs += [("fp32-d1000", torch.float32, (4, 1000), 1.0, 1e-6),
+              ("fp32-3d", torch.float32, (2, 5, 64), 1.0, 1e-6),
+              ("fp32-large-values", torch.float32, (6, 256), 50.0, 1e-6),
+              ("fp32-eps1e-2-small-values", torch.float32, (6, 96), 1e-2, 1e-2),
+              ("bf16-d4096", torch.bfloat16, (3, 4096), 1.0, 1e-5),
+              ("fp16-d2048", torch.float16, (3, 2048), 1.0, 1e-5),
+              ("fp32-one-row", torch.float32, (1, 32), 1.0, 1e-6),
+              ("fp32-empty", torch.float32, (0, 64), 1.0, 1e-6)]
+    for name, dt, shape, scale, eps in specs:
+        g = _gen(name)
+        x = _randn(g, shape, dt, scale)
+        weight = (torch.randn(shape[-1], generator=g) * 0.5 + 1.0).to(dt)
+        yield name, x, weight, eps
+
+
+def rms_norm_cases() -> Iterator[Case]:
+    """Cases of ``rms_norm``."""
+    for name, x, weight, eps in _norm_inputs():
+        yield Case(name, (x, weight, eps))
+
+
+def fused_add_rms_norm_cases() -> Iterator[Case]:
+    """Cases of ``fused_add_rms_norm``."""
+    for name, x, weight, eps in _norm_inputs():
+        residual = _randn(_gen(name + "-residual"), x.shape, x.dtype, 2.0)
+        yield Case(name, (x, residual, weight, eps))
+
+
+# --------------------------------------------------------------------------------- rotary
+def rotary_embedding_cases() -> Iterator[Case]:
+    """Cases of ``rotary_embedding``: neox/gptj, rot < head_size, GQA/MQA, 3-d layout."""
+    specs: list[tuple[str, torch.dtype, int, int, int, int, int, int, bool]] = []
+    for tag, dt in DTYPES:
+        for style, neox in (("neox", True), ("gptj", False)):
+            # name, dtype, T, H, Hkv, D, rot, max_pos, is_neox
+            specs.append((f"{tag}-{style}", dt, 7, 4, 2, 64, 64, 64, neox))
+    specs += [("fp32-neox-partial-rot", torch.float32, 6, 4, 4, 64, 32, 32, True),
+              ("fp32-gptj-partial-rot", torch.float32, 6, 4, 4, 64, 16, 32, False),
+              ("bf16-neox-partial-rot", torch.bfloat16, 6, 2, 1, 128, 64, 64, True),
+              ("fp32-mqa-d128", torch.float32, 5, 8, 1, 128, 128, 128, True),
+              ("fp32-long-cache", torch.float32, 9, 2, 2, 32, 32, 4096, True),
+              ("fp32-one-token", torch.float32, 1, 2, 1, 32, 32, 16, False),
+              ("fp32-empty", torch.float32, 0, 2, 2, 32, 32, 16, True)]
+    for name, dt, t, h, hkv, d, rot, max_pos, neox in specs:
+        g = _gen(name)
+        positions = torch.randint(0, max_pos, (t,), generator=g, dtype=torch.int64)
+        if t > 1:
+            positions[0], positions[-1] = 0, max_pos - 1
+        query = _randn(g, (t, h * d), dt)
+        key = _randn(g, (t, hkv * d), dt)
+        cache = make_cos_sin_cache(max_pos, rot, dtype=dt)
+        yield Case(name, (positions, query, key, cache, d, neox))
+    g = _gen("fp32-3d-layout")
+    positions = torch.randint(0, 32, (5,), generator=g, dtype=torch.int64)
+    yield Case("fp32-3d-layout", (positions, _randn(g, (5, 4, 32), torch.float32),
+                                  _randn(g, (5, 2, 32), torch.float32),
+                                  make_cos_sin_cache(32, 32), 32, True))
+
+
+# ---------------------------------------------------------------------------------- cache
+def reshape_and_cache_cases() -> Iterator[Case]:
+    """Cases of ``reshape_and_cache``: padding slots (-1), several block sizes, empty."""
+    specs: list[tuple[str, torch.dtype, int, int, int, int, int, tuple[int, ...]]] = [
+        # name, dtype, T, Hkv, D, num_blocks, block_size, padding token indices
+        (f"{tag}-basic", dt, 10, 2, 32, 6, 4, (2, 7)) for tag, dt in DTYPES]
+    specs += [("fp32-bs16-hkv1", torch.float32, 20, 1, 64, 3, 16, (0,)),
+              ("fp32-hkv8-d128", torch.float32, 6, 8, 128, 4, 8, ()),
+              ("fp32-all-padding", torch.float32, 4, 2, 32, 2, 4, (0, 1, 2, 3)),
+              ("fp32-empty", torch.float32, 0, 2, 32, 2, 4, ())]
+    for name, dt, t, hkv, d, nb, bs, pads in specs:
+        g = _gen(name)
+        key = _randn(g, (t, hkv, d), dt)
+        value = _randn(g, (t, hkv, d), dt)
+        key_cache = _randn(g, (nb, bs, hkv, d), dt)
+        value_cache = _randn(g, (nb, bs, hkv, d), dt)
+        slots = torch.randperm(nb * bs, generator=g)[:t].to(torch.int64)
+        for i in pads:
+            slots[i] = -1
+        yield Case(name, (key, value, key_cache, value_cache, slots))
+
+
+def advance_step_flashattn_cases() -> Iterator[Case]:
+    """Cases of ``advance_step_flashattn``: the DESIGN worked example, padding rows, empty."""
+    def make(name: str, num_seqs: int, num_queries: int, block_size: int,
+             seq_lens: list[int], tables: torch.Tensor) -> Case:
+        g = _gen(name)
+        garbage = torch.randint(-5, 1000, (4, num_seqs), generator=g, dtype=torch.int64)
+        sampled = torch.randint(0, 32000, (num_queries, 1), generator=g, dtype=torch.int64)
+        return Case(name, (num_seqs, num_queries, block_size, garbage[0].clone(), sampled,
+                           garbage[1].clone(), torch.tensor(seq_lens, dtype=torch.int32),
+                           garbage[2].clone(), tables.to(torch.int32)))
+
+    yield make("worked-example", 4, 4, 128, [6, 8, 6, 6], torch.arange(4).view(4, 1))
+    g = _gen("tables")
+    perm = torch.randperm(64, generator=g).view(8, 8)
+    yield make("bs4-multi-block", 8, 8, 4, [0, 3, 4, 5, 12, 17, 30, 31], perm)
+    yield make("padding-rows", 8, 5, 4, [1, 7, 8, 9, 20, 2, 2, 2], perm)
+    yield make("block-boundary", 4, 4, 16, [16, 32, 48, 0], perm[:4, :4] % 16)
+    yield make("no-queries", 3, 0, 8, [3, 4, 5], perm[:3])
+    yield make("empty", 0, 0, 16, [], perm[:0])
+
+
+# ------------------------------------------------------------------------------ attention
+def attention_case(name: str, *, dtype: torch.dtype = torch.float32,
+                   q_lens: Sequence[int], kv_lens: Sequence[int], heads: int = 8,
+                   kv_heads: int = 2, head_size: int = 32, block_size: int = 16,
+                   sliding_window: int | None = None, soft_cap: float | None = None,
+                   pad_rows: int = 0, spare_blocks: int = 3) -> Case:
+    """Build a ``paged_attention`` case: shuffled blocks, random unused cache contents.
+
+    :param q_lens: query rows per sequence (0 allowed).
+    :param kv_lens: cached tokens per sequence (``>= q_len``).
+    :param pad_rows: extra query rows after the last sequence (padding, output zeros).
+    """
+    g = _gen(name)
+    per_seq = [(n + block_size - 1) // block_size for n in kv_lens]
+    num_blocks = sum(per_seq) + spare_blocks
+    max_blocks = max(per_seq, default=0) + 1
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    tables = torch.randint(0, num_blocks, (len(kv_lens), max_blocks), generator=g,
+                           dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(per_seq):
+        tables[i, :n] = perm[start:start + n]
+        start += n
+    key_cache = _randn(g, (num_blocks, block_size, kv_heads, head_size), dtype)
+    value_cache = _randn(g, (num_blocks, block_size, kv_heads, head_size), dtype)
+    total = sum(q_lens) + pad_rows
+    query = _randn(g, (total, heads, head_size), dtype)
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(list(q_lens), dtype=torch.int32).cumsum(0)
+    seq_lens = torch.tensor(list(kv_lens), dtype=torch.int32)
+    return Case(name, (query, key_cache, value_cache, tables, seq_lens, qsl,
+                       head_size ** -0.5, sliding_window, soft_cap))
+
+
+def paged_attention_cases() -> Iterator[Case]:
+    """Cases of ``paged_attention``: decode, prefill, chunked prefill, GQA 1/4/8, windows,
+    soft cap, partial last blocks, q_len 0, padding rows, empty batch."""
+    q1, kv = [1, 1, 1, 1], [1, 17, 33, 40]  # decode: partial last blocks, a 1-token sequence
+    for ratio, (h, hkv) in {1: (4, 4), 4: (8, 2), 8: (8, 1)}.items():
+        yield attention_case(f"fp32-decode-gqa{ratio}", heads=h, kv_heads=hkv, q_lens=q1,
+                             kv_lens=kv)
+    for tag, dt in DTYPES[1:]:
+        yield attention_case(f"{tag}-decode-gqa4", dtype=dt, q_lens=q1, kv_lens=kv)
+        yield attention_case(f"{tag}-chunked-prefill", dtype=dt, q_lens=[3, 1, 7],
+                             kv_lens=[20, 9, 7])
+        yield attention_case(f"{tag}-window-softcap", dtype=dt, q_lens=[4, 1], kv_lens=[30, 19],
+                             sliding_window=8, soft_cap=2.0)
+    yield attention_case("fp32-prefill", q_lens=[5, 16, 1], kv_lens=[5, 16, 1])
+    yield attention_case("fp32-chunked-prefill", q_lens=[3, 1, 7], kv_lens=[20, 9, 7])
+    yield attention_case("fp32-window", q_lens=[4, 1, 1], kv_lens=[30, 25, 5],
+                         sliding_window=8)
+    yield attention_case("fp32-window-1", q_lens=[3, 1], kv_lens=[3, 12], sliding_window=1)
+    yield attention_case("fp32-softcap", q_lens=[2, 1], kv_lens=[18, 33], soft_cap=1.0)
+    yield attention_case("fp32-window-softcap-gqa8", q_lens=[6, 1], kv_lens=[40, 7],
+                         heads=8, kv_heads=1, sliding_window=5, soft_cap=3.0)
+    yield attention_case("fp32-qlen0", q_lens=[0, 2, 1, 0], kv_lens=[10, 5, 3, 1])
+    yield attention_case("fp32-padding-rows", q_lens=[2, 1], kv_lens=[9, 4], pad_rows=3)
+    yield attention_case("fp32-bs4-d64", q_lens=[3, 1], kv_lens=[13, 6], heads=4, kv_heads=2,
+                         head_size=64, block_size=4)
+    yield attention_case("fp32-d128-long", q_lens=[1, 1], kv_lens=[300, 129], heads=4,
+                         kv_heads=1, head_size=128, block_size=32)
+    yield attention_case("fp32-empty", q_lens=[], kv_lens=[])
+
+
+def register_catalog_cases() -> None:
+    """Register the generators above for the catalog ops (idempotent)."""
+    generators = {
+        "silu_and_mul": silu_and_mul_cases,
+        "gelu_and_mul": gelu_and_mul_cases,
+        "rms_norm": rms_norm_cases,
+        "fused_add_rms_norm": fused_add_rms_norm_cases,
+        "rotary_embedding": rotary_embedding_cases,
+        "reshape_and_cache": reshape_and_cache_cases,
+        "advance_step_flashattn": advance_step_flashattn_cases,
+        "paged_attention": paged_attention_cases,
+    }
+    for name, fn in generators.items():
+        register_cases(name, fn, replace=True)
+    from opmux.testing.moe_cases import register_moe_cases
+
+    register_moe_cases()
+
+
+register_catalog_cases()

@@ -1,0 +1,96 @@
+"""``opmux check``: run the conformance kit over ops x providers and print a table.
+
+Exit status: 0 when every checked provider passes, 1 when any case fails, 2 for a usage
+error (unknown op or provider).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``check`` options to ``parser``."""
+    parser.add_argument("--op", action="append", default=[], metavar="OP",
+                        help="check only this op (repeatable; 'ns::name' for other namespaces)")
+    parser.add_argument("--provider", action="append", default=[], metavar="NAME",
+                        help="check only this provider (repeatable; default: every provider "
+                             "registered here except native)")
+    parser.add_argument("--device", default="cpu",
+                        help="device the providers run on (default: cpu; native runs on cpu)")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print every case of every provider")
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths)),
+             *(fmt.format(*r) for r in rows)]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run ``opmux check`` with parsed options; returns the exit status."""
+    import opmux
+    from opmux.testing.conformance import ProviderReport, check_provider
+
+    opmux.load_plugins()
+    ops = opmux.list_ops()
+    if ns.op:
+        by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops
+                                                 if o.namespace == "opmux"}
+        unknown = [name for name in ns.op if name not in by_name]
+        if unknown:
+            print(f"opmux check: unknown op(s) {unknown}; known: "
+                  f"{sorted(o.qualname for o in ops)}", file=sys.stderr)
+            return 2
+        ops = [by_name[name] for name in dict.fromkeys(ns.op)]
+    known = sorted({p for o in opmux.list_ops() for p in o.impls} - {"native"})
+    bad = [p for p in ns.provider if p not in known]
+    if bad:
+        print(f"opmux check: unknown provider(s) {bad}; registered here: {known}",
+              file=sys.stderr)
+        return 2
+    reports: list[ProviderReport] = []
+    for op in ops:
+        for provider in op.impls:
+            if provider == "native" or (ns.provider and provider not in ns.provider):
+                continue
+            reports.append(check_provider(op, provider, ns.device))
+    failed = any(not r.ok for r in reports)
+    if ns.json:
+        payload: dict[str, Any] = {"device": ns.device, "ok": not failed,
+                                   "reports": [r.as_dict() for r in reports]}
+        print(json.dumps(payload, indent=2))
+        return 1 if failed else 0
+    if not reports:
+        print("opmux check: no provider to check (only native is registered for the "
+              "selected ops); see `opmux info`")
+        return 0
+    rows = []
+    for r in reports:
+        c = r.counts
+        worst = max((x.ratio for x in r.cases if x.status == "pass"), default=0.0)
+        rows.append([r.op, r.provider, r.verdict(), str(c["pass"]), str(c["fail"] + c["error"]),
+                     str(c["skip"]), f"{worst:.3g}", r.reason])
+    print(_table(rows, ["op", "provider", "result", "pass", "fail", "skip", "err/tol",
+                        "note"]))
+    for r in reports:
+        if ns.verbose or not r.ok:
+            print()
+            print(r.format())
+            for case in r.cases:
+                if not case.ok:
+                    print(f"\n  {case.name}: {case.describe()}")
+    total = len(reports)
+    bad_n = sum(not r.ok for r in reports)
+    print(f"\n{total - bad_n}/{total} provider checks passed on {ns.device}"
+          + (f"; {bad_n} failed" if bad_n else ""))
+    return 1 if failed else 0
