@@ -364,7 +364,10 @@ class Op:
                         f"{names}; registered providers: {sorted(self._impls)}",
                         op=self.qualname, provider=unknown[0],
                     )
-                self._layers[layer] = [p for p in dict.fromkeys(names) if p in self._impls]
+                kept = [p for p in dict.fromkeys(names) if p in self._impls]
+                # a default naming none of our providers is no opinion, not "native only"
+                no_opinion = not strict and not any(p != NATIVE for p in kept)
+                self._layers[layer] = None if no_opinion else kept
             self._rebuild_chains()
 
     def _rebuild_chains(self) -> None:

@@ -225,9 +225,11 @@ def _load_into(registry: OpRegistry) -> None:
 def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -> None:
     """Compose priority defaults: platform → plugins → ``OPMUX_PRIORITY`` (code wins later)."""
     for op in registry.list_ops():
-        op._set_layer("platform", platform.default_priority(op.name) or None, strict=False)
+        # catalog ops are asked for by bare name, ops of other namespaces by qualname
+        name = op.name if op.namespace == "opmux" else op.qualname
+        op._set_layer("platform", platform.default_priority(name) or None, strict=False)
         merged: list[str] = []
-        for result in state.pm.hook.opmux_default_priority(op_name=op.name, platform=platform):
+        for result in state.pm.hook.opmux_default_priority(op_name=name, platform=platform):
             if result:
                 merged.extend(p for p in result if p != "native" and p not in merged)
         op._set_layer("plugins", merged or None, strict=False)

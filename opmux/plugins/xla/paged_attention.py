@@ -1,0 +1,274 @@
+"""``torch.ops.xla_gpu.paged_attention``: paged attention over one fused KV cache.
+
+Layout (vLLM/TPU style, chosen so that a whole decode step is one static-shape graph):
+
+* ``query`` ``[T, H, D]``: the query rows of every sequence, back to back. ``T`` may be a
+  padded bucket: rows at or past ``query_start_loc[num_seqs]`` are padding and come out
+  **zero** (so a padded bucket never leaks stale values into later layers).
+* ``kv_cache`` ``[2, num_blocks, block_size, Hkv, D]``: keys at index 0, values at index 1,
+  same dtype as ``query``.
+* ``context_lens`` ``[S]`` int32: cached tokens of each sequence (its ``kv_len``, the new
+  tokens included).
+* ``block_tables`` ``[S, max_blocks]`` int32: the cache blocks of each sequence, in order.
+* ``query_start_loc`` ``[S + 1]`` int32: sequence ``i`` owns query rows
+  ``query_start_loc[i]:query_start_loc[i + 1]``.
+* ``num_seqs`` ``[1]`` int32: how many of the ``S`` rows of ``block_tables`` /
+  ``context_lens`` are live. ``S`` is the padded batch bucket: rows past ``num_seqs`` (and
+  ``query_start_loc`` entries past ``num_seqs``) are padding and are never read for
+  output. Passing the count as a tensor keeps it out of the graph's shape, so a changing
+  batch size does not recompile.
+
+Semantics are those of the catalog ``paged_attention`` (DESIGN §5): query row ``j`` of
+sequence ``i`` sits at position ``p = kv_len - q_len + j`` and sees key ``t`` iff
+``t <= p`` and (no window or ``t > p - sliding_window``); scores ``(q·k) * scale``, soft
+capped as ``soft_cap * tanh(s / soft_cap)``, softmax in fp32; query head ``h`` reads kv
+head ``h // (H // Hkv)``. Block-table entries past a sequence's length may hold anything.
+
+Providers (one per dispatch key):
+
+* ``static_xla`` (key ``XLA``): the static-shape PyTorch code of
+  :mod:`opmux.plugins.xla.static_attention` (the native implementation too): every size
+  comes from tensor shapes, nothing is read back to the host, so lazy tracing and
+  ``torch.compile(backend="openxla")`` compile one graph per shape bucket.
+* ``catalog_cuda`` (key ``CUDA``): the CUDA plugin's ``triton`` provider of the catalog
+  ``paged_attention`` when it is registered, supported and accepts the arguments (the
+  layout is converted without a host sync); else the static code.
+* ``catalog_cpu`` (key ``CPU``): the catalog ``paged_attention``'s ``cpp`` provider when it
+  is built and accepts the arguments, else the catalog native.
+"""
+
+import importlib.util
+from typing import Final, Optional
+
+import torch
+from torch import Tensor
+
+from opmux.core.errors import OpInputError
+from opmux.core.op import Op, OpImpl
+from opmux.core.registry import OpRegistry, global_registry, register_op
+from opmux.plugins.xla.static_attention import check_inputs, static_paged_attention
+
+__all__ = ["NAMESPACE", "PROVIDERS", "QUALNAME", "install", "paged_attention_op",
+           "xla_gpu_paged_attention"]
+
+NAMESPACE: Final = "xla_gpu"
+QUALNAME: Final = "xla_gpu::paged_attention"
+CATALOG_OP: Final = "paged_attention"
+"""The catalog op whose providers the CPU and CUDA paths reuse."""
+
+PROVIDERS: Final = ("static_xla", "catalog_cuda", "catalog_cpu")
+"""Providers this module registers, in default priority order."""
+
+
+@register_op(name="paged_attention", namespace=NAMESPACE)
+def xla_gpu_paged_attention(
+    query: Tensor,
+    kv_cache: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
+    query_start_loc: Tensor,
+    num_seqs: Tensor,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+) -> Tensor:
+    """Paged attention over a fused ``[2, num_blocks, block_size, Hkv, D]`` KV cache.
+
+    Sequence ``i < num_seqs`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]``
+    and ``context_lens[i]`` cached tokens in blocks ``block_tables[i]``; its row ``j`` sits
+    at position ``p = kv_len - q_len + j`` and sees keys ``t <= p`` (and ``t > p -
+    sliding_window``). Rows of ``block_tables``/``context_lens``/``query_start_loc`` past
+    ``num_seqs`` are padding and never read for output; query rows at or past
+    ``query_start_loc[num_seqs]`` come out zero. Same math as the catalog
+    ``paged_attention`` (keys/values split at dim 0 of ``kv_cache``).
+
+    :param query: ``[T, H, D]`` query rows (``T`` may be padded; padding rows give zeros).
+    :param kv_cache: ``[2, num_blocks, block_size, Hkv, D]``, keys at 0, values at 1.
+    :param context_lens: ``[S]`` int32 cached tokens per sequence.
+    :param block_tables: ``[S, max_blocks]`` int32 cache blocks per sequence.
+    :param query_start_loc: ``[S + 1]`` int32 row offsets per sequence.
+    :param num_seqs: ``[1]`` int32 count of live sequences (``<= S``).
+    :param scale: score scale, usually ``D ** -0.5``.
+    :param sliding_window: keys older than ``p - sliding_window`` are invisible.
+    :param soft_cap: scores become ``soft_cap * tanh(s / soft_cap)``.
+    :returns: ``[T, H, D]`` in ``query.dtype``.
+    :raises OpInputError: on a wrong rank, dtype or size (checked from shapes only).
+    """
+    check_inputs("native", query, kv_cache, context_lens, block_tables, query_start_loc,
+                 num_seqs, sliding_window, soft_cap)
+    return static_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
+                                  num_seqs, scale, sliding_window, soft_cap)
+
+
+def paged_attention_op() -> Op:
+    """The :class:`~opmux.Op` behind ``torch.ops.xla_gpu.paged_attention``."""
+    return xla_gpu_paged_attention
+
+
+# ---------------------------------------------------------------------------- providers
+def static_xla(
+    query: Tensor,
+    kv_cache: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
+    query_start_loc: Tensor,
+    num_seqs: Tensor,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+) -> Tensor:
+    """XLA provider: the static-shape code; traced lazily, one graph per shape bucket."""
+    check_inputs("static_xla", query, kv_cache, context_lens, block_tables, query_start_loc,
+                 num_seqs, sliding_window, soft_cap)
+    return static_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
+                                  num_seqs, scale, sliding_window, soft_cap)
+
+
+def catalog_cuda(
+    query: Tensor,
+    kv_cache: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
+    query_start_loc: Tensor,
+    num_seqs: Tensor,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+) -> Tensor:
+    """CUDA provider: the catalog's ``triton`` provider after a sync-free layout change.
+
+    Padding sequences become empty (``q_len = kv_len = 0``), block ids are clamped into
+    the cache, and rows outside the live range are zeroed afterwards, so no value is read
+    back to the host (CUDA-graph safe). Falls back to the static code when the triton
+    provider is absent, unsupported, or rejects the arguments.
+    """
+    check_inputs("catalog_cuda", query, kv_cache, context_lens, block_tables, query_start_loc,
+                 num_seqs, sliding_window, soft_cap)
+    impl = _catalog_impl("triton")
+    if impl is not None:
+        batch = block_tables.shape[0]
+        device = query.device
+        count = num_seqs.reshape(1).to(torch.int64)
+        qsl = query_start_loc.to(torch.int64)
+        end = qsl.gather(0, count)
+        seq_idx = torch.arange(batch + 1, device=device)
+        starts = torch.where(seq_idx <= count, qsl, end).to(torch.int32)
+        lens = torch.where(seq_idx[:batch] < count, context_lens.to(torch.int64), 0)
+        tables = block_tables.clamp(0, kv_cache.shape[1] - 1).to(torch.int32)
+        args = (query, kv_cache[0], kv_cache[1], tables, lens.to(torch.int32), starts, scale,
+                sliding_window, soft_cap)
+        pred = impl.supports_args
+        if pred is None or pred(*args):
+            out: Tensor = impl.fn(*args)
+            rows = torch.arange(query.shape[0], device=device)
+            live = (rows < end) & (rows >= qsl[0])
+            return torch.where(live.reshape(-1, 1, 1), out, 0.0).to(query.dtype)
+    return static_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
+                                  num_seqs, scale, sliding_window, soft_cap)
+
+
+def catalog_cpu(
+    query: Tensor,
+    kv_cache: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
+    query_start_loc: Tensor,
+    num_seqs: Tensor,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+) -> Tensor:
+    """CPU provider: the catalog ``paged_attention`` (``cpp`` when built, else native).
+
+    The live part of the batch is sliced out (reading ``num_seqs`` and the row count is
+    free on CPU), block ids are clamped into the cache, and padding rows come back zero.
+    """
+    check_inputs("catalog_cpu", query, kv_cache, context_lens, block_tables, query_start_loc,
+                 num_seqs, sliding_window, soft_cap)
+    batch = block_tables.shape[0]
+    count = int(num_seqs.reshape(-1)[0])
+    if not 0 <= count <= batch:
+        raise OpInputError(
+            f"xla_gpu.paged_attention (provider 'catalog_cpu'): argument 'num_seqs' expected "
+            f"a value in [0, {batch}] (the rows of block_tables), got {count}"
+        )
+    first, end = int(query_start_loc[0]), int(query_start_loc[count])
+    if not 0 <= first <= end <= query.shape[0]:
+        raise OpInputError(
+            f"xla_gpu.paged_attention (provider 'catalog_cpu'): argument 'query_start_loc' "
+            f"expected 0 <= query_start_loc[0] <= query_start_loc[num_seqs] <= "
+            f"{query.shape[0]} (query rows), got {first} and {end}"
+        )
+    result = query.new_zeros(query.shape)
+    if count == 0 or end == first:
+        return result
+    args = (query[:end], kv_cache[0], kv_cache[1],
+            block_tables[:count].clamp(0, kv_cache.shape[1] - 1).to(torch.int32),
+            context_lens[:count].to(torch.int32), query_start_loc[: count + 1].to(torch.int32),
+            scale, sliding_window, soft_cap)
+    impl = _catalog_impl("cpp")
+    fn = impl.fn if impl is not None and (
+        impl.supports_args is None or impl.supports_args(*args)) else _catalog().native
+    out: Tensor = fn(*args)
+    result[first:end] = out[first:end]
+    return result
+
+
+def fake_paged_attention(
+    query: Tensor,
+    kv_cache: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
+    query_start_loc: Tensor,
+    num_seqs: Tensor,
+    scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+) -> Tensor:
+    """Fake (meta) kernel: validates shapes and returns an empty ``[T, H, D]``."""
+    check_inputs("fake", query, kv_cache, context_lens, block_tables, query_start_loc,
+                 num_seqs, sliding_window, soft_cap)
+    return query.new_empty(query.shape)
+
+
+xla_gpu_paged_attention.register_fake(fake_paged_attention)
+
+
+def _catalog() -> Op:
+    return global_registry().get_op(CATALOG_OP)
+
+
+def _catalog_impl(provider: str) -> Optional[OpImpl]:
+    impl = _catalog().impls.get(provider)
+    if impl is None or not impl.supported:
+        return None
+    return impl
+
+
+# ------------------------------------------------------------------------ installation
+def install(registry: OpRegistry) -> Optional[Op]:
+    """Register this module's providers on the op (idempotent).
+
+    The op lives in the global registry (it is defined when this module is imported);
+    any other registry does not own it, so nothing is installed there.
+
+    :returns: the op, or ``None`` when ``registry`` is not the global registry.
+    """
+    if registry is not global_registry():
+        return None
+    op = xla_gpu_paged_attention
+    has_xla = importlib.util.find_spec("torch_xla") is not None
+    has_cuda = torch.cuda.is_available()
+    table = (
+        ("static_xla", "XLA", has_xla, "torch_xla is not installed", static_xla),
+        ("catalog_cuda", "CUDA", has_cuda, "no CUDA device", catalog_cuda),
+        ("catalog_cpu", "CPU", True, None, catalog_cpu),
+    )
+    present = op.impls
+    if all(name in present for name, *_ in table):
+        return op
+    for name, key, supported, reason, fn in table:
+        if name not in present:
+            op.register_impl(name, dispatch_key=key, supported=supported, reason=reason)(fn)
+    # registration order is the priority: each provider serves its own key
+    return op
