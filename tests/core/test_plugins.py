@@ -161,7 +161,8 @@ def test_plugin_default_priority_and_env_priority_compose(
         fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op,
         monkeypatch: pytest.MonkeyPatch) -> None:
     def prefer_b(op_name: str, platform: opmux.Platform) -> list[str] | None:
-        return ["b", "a"] if op_name == reg_op.name else None
+        # ops outside the opmux namespace are asked for by qualified name
+        return ["b", "a"] if op_name == reg_op.qualname else None
 
     def register(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
         _provider(reg_op, "a", 10)(registry, platform)
