@@ -1,0 +1,39 @@
+// The one binding file of the opmux CPU kernels: schemas (with mutation annotations) and the
+// CPU implementations, in the torch.ops.opmux_cpu namespace.
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(opmux_cpu, m) {
+  m.def("rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def(
+      "fused_add_rms_norm_out(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, "
+      "Tensor residual, Tensor weight, float eps) -> ()");
+  m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("gelu_and_mul_out(Tensor(a!) out, Tensor x, str approximate) -> ()");
+  m.def(
+      "rotary_embedding_out(Tensor(a!) query_out, Tensor(b!) key_out, Tensor positions, "
+      "Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox) -> ()");
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_attention_out(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
+      "int sliding_window, float soft_cap) -> ()");
+  m.def(
+      "advance_step_flashattn(int num_seqs, int num_queries, int block_size, "
+      "Tensor(a!) input_tokens, Tensor sampled_token_ids, Tensor(b!) input_positions, "
+      "Tensor(c!) seq_lens, Tensor(d!) slot_mapping, Tensor block_tables) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
+  m.impl("rms_norm_out", &opmux_cpu::rms_norm_out);
+  m.impl("fused_add_rms_norm_out", &opmux_cpu::fused_add_rms_norm_out);
+  m.impl("silu_and_mul_out", &opmux_cpu::silu_and_mul_out);
+  m.impl("gelu_and_mul_out", &opmux_cpu::gelu_and_mul_out);
+  m.impl("rotary_embedding_out", &opmux_cpu::rotary_embedding_out);
+  m.impl("reshape_and_cache", &opmux_cpu::reshape_and_cache);
+  m.impl("paged_attention_out", &opmux_cpu::paged_attention_out);
+  m.impl("advance_step_flashattn", &opmux_cpu::advance_step_flashattn);
+}

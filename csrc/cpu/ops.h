@@ -1,0 +1,39 @@
+// Declarations of the opmux CPU kernels. Inputs are const references; outputs and in-place
+// arguments are mutable references (the schema in bindings.cpp marks them Tensor(a!)).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace opmux_cpu {
+
+void rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps);
+
+void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x,
+                            const at::Tensor& residual, const at::Tensor& weight, double eps);
+
+void silu_and_mul_out(at::Tensor& out, const at::Tensor& x);
+
+void gelu_and_mul_out(at::Tensor& out, const at::Tensor& x, const std::string& approximate);
+
+void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
+                          const at::Tensor& positions, const at::Tensor& query,
+                          const at::Tensor& key, const at::Tensor& cos_sin_cache,
+                          int64_t head_size, bool is_neox);
+
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                       at::Tensor& value_cache, const at::Tensor& slot_mapping);
+
+// sliding_window <= 0 and soft_cap <= 0 mean "none".
+void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                         const at::Tensor& value_cache, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                         double scale, int64_t sliding_window, double soft_cap);
+
+void advance_step_flashattn(int64_t num_seqs, int64_t num_queries, int64_t block_size,
+                            at::Tensor& input_tokens, const at::Tensor& sampled_token_ids,
+                            at::Tensor& input_positions, at::Tensor& seq_lens,
+                            at::Tensor& slot_mapping, const at::Tensor& block_tables);
+
+}  // namespace opmux_cpu

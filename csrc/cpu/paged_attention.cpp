@@ -1,0 +1,447 @@
+// paged_attention: ragged prefill + decode attention over a paged KV cache.
+//
+// Work is split into items (sequence, range of kv heads, chunk of query rows). Each item keeps
+// the query rows of every query head that shares its kv heads (GQA reuse) in fp32 scratch,
+// walks the visible keys chunk by chunk straight out of the cache through the block table (no
+// gather of the cache), and runs an online softmax: per chunk, scores for all rows, a running
+// max and sum per row, and the value accumulation. Decode items take many kv heads at once so
+// that each token's [Hkv, D] row is read as one contiguous stream; prefill items take one kv
+// head and several query positions so that each key is reused by as many rows as possible.
+// Items are handed to threads dynamically because ragged batches make them uneven. Within a
+// chunk, tokens go in groups of 16 with the item's kv heads inner, so the cache is read in
+// address order. Scores use a 16-token transpose-reduce (AVX-512) and the value accumulation
+// keeps up to 8 independent accumulators in registers. (Software prefetch of the next chunk
+// measured slower here than the hardware prefetcher.)
+#include "ops.h"
+#include "vec_common.h"
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
+namespace opmux_cpu {
+namespace {
+
+constexpr int64_t kTokenChunk = 64;  // keys scored per step
+constexpr int64_t kMaxRows = 32;     // query rows (q positions x GQA group) per work item
+
+struct WorkItem {
+  int32_t seq;
+  int32_t kv_begin;  // kv heads [kv_begin, kv_end)
+  int32_t kv_end;
+  int32_t q_begin;  // query rows relative to the sequence's first one
+  int32_t q_end;
+};
+
+struct Params {
+  int64_t num_heads, num_kv_heads, head_size, padded, block_size, max_blocks;
+  int64_t q_stride0, q_stride1;
+  float scale, soft_cap;
+  int64_t window;
+  const int32_t* block_tables;
+  const int32_t* seq_lens;
+  const int32_t* query_start_loc;
+};
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  fVec acc0(0.f);
+  fVec acc1(0.f);
+  int64_t i = 0;
+  for (; i + 2 * kF <= n; i += 2 * kF) {
+    acc0 = at::vec::fmadd(fVec::loadu(a + i), fVec::loadu(b + i), acc0);
+    acc1 = at::vec::fmadd(fVec::loadu(a + i + kF), fVec::loadu(b + i + kF), acc1);
+  }
+  for (; i < n; i += kF) acc0 = at::vec::fmadd(fVec::loadu(a + i), fVec::loadu(b + i), acc0);
+  return hsum(acc0 + acc1);
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Horizontal sums of 16 vectors at once: lane i of the result is the sum of v[i]. A transpose
+// tree of 15 shuffle+add steps instead of 16 separate reductions.
+inline __m512 reduce16(const __m512* v) {
+  __m512 w[8];
+  for (int i = 0; i < 8; ++i) {
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  __m512 x[4];
+  for (int j = 0; j < 4; ++j) {
+    const __m512d a = _mm512_castps_pd(w[2 * j]);
+    const __m512d b = _mm512_castps_pd(w[2 * j + 1]);
+    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  __m512 y[2];
+  for (int j = 0; j < 2; ++j) {
+    y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+// out[i] = q . k[i] for i < n; every k[i] (and q) has `padded` elements; k[n..] may be read
+// and must point at valid rows (the caller pads with a zero row).
+inline void qk_row(const float* q, const float* const* k, int64_t n, int64_t padded,
+                   float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < padded; c += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + c);
+      for (int t = 0; t < 16; ++t) acc[t] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[t0 + t] + c), acc[t]);
+    }
+    const __m512 sums = reduce16(acc);
+    const int64_t m = std::min<int64_t>(16, n - t0);
+    _mm512_mask_storeu_ps(out + t0, static_cast<__mmask16>((1u << m) - 1u), sums);
+  }
+#else
+  for (int64_t t = 0; t < n; ++t) out[t] = dot(q, k[t], padded);
+#endif
+}
+
+// acc[0, U*kF) += sum_t p[t] * v[t][0, U*kF): U independent accumulators in registers, so
+// the FMAs over t do not wait on each other.
+template <int U>
+inline void pv_block(float* acc, const float* p, const float* const* v, int64_t n,
+                     int64_t off) {
+  fVec a[U];
+  for (int u = 0; u < U; ++u) a[u] = fVec::loadu(acc + off + u * kF);
+  for (int64_t t = 0; t < n; ++t) {
+    const fVec pt(p[t]);
+    const float* vt = v[t] + off;
+    for (int u = 0; u < U; ++u) a[u] = at::vec::fmadd(pt, fVec::loadu(vt + u * kF), a[u]);
+  }
+  for (int u = 0; u < U; ++u) a[u].store(acc + off + u * kF);
+}
+
+// acc += sum_t p[t] * v[t] over n rows of `padded` elements.
+inline void pv_row(float* acc, const float* p, const float* const* v, int64_t n,
+                   int64_t padded) {
+  int64_t off = 0;
+  for (; off + 8 * kF <= padded; off += 8 * kF) pv_block<8>(acc, p, v, n, off);
+  if (off + 4 * kF <= padded) {
+    pv_block<4>(acc, p, v, n, off);
+    off += 4 * kF;
+  }
+  if (off + 2 * kF <= padded) {
+    pv_block<2>(acc, p, v, n, off);
+    off += 2 * kF;
+  }
+  if (off < padded) pv_block<1>(acc, p, v, n, off);
+}
+
+// Returns an fp32 view of a cache row of `d` elements, converting into `buf` (padded with
+// zeros up to `padded`) unless the row can be read in place.
+template <typename T>
+inline const float* as_float_row(const T* src, float* buf, int64_t d, int64_t padded) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d == padded) return src;
+  }
+  for_each_vec(padded, [&](int64_t j, int64_t n) {
+    const int64_t valid = std::max<int64_t>(0, std::min(n, d - j));
+    (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(buf + j);
+  });
+  return buf;
+}
+
+struct Scratch {
+  std::vector<float> q, acc, scores, m, l, kbuf, vbuf, zero;
+  bool visible[kMaxRows];
+  const float* krow[kTokenChunk + 16];  // fp32 views of the chunk's key rows (+ zero padding)
+  const float* vrow[kTokenChunk];
+  explicit Scratch(int64_t padded)
+      : q(kMaxRows * padded), acc(kMaxRows * padded), scores(kMaxRows * kTokenChunk),
+        m(kMaxRows), l(kMaxRows), kbuf(kTokenChunk * padded), vbuf(kTokenChunk * padded),
+        zero(padded, 0.f) {}
+};
+
+template <typename T>
+void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, const T* vc,
+              T* out, Scratch& s) {
+  const int64_t G = p.num_heads / p.num_kv_heads;
+  const int64_t D = p.head_size;
+  const int64_t Dp = p.padded;
+  const int64_t q0 = p.query_start_loc[w.seq];
+  const int64_t q_len = p.query_start_loc[w.seq + 1] - q0;
+  const int64_t kv_len = p.seq_lens[w.seq];
+  const int64_t nkh = w.kv_end - w.kv_begin;
+  const int64_t per_pos = nkh * G;  // rows per query position
+  const int64_t rows = (w.q_end - w.q_begin) * per_pos;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks;
+  const int64_t tok_stride = p.num_kv_heads * D;
+
+  // row r <-> (query position j, kv head kh, group member g):
+  //   r = (j - q_begin) * per_pos + (kh - kv_begin) * G + g,  query head = kh * G + g
+  int64_t row_pos[kMaxRows];
+  int64_t row_lo[kMaxRows];
+  const fVec sc(p.scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = w.q_begin + r / per_pos;
+    const int64_t h = w.kv_begin * G + r % per_pos;
+    const T* qrow = query + (q0 + j) * p.q_stride0 + h * p.q_stride1;
+    float* qf = s.q.data() + r * Dp;
+    for_each_vec(Dp, [&](int64_t c, int64_t) {
+      const int64_t valid = std::max<int64_t>(0, std::min(kF, D - c));
+      ((valid == kF ? load_f(qrow + c) : load_f(qrow + c, valid)) * sc).store(qf + c);
+    });
+    row_pos[r] = kv_len - q_len + j;
+    row_lo[r] = p.window > 0 ? std::max<int64_t>(0, row_pos[r] - p.window + 1) : 0;
+    s.m[r] = -std::numeric_limits<float>::infinity();
+    s.l[r] = 0.f;
+    std::fill_n(s.acc.data() + r * Dp, Dp, 0.f);
+  }
+  const int64_t lo = row_lo[0];
+  const int64_t hi = row_pos[rows - 1];
+  const fVec cap(p.soft_cap);
+  const fVec inv_cap(p.soft_cap > 0.f ? 1.f / p.soft_cap : 0.f);
+  const fVec neg_inf(-std::numeric_limits<float>::infinity());
+
+  auto chunk_end = [&](int64_t t0) {
+    return std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kTokenChunk});
+  };
+  auto chunk_ptr = [&](const T* cache, int64_t t0) {
+    const int64_t blk = t0 / p.block_size;
+    const int64_t slot = static_cast<int64_t>(bt[blk]) * p.block_size + t0 % p.block_size;
+    return cache + slot * tok_stride + static_cast<int64_t>(w.kv_begin) * D;
+  };
+
+  for (int64_t t0 = lo; t0 <= hi;) {
+    const int64_t t1 = chunk_end(t0);
+    const int64_t n = t1 - t0;
+    const T* kbase = chunk_ptr(kc, t0);
+    const T* vbase = chunk_ptr(vc, t0);
+    // scores = (q * scale) . k. Tokens go in groups of 16 (outer) and kv heads inner, so the
+    // cache is read in address order: 16 tokens x the item's heads, then the next 16.
+    for (int64_t tg = 0; tg < n; tg += 16) {
+      const int64_t m = std::min<int64_t>(16, n - tg);
+      for (int64_t kh = 0; kh < nkh; ++kh) {
+        for (int64_t i = 0; i < m; ++i) {
+          s.krow[i] = as_float_row(kbase + (tg + i) * tok_stride + kh * D,
+                                   s.kbuf.data() + (tg + i) * Dp, D, Dp);
+        }
+        for (int64_t i = m; i < 16; ++i) s.krow[i] = s.zero.data();
+        for (int64_t r = kh * G; r < rows; r += per_pos) {
+          for (int64_t g = 0; g < G; ++g) {
+            qk_row(s.q.data() + (r + g) * Dp, s.krow, m, Dp,
+                   s.scores.data() + (r + g) * kTokenChunk + tg);
+          }
+        }
+      }
+    }
+    // soft cap, mask, online softmax; scores become probabilities (0 where masked)
+    bool any_visible = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s.scores.data() + r * kTokenChunk;
+      const int64_t a = std::max(t0, row_lo[r]) - t0;      // first visible index
+      const int64_t b = std::min(t1 - 1, row_pos[r]) - t0;  // last visible index
+      s.visible[r] = a <= b;
+      if (a > b) continue;
+      any_visible = true;
+      fVec mx_v = neg_inf;
+      for_each_vec(n, [&](int64_t c, int64_t cnt) {
+        fVec v = fVec::loadu(sr + c, cnt);
+        if (p.soft_cap > 0.f) v = cap * (v * inv_cap).tanh();
+        if (c < a || c + cnt - 1 > b || cnt < kF) {
+          float tmp[kF];
+          v.store(tmp);
+          for (int64_t e = 0; e < kF; ++e) {
+            if (c + e < a || c + e > b || e >= cnt) {
+              tmp[e] = -std::numeric_limits<float>::infinity();
+            }
+          }
+          v = fVec::loadu(tmp);
+        }
+        v.store(sr + c, cnt);
+        mx_v = at::vec::maximum(mx_v, v);
+      });
+      const float m_new = std::max(s.m[r], hmax(mx_v));
+      const float alpha = std::exp(s.m[r] - m_new);  // 0 on the first visible chunk
+      const fVec mv(m_new);
+      fVec sum_v(0.f);
+      for_each_vec(n, [&](int64_t c, int64_t cnt) {
+        fVec e = (fVec::loadu(sr + c, cnt) - mv).exp_u20();
+        if (cnt < kF) {
+          float tmp[kF] = {};
+          e.store(tmp, cnt);
+          e = fVec::loadu(tmp);
+        }
+        e.store(sr + c, cnt);
+        sum_v = sum_v + e;
+      });
+      s.l[r] = s.l[r] * alpha + hsum(sum_v);
+      if (alpha != 1.f) {
+        float* ar = s.acc.data() + r * Dp;
+        const fVec al(alpha);
+        for (int64_t c = 0; c < Dp; c += kF) (fVec::loadu(ar + c) * al).store(ar + c);
+      }
+      s.m[r] = m_new;
+    }
+    if (any_visible) {
+      for (int64_t tg = 0; tg < n; tg += 16) {
+        const int64_t m = std::min<int64_t>(16, n - tg);
+        for (int64_t kh = 0; kh < nkh; ++kh) {
+          for (int64_t i = 0; i < m; ++i) {
+            s.vrow[i] = as_float_row(vbase + (tg + i) * tok_stride + kh * D,
+                                     s.vbuf.data() + (tg + i) * Dp, D, Dp);
+          }
+          for (int64_t r = kh * G; r < rows; r += per_pos) {
+            for (int64_t g = 0; g < G; ++g) {
+              if (s.visible[r + g]) {
+                pv_row(s.acc.data() + (r + g) * Dp,
+                       s.scores.data() + (r + g) * kTokenChunk + tg, s.vrow, m, Dp);
+              }
+            }
+          }
+        }
+      }
+    }
+    t0 = t1;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = w.q_begin + r / per_pos;
+    const int64_t h = w.kv_begin * G + r % per_pos;
+    T* orow = out + ((q0 + j) * p.num_heads + h) * D;
+    const fVec inv(1.f / s.l[r]);
+    const float* ar = s.acc.data() + r * Dp;
+    for_each_vec(D, [&](int64_t c, int64_t cnt) {
+      store_n(orow + c, fVec::loadu(ar + c) * inv, cnt);
+    });
+  }
+}
+
+}  // namespace
+
+void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
+                         const at::Tensor& value_cache, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                         double scale, int64_t sliding_window, double soft_cap) {
+#define PA_CHECK(cond, ...) OPMUX_CHECK("paged_attention", cond, __VA_ARGS__)
+  PA_CHECK(query.dim() == 3 && query.stride(2) == 1,
+           "query must be [T, H, D] with a contiguous head dim, got ", query.sizes(), " strides ",
+           query.strides());
+  PA_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
+               key_cache.is_contiguous() && value_cache.is_contiguous(),
+           "key_cache and value_cache must be contiguous [B, bs, Hkv, D], got ",
+           key_cache.sizes(), " and ", value_cache.sizes());
+  const auto dtype = query.scalar_type();
+  PA_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
+           "query, key_cache and value_cache must share a dtype, got ", dtype, ", ",
+           key_cache.scalar_type(), ", ", value_cache.scalar_type());
+  const int64_t T = query.size(0);
+  const int64_t H = query.size(1);
+  const int64_t D = query.size(2);
+  const int64_t B = key_cache.size(0);
+  const int64_t bs = key_cache.size(1);
+  const int64_t Hkv = key_cache.size(2);
+  PA_CHECK(key_cache.size(3) == D, "cache head size ", key_cache.size(3), " != query head size ",
+           D);
+  PA_CHECK(Hkv > 0 && H % Hkv == 0, "num_heads ", H, " must be a multiple of num_kv_heads ", Hkv);
+  PA_CHECK(bs > 0, "block size must be positive");
+  PA_CHECK(out.is_contiguous() && out.sizes() == query.sizes() && out.scalar_type() == dtype,
+           "out must be contiguous ", query.sizes(), " ", dtype);
+  for (const auto* t : {&block_tables, &seq_lens, &query_start_loc}) {
+    PA_CHECK(t->scalar_type() == at::kInt && t->is_contiguous(),
+             "block_tables, seq_lens and query_start_loc must be contiguous int32, got ",
+             t->scalar_type());
+  }
+  PA_CHECK(block_tables.dim() == 2 && seq_lens.dim() == 1 && query_start_loc.dim() == 1,
+           "block_tables must be 2-d, seq_lens and query_start_loc 1-d");
+  const int64_t S = seq_lens.size(0);
+  PA_CHECK(block_tables.size(0) == S && query_start_loc.size(0) == S + 1,
+           "expected block_tables [", S, ", M] and query_start_loc [", S + 1, "], got ",
+           block_tables.sizes(), " and ", query_start_loc.sizes());
+  const int64_t M = block_tables.size(1);
+  const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.const_data_ptr<int32_t>();
+  const int32_t* bt = block_tables.const_data_ptr<int32_t>();
+  PA_CHECK(S == 0 || (qsl[0] >= 0 && qsl[S] <= T), "query_start_loc must lie in [0, ", T,
+           "], got first ", S ? qsl[0] : 0, " last ", S ? qsl[S] : 0);
+  const int64_t G = H / Hkv;
+  PA_CHECK(G <= kMaxRows, "at most ", kMaxRows, " query heads per kv head, got ", G);
+  // Decode rows (q_len 1) take as many kv heads as fit, fewer when that leaves too few items
+  // for the threads; prefill rows take one kv head and up to kMaxRows / G query positions.
+  int64_t n_decode = 0;
+  for (int64_t i = 0; i < S; ++i) n_decode += (qsl[i + 1] - qsl[i] == 1);
+  int64_t decode_heads = std::min<int64_t>(Hkv, kMaxRows / G);
+  const int64_t want_items = 2 * static_cast<int64_t>(at::get_num_threads());
+  while (decode_heads > 1 && n_decode * ((Hkv + decode_heads - 1) / decode_heads) < want_items) {
+    decode_heads = (decode_heads + 1) / 2;
+  }
+  const int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
+  std::vector<WorkItem> items;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t q_len = qsl[i + 1] - qsl[i];
+    const int64_t kv_len = lens[i];
+    PA_CHECK(q_len >= 0, "query_start_loc must be non-decreasing, got ", qsl[i], " then ",
+             qsl[i + 1], " at sequence ", i);
+    if (q_len == 0) continue;
+    PA_CHECK(kv_len >= q_len, "sequence ", i, " has ", q_len, " query rows but seq_lens[", i,
+             "] = ", kv_len, " (need seq_lens >= q_len)");
+    PA_CHECK((kv_len + bs - 1) / bs <= M, "sequence ", i, " needs ", (kv_len + bs - 1) / bs,
+             " blocks but block_tables has ", M, " columns");
+    const int64_t first = sliding_window > 0
+                              ? std::max<int64_t>(0, kv_len - q_len - sliding_window + 1) / bs
+                              : 0;
+    for (int64_t b = first; b <= (kv_len - 1) / bs; ++b) {
+      PA_CHECK(bt[i * M + b] >= 0 && bt[i * M + b] < B, "block_tables[", i, ", ", b, "] = ",
+               bt[i * M + b], " is outside [0, ", B, ")");
+    }
+    const int64_t heads_per_item = q_len == 1 ? decode_heads : 1;
+    for (int64_t kh = 0; kh < Hkv; kh += heads_per_item) {
+      for (int64_t j = 0; j < q_len; j += q_chunk) {
+        items.push_back({static_cast<int32_t>(i), static_cast<int32_t>(kh),
+                         static_cast<int32_t>(std::min(Hkv, kh + heads_per_item)),
+                         static_cast<int32_t>(j), static_cast<int32_t>(std::min(q_len, j + q_chunk))});
+      }
+    }
+  }
+#undef PA_CHECK
+  // Rows no sequence owns (before query_start_loc[0] or after query_start_loc[S]) are zero.
+  if (S == 0) {
+    out.zero_();
+  } else {
+    if (qsl[0] > 0) out.narrow(0, 0, qsl[0]).zero_();
+    if (qsl[S] < T) out.narrow(0, qsl[S], T - qsl[S]).zero_();
+  }
+  if (items.empty()) return;
+  // Longest sequences first so that the dynamic schedule ends evenly.
+  std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
+    return lens[a.seq] > lens[b.seq];
+  });
+  const Params params{H, Hkv, D, (D + kF - 1) / kF * kF, bs, M, query.stride(0), query.stride(1),
+                      static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
+                      sliding_window, bt, lens, qsl};
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
+  std::atomic<int64_t> next{0};
+  OPMUX_DISPATCH_FLOATS(dtype, "paged_attention", [&] {
+    const scalar_t* q = query.const_data_ptr<scalar_t>();
+    const scalar_t* kc = key_cache.const_data_ptr<scalar_t>();
+    const scalar_t* vc = value_cache.const_data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n_workers, 1, [&](int64_t begin, int64_t end) {
+      // one scratch per thread, kept between calls (no allocation on the hot path)
+      thread_local std::unique_ptr<Scratch> cached;
+      if (!cached || cached->zero.size() != static_cast<size_t>(params.padded)) {
+        cached = std::make_unique<Scratch>(params.padded);
+      }
+      Scratch& scratch = *cached;
+      for (int64_t wk = begin; wk < end; ++wk) {
+        for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
+          run_item<scalar_t>(items[it], params, q, kc, vc, o, scratch);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace opmux_cpu

@@ -1,0 +1,119 @@
+// rotary_embedding: functional (writes new query/key tensors), neox (halves) or gptj (pairs)
+// rotation of the first `rot` dims of every head; dims rot..head_size are copied through.
+#include "ops.h"
+#include "vec_common.h"
+
+#include <cstring>
+
+namespace opmux_cpu {
+namespace {
+
+// Token stride of a [T, H*D] or [T, H, D] tensor whose per-token part is contiguous, or -1.
+int64_t token_stride(const at::Tensor& t) {
+  if (t.dim() == 2 && t.stride(1) == 1) return t.stride(0);
+  if (t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2)) return t.stride(0);
+  return -1;
+}
+
+template <typename T>
+inline void rotate_head(T* out, const T* in, const T* cos, const T* sin, int64_t rot,
+                        int64_t head_size, bool is_neox) {
+  const int64_t half = rot / 2;
+  if (is_neox) {
+    for_each_vec(half, [&](int64_t j, int64_t n) {
+      fVec x1 = load_n(in + j, n);
+      fVec x2 = load_n(in + half + j, n);
+      fVec c = load_n(cos + j, n);
+      fVec s = load_n(sin + j, n);
+      store_nt(out + j, x1 * c - x2 * s, n);
+      store_nt(out + half + j, x2 * c + x1 * s, n);
+    });
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const float x0 = static_cast<float>(in[2 * i]);
+      const float x1 = static_cast<float>(in[2 * i + 1]);
+      const float c = static_cast<float>(cos[i]);
+      const float s = static_cast<float>(sin[i]);
+      out[2 * i] = static_cast<T>(x0 * c - x1 * s);
+      out[2 * i + 1] = static_cast<T>(x1 * c + x0 * s);
+    }
+  }
+  if (rot < head_size) std::memcpy(out + rot, in + rot, (head_size - rot) * sizeof(T));
+}
+
+}  // namespace
+
+void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
+                          const at::Tensor& positions, const at::Tensor& query,
+                          const at::Tensor& key, const at::Tensor& cos_sin_cache,
+                          int64_t head_size, bool is_neox) {
+#define ROPE_CHECK(cond, ...) OPMUX_CHECK("rotary_embedding", cond, __VA_ARGS__)
+  ROPE_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong,
+             "positions must be a 1-d int64 tensor, got ", positions.sizes(), " ",
+             positions.scalar_type());
+  const int64_t T = positions.size(0);
+  ROPE_CHECK(query.scalar_type() == key.scalar_type() &&
+                 cos_sin_cache.scalar_type() == query.scalar_type(),
+             "query, key and cos_sin_cache must share a dtype, got ", query.scalar_type(), ", ",
+             key.scalar_type(), ", ", cos_sin_cache.scalar_type());
+  ROPE_CHECK(query.size(0) == T && key.size(0) == T, "query and key must have ", T,
+             " tokens (positions.size(0)), got ", query.sizes(), " and ", key.sizes());
+  const int64_t qs = token_stride(query);
+  const int64_t ks = token_stride(key);
+  ROPE_CHECK(qs >= 0 && ks >= 0,
+             "query/key must be [T, H*D] or [T, H, D] with contiguous tokens, got strides ",
+             query.strides(), " and ", key.strides());
+  ROPE_CHECK(head_size > 0, "head_size must be positive, got ", head_size);
+  const int64_t q_width = T == 0 ? 0 : query.numel() / T;
+  const int64_t k_width = T == 0 ? 0 : key.numel() / T;
+  ROPE_CHECK(q_width % head_size == 0 && k_width % head_size == 0,
+             "query/key width must be a multiple of head_size ", head_size, ", got ", q_width,
+             " and ", k_width);
+  ROPE_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous(),
+             "cos_sin_cache must be a contiguous [max_pos, rot] tensor, got ",
+             cos_sin_cache.sizes());
+  const int64_t rot = cos_sin_cache.size(1);
+  const int64_t max_pos = cos_sin_cache.size(0);
+  ROPE_CHECK(rot % 2 == 0 && rot <= head_size, "rot (cos_sin_cache.size(1)) must be even and <= ",
+             head_size, ", got ", rot);
+  ROPE_CHECK(query_out.is_contiguous() && key_out.is_contiguous() &&
+                 query_out.numel() == query.numel() && key_out.numel() == key.numel() &&
+                 query_out.scalar_type() == query.scalar_type() &&
+                 key_out.scalar_type() == key.scalar_type(),
+             "query_out/key_out must be contiguous like query/key");
+  const int64_t* pos = positions.const_data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    ROPE_CHECK(pos[t] >= 0 && pos[t] < max_pos, "positions[", t, "] = ", pos[t],
+               " is outside [0, ", max_pos, ")");
+  }
+#undef ROPE_CHECK
+  advise_huge_pages(query_out);
+  advise_huge_pages(key_out);
+  const int64_t hq = q_width / head_size;
+  const int64_t hk = k_width / head_size;
+  OPMUX_DISPATCH_FLOATS(query.scalar_type(), "rotary_embedding", [&] {
+    const scalar_t* q = query.const_data_ptr<scalar_t>();
+    const scalar_t* k = key.const_data_ptr<scalar_t>();
+    const scalar_t* cache = cos_sin_cache.const_data_ptr<scalar_t>();
+    scalar_t* qo = query_out.data_ptr<scalar_t>();
+    scalar_t* ko = key_out.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(q_width + k_width, 1));
+    at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const scalar_t* cos = cache + pos[t] * rot;
+        const scalar_t* sin = cos + rot / 2;
+        for (int64_t h = 0; h < hq; ++h) {
+          rotate_head(qo + t * q_width + h * head_size, q + t * qs + h * head_size, cos, sin,
+                      rot, head_size, is_neox);
+        }
+        for (int64_t h = 0; h < hk; ++h) {
+          rotate_head(ko + t * k_width + h * head_size, k + t * ks + h * head_size, cos, sin,
+                      rot, head_size, is_neox);
+        }
+      }
+      stream_fence();
+    });
+  });
+}
+
+}  // namespace opmux_cpu

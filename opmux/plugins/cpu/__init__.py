@@ -1,0 +1,42 @@
+"""Built-in ``cpu`` plugin: opmux's C++ CPU kernels as provider ``cpp`` on dispatch key ``CPU``.
+
+CPU tensors exist on every platform, so the plugin applies everywhere (``"*"``).
+
+The kernels are built at registration time, not on first call: ``supported`` is static and a
+provider whose build failed must be registered unsupported (with the compiler message as its
+reason, shown by ``explain`` and the plugin report) instead of failing later inside a model.
+After the first build the library is loaded from ``$OPMUX_CACHE_DIR/cpu/<key>`` in
+milliseconds; ``opmux build`` prebuilds it (:func:`opmux.plugins.cpu._build.build`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opmux.core.plugins import hookimpl
+
+#: Ops served by the ``cpp`` provider (kept here so the priority hook imports nothing heavy).
+SERVED_OPS = frozenset({
+    "advance_step_flashattn", "fused_add_rms_norm", "gelu_and_mul", "paged_attention",
+    "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul",
+})
+
+
+@hookimpl
+def opmux_plugin_info() -> dict[str, Any]:
+    return {"name": "cpu", "platforms": ["*"]}
+
+
+@hookimpl
+def opmux_register(registry: Any, platform: Any) -> None:
+    from . import cpp_ops, moe_ops
+
+    cpp_ops.register(registry)
+    moe_ops.register(registry)
+
+
+@hookimpl
+def opmux_default_priority(op_name: str, platform: Any) -> list[str] | None:
+    if op_name == "fused_moe":
+        return ["grouped", "native"]
+    return ["cpp", "native"] if op_name in SERVED_OPS else None

@@ -1,0 +1,296 @@
+"""The C++ CPU kernels (provider ``cpp``) against fp32 references and the native impls."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import cpu_reference as ref
+import pytest
+import torch
+
+from opmux.core.errors import OpInputError
+
+pytestmark = pytest.mark.slow  # the session fixture compiles the extension on first use
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+
+
+@pytest.fixture(scope="session")
+def cpp() -> Any:
+    from opmux.plugins.cpu import _build
+
+    ok, message = _build.build_status()
+    assert ok, message
+    from opmux.plugins.cpu import cpp_ops
+
+    return cpp_ops
+
+
+def native(name: str) -> Callable[..., Any] | None:
+    """The native reference from the op catalog, when the catalog defines the op."""
+    import opmux
+
+    try:
+        return opmux.get_op(name).impls["native"].fn  # type: ignore[no-any-return]
+    except (KeyError, AttributeError):
+        return None
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=rtol * scale, atol=atol * scale)
+
+
+def check_native(name: str, got: Any, *args: Any, dtype: torch.dtype, scale: float = 1.0) -> None:
+    fn = native(name)
+    if fn is None:
+        return
+    want = fn(*args)
+    pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
+    for g, w in pairs:
+        close(g, w, dtype, scale)
+
+
+# ----------------------------------------------------------------------------- norms
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 64), (3, 5, 4096), (2, 33)])
+def test_rms_norm(cpp: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype)
+    w = torch.randn(shape[-1], dtype=dtype)
+    got = cpp.rms_norm(x, w, 1e-5)
+    assert got.dtype == dtype and got.shape == x.shape
+    close(got, ref.rms_norm(x, w, 1e-5), dtype)
+    check_native("rms_norm", got, x, w, 1e-5, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm(cpp: Any, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    x = torch.randn(9, 200, dtype=dtype)
+    res = torch.randn(9, 200, dtype=dtype)
+    w = torch.randn(200, dtype=dtype)
+    x0, res0 = x.clone(), res.clone()
+    out, new_res = cpp.fused_add_rms_norm(x, res, w, 1e-6)
+    want_out, want_res = ref.fused_add_rms_norm(x, res, w, 1e-6)
+    torch.testing.assert_close(new_res, want_res, rtol=0, atol=0)
+    close(out, want_out, dtype)
+    assert torch.equal(x, x0) and torch.equal(res, res0), "inputs must be untouched"
+    check_native("fused_add_rms_norm", (out, new_res), x, res, w, 1e-6, dtype=dtype)
+
+
+def test_rms_norm_rejects_mismatched_weight(cpp: Any) -> None:
+    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'cpp'\): weight must be"):
+        cpp.rms_norm(torch.randn(4, 8), torch.randn(7), 1e-6)
+    with pytest.raises(OpInputError, match="weight dtype must equal x dtype"):
+        cpp.rms_norm(torch.randn(4, 8), torch.randn(8, dtype=torch.bfloat16), 1e-6)
+
+
+# ----------------------------------------------------------------------------- activations
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 2 * 40), (2, 3, 2 * 1000)])
+def test_silu_and_mul(cpp: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(2)
+    x = torch.randn(shape, dtype=dtype) * 3
+    got = cpp.silu_and_mul(x)
+    assert got.shape == (*shape[:-1], shape[-1] // 2)
+    close(got, ref.silu_and_mul(x), dtype, scale=5)
+    check_native("silu_and_mul", got, x, dtype=dtype, scale=5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_mul(cpp: Any, dtype: torch.dtype, approximate: str) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(6, 2 * 77, dtype=dtype) * 3
+    got = cpp.gelu_and_mul(x, approximate)
+    close(got, ref.gelu_and_mul(x, approximate), dtype, scale=5)
+    check_native("gelu_and_mul", got, x, approximate, dtype=dtype, scale=5)
+
+
+def test_gelu_and_mul_rejects_unknown_approximation(cpp: Any) -> None:
+    with pytest.raises(OpInputError, match=r"approximate must be one of \['none', 'tanh'\]"):
+        cpp.gelu_and_mul(torch.randn(2, 8), "erf")
+
+
+# ----------------------------------------------------------------------------- rotary
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot", [64, 32])
+def test_rotary_embedding(cpp: Any, dtype: torch.dtype, is_neox: bool, rot: int) -> None:
+    torch.manual_seed(4)
+    n_tok, heads, kv_heads, d, max_pos = 11, 4, 2, 64, 100
+    positions = torch.randint(0, max_pos, (n_tok,))
+    qkv = torch.randn(n_tok, (heads + 2 * kv_heads) * d, dtype=dtype)
+    query = qkv[:, : heads * d]  # a strided view, as in a fused qkv projection
+    key = qkv[:, heads * d: (heads + kv_heads) * d]
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
+    freqs = torch.arange(max_pos).float()[:, None] * inv[None, :]
+    cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
+    q0, k0 = query.clone(), key.clone()
+    q, k = cpp.rotary_embedding(positions, query, key, cache, d, is_neox)
+    want_q, want_k = ref.rotary_embedding(positions, query, key, cache, d, is_neox)
+    close(q, want_q, dtype)
+    close(k, want_k, dtype)
+    assert torch.equal(query, q0) and torch.equal(key, k0), "inputs must be untouched"
+    assert torch.equal(q.view(n_tok, heads, d)[..., rot:], q0.view(n_tok, heads, d)[..., rot:])
+    check_native("rotary_embedding", (q, k), positions, query, key, cache, d, is_neox,
+                 dtype=dtype, scale=2)
+
+
+def test_rotary_embedding_rejects_position_out_of_range(cpp: Any) -> None:
+    cache = torch.randn(8, 16)
+    q, k = torch.randn(2, 32), torch.randn(2, 16)
+    with pytest.raises(OpInputError, match=r"positions\[1\] = 8 is outside \[0, 8\)"):
+        cpp.rotary_embedding(torch.tensor([0, 8]), q, k, cache, 16, True)
+
+
+# ----------------------------------------------------------------------------- kv cache
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reshape_and_cache(cpp: Any, dtype: torch.dtype) -> None:
+    torch.manual_seed(5)
+    n_blocks, bs, kv_heads, d, n_tok = 6, 4, 2, 16, 7
+    kv = torch.randn(n_tok, 2, kv_heads, d, dtype=dtype)
+    key, value = kv[:, 0], kv[:, 1]  # strided views
+    kc = torch.randn(n_blocks, bs, kv_heads, d, dtype=dtype)
+    vc = torch.randn(n_blocks, bs, kv_heads, d, dtype=dtype)
+    slots = torch.tensor([3, -1, 0, 23, 9, -1, 12])
+    want_k, want_v = kc.clone(), vc.clone()
+    ref.reshape_and_cache(key, value, want_k, want_v, slots)
+    cpp.reshape_and_cache(key, value, kc, vc, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+def test_reshape_and_cache_bad_slot_writes_nothing(cpp: Any) -> None:
+    key = torch.randn(3, 1, 8)
+    kc, vc = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
+    with pytest.raises(OpInputError, match=r"slot_mapping\[2\] = 8 is outside \[-1, 8\)"):
+        cpp.reshape_and_cache(key, key, kc, vc, torch.tensor([0, 1, 8]))
+    assert not kc.any() and not vc.any()
+    with pytest.raises(OpInputError, match="must share a dtype"):
+        cpp.reshape_and_cache(key.half(), key.half(), kc, vc, torch.tensor([0, 1, 2]))
+
+
+def _paged_case(dtype: torch.dtype, heads: int, kv_heads: int, d: int, bs: int,
+                q_lens: list[int], kv_lens: list[int], seed: int = 0) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(k / bs) for k in kv_lens]
+    n_blocks = sum(blocks_per_seq) + 3
+    perm = torch.randperm(n_blocks, generator=gen)
+    max_blocks = max(blocks_per_seq) + 1
+    bt = torch.full((len(kv_lens), max_blocks), -1, dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_seq):
+        bt[i, :nb] = perm[used: used + nb].int()
+        used += nb
+    n_tok = sum(q_lens)
+    qkv = torch.randn(n_tok, heads + 2, d, generator=gen).to(dtype)
+    return {
+        "query": qkv[:, :heads],  # non-contiguous across tokens
+        "key_cache": torch.randn(n_blocks, bs, kv_heads, d, generator=gen).to(dtype),
+        "value_cache": torch.randn(n_blocks, bs, kv_heads, d, generator=gen).to(dtype),
+        "block_tables": bt,
+        "seq_lens": torch.tensor(kv_lens, dtype=torch.int32),
+        "query_start_loc": torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()],
+                                        dtype=torch.int32),
+        "scale": d ** -0.5,
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("window,cap", [(None, None), (8, None), (None, 5.0), (6, 3.0)])
+def test_paged_attention_ragged(cpp: Any, dtype: torch.dtype, heads: int, kv_heads: int,
+                                window: int | None, cap: float | None) -> None:
+    # decode rows, a prefill chunk, an empty sequence, a full prefill (kv == q), partial blocks
+    case = _paged_case(dtype, heads, kv_heads, 64, 16, q_lens=[1, 5, 0, 3, 1],
+                       kv_lens=[7, 40, 10, 3, 70])
+    got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
+    want = ref.paged_attention(**case, sliding_window=window, soft_cap=cap)
+    assert got.shape == case["query"].shape and got.dtype == dtype
+    close(got, want, dtype, scale=2)
+    fn = native("paged_attention")
+    if fn is not None:
+        close(got, fn(*case.values(), window, cap), dtype, scale=2)
+
+
+@pytest.mark.parametrize("d,bs", [(80, 16), (128, 128), (32, 5)])
+def test_paged_attention_head_and_block_sizes(cpp: Any, d: int, bs: int) -> None:
+    case = _paged_case(torch.float32, 8, 2, d, bs, q_lens=[1, 1, 17], kv_lens=[1, 300, 40])
+    got = cpp.paged_attention(**case, sliding_window=None, soft_cap=None)
+    close(got, ref.paged_attention(**case, sliding_window=None, soft_cap=None), torch.float32)
+
+
+def test_paged_attention_long_prefill_window(cpp: Any) -> None:
+    # q_len > the rows of one work item: several items per sequence and kv head
+    case = _paged_case(torch.float32, 4, 2, 64, 16, q_lens=[70], kv_lens=[90])
+    got = cpp.paged_attention(**case, sliding_window=20, soft_cap=None)
+    close(got, ref.paged_attention(**case, sliding_window=20, soft_cap=None), torch.float32)
+
+
+def test_paged_attention_errors(cpp: Any) -> None:
+    case = _paged_case(torch.float32, 4, 2, 32, 16, q_lens=[2], kv_lens=[5])
+    with pytest.raises(OpInputError, match="must be contiguous int32"):
+        cpp.paged_attention(**{**case, "block_tables": case["block_tables"].long()})
+    with pytest.raises(OpInputError, match=r"has 2 query rows but seq_lens\[0\] = 1"):
+        cpp.paged_attention(**{**case, "seq_lens": torch.tensor([1], dtype=torch.int32)})
+    bad = case["block_tables"].clone()
+    bad[0, 0] = 10_000
+    with pytest.raises(OpInputError, match=r"block_tables\[0, 0\] = 10000 is outside"):
+        cpp.paged_attention(**{**case, "block_tables": bad})
+    with pytest.raises(OpInputError, match="must share a dtype"):
+        cpp.paged_attention(**{**case, "query": case["query"].half()})
+
+
+# ----------------------------------------------------------------------------- advance step
+def _step_args(num_seqs: int = 4) -> list[Any]:
+    return [
+        torch.zeros(num_seqs, dtype=torch.int64),
+        torch.tensor([[11], [12], [13]], dtype=torch.int64),
+        torch.full((num_seqs,), 5, dtype=torch.int64),
+        torch.tensor([6, 8, 6, 6][:num_seqs], dtype=torch.int32),
+        torch.full((num_seqs,), 7, dtype=torch.int64),
+        torch.tensor([[0], [1], [2], [3]][:num_seqs], dtype=torch.int32),
+    ]
+
+
+def test_advance_step_worked_example(cpp: Any) -> None:
+    tokens, sampled, positions, lens, slots, bt = _step_args()
+    sampled = torch.tensor([[11], [12], [13], [14]])
+    cpp.advance_step_flashattn(4, 4, 128, tokens, sampled, positions, lens, slots, bt)
+    assert positions.tolist() == [6, 8, 6, 6]
+    assert lens.tolist() == [7, 9, 7, 7]
+    assert slots.tolist() == [6, 136, 262, 390]
+    assert tokens.tolist() == [11, 12, 13, 14]
+
+
+def test_advance_step_padding_rows(cpp: Any) -> None:
+    args = _step_args()
+    want = [a.clone() for a in args]
+    cpp.advance_step_flashattn(4, 3, 16, *args)
+    ref.advance_step(4, 3, 16, *want)
+    for got, exp in zip(args, want, strict=True):
+        assert torch.equal(got, exp)
+    assert args[3].tolist() == [7, 9, 7, 6], "padding rows keep their seq_lens"
+    assert args[4][3].item() == -1
+
+
+@pytest.mark.parametrize("index,bad,match", [
+    (3, torch.tensor([6, 8, 6, 6], dtype=torch.int64), "seq_lens must be Int, got Long"),
+    (0, torch.zeros(4, dtype=torch.int32), "input_tokens must be Long, got Int"),
+    (2, torch.zeros(8, dtype=torch.int64)[::2], "input_positions must be contiguous"),
+    (4, torch.zeros(5, dtype=torch.int64), "slot_mapping must have first dim num_seqs=4"),
+    (1, torch.tensor([[1], [2]]), r"sampled_token_ids must be \[num_queries=3, 1\]"),
+])
+def test_advance_step_rejects_bad_input_and_writes_nothing(cpp: Any, index: int, bad: Any,
+                                                           match: str) -> None:
+    args = _step_args()
+    args[index] = bad
+    before = [a.clone() for a in args]
+    with pytest.raises(OpInputError, match=rf"advance_step_flashattn \(provider 'cpp'\): {match}"):
+        cpp.advance_step_flashattn(4, 3, 16, *args)
+    for got, exp in zip(args, before, strict=True):
+        assert torch.equal(got, exp)
