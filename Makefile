@@ -12,6 +12,7 @@ info:
 
 test: $(addprefix test-,$(LANES))  ## every lane; fails on any failure (pytest exit 5 too)
 
-test-%:
+# a static pattern rule: make skips implicit rules for .PHONY targets
+$(addprefix test-,$(LANES)): test-%:
 	@echo "==> lane $*"
 	@bash .ci/lane $*

@@ -13,58 +13,13 @@ vLLM's kernel library is loaded with ``torch.ops.load_library``; it is never a d
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from timing import interleaved_ms, load_vllm, median_ms
 
 Fn = Callable[[], Any]
-
-
-def median_ms(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
-def interleaved_ms(fns: dict[str, Callable[[], Any]], iters: int) -> dict[str, float]:
-    """Median ms per contender, timed round-robin so that load from other processes on a
-    shared machine hits every contender alike (the ratios stay meaningful)."""
-    for fn in fns.values():
-        fn()
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
-
-
-def load_vllm() -> bool:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        return False
-    root = os.path.dirname(spec.origin)
-    for name in ("_C_AVX512.abi3.so", "_C_AVX2.abi3.so", "_C.abi3.so"):
-        path = os.path.join(root, name)
-        if os.path.exists(path):
-            try:
-                torch.ops.load_library(path)
-                return True
-            except OSError:
-                continue
-    return False
 
 
 def native_fn(name: str, fallback: Callable[..., Any]) -> Callable[..., Any]:
@@ -156,7 +111,7 @@ def main() -> None:
     ok, message = _build.build_status()
     if not ok:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
-    has_vllm = load_vllm()
+    has_vllm = load_vllm() is not None
     src = torch.randn(32 * 1024 * 1024)
     dst = torch.empty_like(src)
     gbps = 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src), 10) / 1e6
