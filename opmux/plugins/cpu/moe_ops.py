@@ -23,9 +23,15 @@ PROVIDER = "grouped"
 """Provider name of the grouped implementation."""
 
 
+@torch.no_grad()
 def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
                       topk_ids: Tensor) -> Tensor:
-    """``fused_moe`` with tokens grouped by expert; see :func:`opmux.ops.moe.fused_moe`."""
+    """``fused_moe`` with tokens grouped by expert; see :func:`opmux.ops.moe.fused_moe`.
+
+    An inference kernel: it writes into preallocated buffers (``out=``), which autograd
+    refuses for weights that require grad, so it runs without building a graph (the op has
+    no backward registered either way).
+    """
     tokens, hidden, experts, intermediate = check_fused_moe_args(
         PROVIDER, hidden_states, w1, w2, topk_weights, topk_ids)
     dtype = hidden_states.dtype
