@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,8 +37,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     ns = parser.parse_args()
-    subprocess.run([sys.executable, "-c", _PROBE], check=True, capture_output=True)  # warm caches
-    rows = [json.loads(subprocess.run([sys.executable, "-c", _PROBE], check=True,
+    # Measure an ordinary installation: bytecode caches on (some shells disable them with
+    # PYTHONDONTWRITEBYTECODE, which makes every start compile every module again).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-c", _PROBE], check=True, capture_output=True, env=env)
+    rows = [json.loads(subprocess.run([sys.executable, "-c", _PROBE], check=True, env=env,
                                       capture_output=True, text=True).stdout)
             for _ in range(ns.runs)]
     med = {k: statistics.median(r[k] for r in rows) * 1e3
