@@ -41,7 +41,7 @@ _K = torch.ops.opmux_cpu
 
 
 def _cpu_float(t: Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype in _FLOATS
+    return t.is_cpu and t.dtype in _FLOATS
 
 
 def _token_rows(t: Tensor) -> bool:
@@ -62,7 +62,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def _rms_norm_ok(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
-    return (_cpu_float(x) and weight.dtype == x.dtype and weight.device.type == "cpu"
+    return (_cpu_float(x) and weight.dtype == x.dtype and weight.is_cpu
             and x.is_contiguous() and weight.is_contiguous())
 
 
@@ -80,7 +80,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
 def _fused_add_rms_norm_ok(x: Tensor, residual: Tensor, weight: Tensor,
                            eps: float = 1e-6) -> bool:
     return (_rms_norm_ok(x, weight) and residual.dtype == x.dtype
-            and residual.device.type == "cpu" and residual.is_contiguous())
+            and residual.is_cpu and residual.is_contiguous())
 
 
 # ----------------------------------------------------------------------------- activations
@@ -126,8 +126,8 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
 def _rotary_embedding_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
                          head_size: int, is_neox: bool = True) -> bool:
     return (_cpu_float(query) and key.dtype == query.dtype and cos_sin_cache.dtype == query.dtype
-            and positions.dtype == torch.int64 and positions.device.type == "cpu"
-            and key.device.type == "cpu" and cos_sin_cache.device.type == "cpu"
+            and positions.dtype == torch.int64 and positions.is_cpu
+            and key.is_cpu and cos_sin_cache.is_cpu
             and cos_sin_cache.is_contiguous() and _token_rows(query) and _token_rows(key))
 
 
@@ -142,7 +142,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 def _reshape_and_cache_ok(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                           slot_mapping: Tensor) -> bool:
-    return (key_cache.device.type == "cpu" and key.device.type == "cpu"
+    return (key_cache.is_cpu and key.is_cpu
             and key_cache.is_contiguous() and value_cache.is_contiguous()
             and key.dtype == key_cache.dtype and value.dtype == key_cache.dtype
             and value_cache.dtype == key_cache.dtype and slot_mapping.dtype == torch.int64
@@ -170,7 +170,7 @@ def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                         scale: float, sliding_window: Optional[int] = None,
                         soft_cap: Optional[float] = None) -> bool:
     return (_cpu_float(query) and key_cache.dtype == query.dtype
-            and value_cache.dtype == query.dtype and key_cache.device.type == "cpu"
+            and value_cache.dtype == query.dtype and key_cache.is_cpu
             and key_cache.is_contiguous() and value_cache.is_contiguous()
             and query.dim() == 3 and query.stride(2) == 1 and key_cache.dim() == 4
             and query.shape[1] <= _MAX_GQA_GROUP * key_cache.shape[2]
@@ -196,7 +196,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
 def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
                      sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
                      slot_mapping: Tensor, block_tables: Tensor) -> bool:
-    return (input_tokens.device.type == "cpu" and input_tokens.dtype == torch.int64
+    return (input_tokens.is_cpu and input_tokens.dtype == torch.int64
             and sampled_token_ids.dtype == torch.int64 and input_positions.dtype == torch.int64
             and seq_lens.dtype == torch.int32 and slot_mapping.dtype == torch.int64
             and block_tables.dtype == torch.int32)
