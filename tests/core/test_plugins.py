@@ -254,3 +254,37 @@ def test_real_example_package_end_to_end_in_a_fresh_process(tmp_path: Any) -> No
                                       capture_output=True, text=True).stdout)
     assert accel["platform"] == "example_accel"
     assert accel["chosen"] == "example_vendor"
+
+
+_HEAVY_PROBE = (
+    "import json, sys, opmux\n"
+    "opmux.load_plugins()\n"
+    "op = opmux.get_op('advance_step_flashattn')\n"
+    "print(json.dumps({'platform': opmux.current_platform().name,\n"
+    "  'heavy': sorted(m for m in ('triton', 'torch_xla', 'mindspore') if m in sys.modules),\n"
+    "  'providers': sorted(op.supported_providers())}))\n"
+)
+
+
+def _probe_heavy() -> dict[str, Any]:
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPMUX_", "PJRT_"))}
+    out = subprocess.run([sys.executable, "-c", _HEAVY_PROBE], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return dict(json.loads(out))
+
+
+@pytest.mark.triton
+def test_triton_is_not_imported_on_a_cpu_platform() -> None:
+    data = _probe_heavy()
+    assert data["platform"] == "cpu" and "triton" not in data["heavy"]
+
+
+@pytest.mark.mindspore
+def test_mindspore_is_not_imported_on_a_cpu_platform_until_used() -> None:
+    data = _probe_heavy()
+    assert data["platform"] == "cpu" and "mindspore" not in data["heavy"]
+    assert "mindspore" in data["providers"]  # registered lazily, built on first call

@@ -9,7 +9,9 @@ semantics, so the bridge, the build and the op are tested on machines without an
 provider is registered but not placed in the default priority (``cpp`` and ``native`` are faster
 there); select it with ``op.set_priority(["mindspore", "native"])`` or ``OPMUX_PRIORITY``.
 
-MindSpore is imported only inside :func:`opmux_register`, and only when it is installed.
+MindSpore is imported only when it is used: on the ``ascend`` platform the extension is built
+(or loaded) at registration; on ``cpu`` the provider registers without importing MindSpore and
+builds on its first call, so a CPU process that never selects it never pays for MindSpore.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def opmux_register(registry: Any, platform: Any) -> None:
 
     # torch tensors live on the NPU (PrivateUse1) only with torch_npu; otherwise on the CPU
     npu = platform.name == "ascend" and importlib.util.find_spec("torch_npu") is not None
-    dlpack_provider.register(registry, dispatch_key="PrivateUse1" if npu else "CPU")
+    dlpack_provider.register(registry, dispatch_key="PrivateUse1" if npu else "CPU",
+                             lazy=platform.name != "ascend")
 
 
 @hookimpl

@@ -25,6 +25,7 @@ torch_npu the same bridge serves key ``PrivateUse1``.
 """
 
 # no ``from __future__ import annotations``: opmux infers the torch schema from the annotations
+import importlib.util
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -135,18 +136,28 @@ def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens
             and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())
 
 
-def register(registry: Any, dispatch_key: str = "CPU") -> tuple[bool, str]:
-    """Register provider ``mindspore`` for ``advance_step_flashattn``; build the extension first.
+def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
+             ) -> tuple[bool, str]:
+    """Register provider ``mindspore`` for ``advance_step_flashattn``.
 
-    A failed build registers the provider as unsupported with the build output as its reason.
+    Eager (the Ascend platform): the extension is built or loaded now, and a failed build
+    registers the provider as unsupported with the build output as its reason. Lazy (other
+    platforms): nothing of MindSpore is imported now; the provider is supported when
+    MindSpore is installed and builds or loads the extension on its first call, where a
+    failure raises :class:`opmux.BuildError` with the build output.
 
     :param registry: the op registry (``get_op``).
     :param dispatch_key: the torch dispatch key of the tensors it serves.
+    :param lazy: defer the build (and the MindSpore import) to the first call.
     :returns: the build status ``(ok, message)``.
     """
     from opmux.plugins.ascend import _build
 
-    ok, message = _build.build_status()
+    if lazy:
+        ok = importlib.util.find_spec("mindspore") is not None
+        message = "built on first use" if ok else "MindSpore is not installed"
+    else:
+        ok, message = _build.build_status()
     op = registry.get_op("advance_step_flashattn")
     op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=ok,
                      supports_args=supports_args,
