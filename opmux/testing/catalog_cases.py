@@ -244,8 +244,10 @@ def register_catalog_cases() -> None:
     for name, fn in generators.items():
         register_cases(name, fn, replace=True)
     from opmux.testing.moe_cases import register_moe_cases
+    from opmux.testing.xla_cases import register_xla_cases
 
     register_moe_cases()
+    register_xla_cases()
 
 
 register_catalog_cases()

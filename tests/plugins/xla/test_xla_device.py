@@ -181,3 +181,11 @@ def test_torch_compile_openxla_has_no_graph_breaks(device: torch.device) -> None
     out2 = compiled(*case2.to(device).args()).cpu()
     torch.testing.assert_close(out2, loop_reference(case2) + 1.0, atol=2e-5, rtol=2e-5)
     assert compile_count() == before
+
+
+def test_conformance_kit_on_the_xla_device(device: torch.device) -> None:
+    from opmux.testing import check_provider
+
+    report = check_provider("xla_gpu::paged_attention", "static_xla", device=device)
+    assert report.ok, report
+    assert report.status == "checked" and len(report.cases) > 20
