@@ -1,4 +1,4 @@
-"""The ``opmux`` command: ``info``, ``explain``, ``check``, ``demo``, ``build``.
+"""The ``opmux`` command: ``info``, ``explain``, ``check``, ``bench``, ``demo``, ``build``.
 
 Errors exit non-zero with one line on stderr, no traceback (``OPMUX_DEBUG=1`` shows it).
 """
@@ -209,6 +209,12 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser("check", help="conformance of providers against native")
         check_cli.add_arguments(p)
         p.set_defaults(run=check_cli.run)
+    if importlib.util.find_spec("opmux.testing.bench_cli") is not None:
+        from opmux.testing import bench_cli
+
+        p = sub.add_parser("bench", help="time each supported provider against native here")
+        bench_cli.add_arguments(p)
+        p.set_defaults(run=bench_cli.run)
     if importlib.util.find_spec("opmux.demo") is not None:
         from opmux import demo
 

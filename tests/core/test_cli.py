@@ -54,3 +54,13 @@ def test_errors_are_one_line(argv: list[str], message: str) -> None:
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--op", "rms_norm", "--repeat", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    providers = {r["provider"]: r for r in rows}
+    assert {"cpp", "native"} <= set(providers)
+    assert providers["native"]["speedup_vs_native"] == 1.0
+    assert all(r["ms"] > 0 for r in rows)
+    assert cli.main(["bench", "--op", "nope"]) == 2

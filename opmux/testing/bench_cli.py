@@ -1,0 +1,95 @@
+"""``opmux bench``: time every supported provider of each op against native, here.
+
+It runs each op's conformance cases (the kit's seeded inputs, small shapes: the figures show
+per-call cost including overhead, not peak bandwidth; the scripts in ``benchmarks/`` measure
+LLM sizes) and prints, per op and provider, the median time of one pass over the cases and
+the speed-up over native, all measured in the same run with the providers interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options to ``parser``."""
+    parser.add_argument("--op", action="append", default=[], metavar="OP",
+                        help="only this op (repeatable; 'ns::name' for other namespaces)")
+    parser.add_argument("--repeat", type=int, default=15, help="timed rounds (default 15)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true")
+
+
+def _time_providers(op: Any, providers: list[str], device: str,
+                    repeat: int) -> dict[str, float]:
+    from opmux.testing.cases import cases_for
+
+    cases = cases_for(op.qualname)
+    # only the cases every provider accepts, so each one does the same work
+    accepted = []
+    for case in cases:
+        args, kwargs = case.materialize(device)
+        preds = [op.impls[p].supports_args for p in providers]
+        if all(pred is None or pred(*args, **kwargs) for pred in preds):
+            accepted.append(case)
+    samples: dict[str, list[float]] = {name: [] for name in providers}
+    for round_ in range(repeat + 1):
+        for name in providers:
+            fn = op.impls[name].fn
+            # fresh inputs each round (outside the timer): mutating ops change them
+            inputs = [case.materialize(device) for case in accepted]
+            start = time.perf_counter()
+            for args, kwargs in inputs:
+                fn(*args, **kwargs)
+            if round_:  # the first round warms up
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(v) * 1e3 for name, v in samples.items()}
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run ``opmux bench`` with parsed options; returns the exit status."""
+    import opmux
+    from opmux.testing.cases import has_cases
+
+    opmux.load_plugins()
+    ops = opmux.list_ops()
+    if ns.op:
+        by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops
+                                                 if o.namespace == "opmux"}
+        unknown = [name for name in ns.op if name not in by_name]
+        if unknown:
+            print(f"opmux bench: unknown op(s) {unknown}; known: "
+                  f"{sorted(o.qualname for o in ops)}", file=sys.stderr)
+            return 2
+        ops = [by_name[name] for name in dict.fromkeys(ns.op)]
+    rows: list[dict[str, Any]] = []
+    for op in ops:
+        providers = [p for p, impl in op.impls.items() if impl.supported]
+        if len(providers) < 2 or not has_cases(op.qualname):
+            continue
+        providers = [p for p in providers if p != "native"] + ["native"]
+        times = _time_providers(op, providers, ns.device, max(1, ns.repeat))
+        for name in providers:
+            rows.append({"op": op.qualname, "provider": name, "ms": times[name],
+                         "speedup_vs_native": times["native"] / times[name]})
+    if ns.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("op", "provider", "ms/pass", "vs native")
+    cells = [[r["op"], r["provider"], f"{r['ms']:.3f}", f"{r['speedup_vs_native']:.2f}x"]
+             for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *cells, strict=False)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
+    print("  ".join("-" * w for w in widths))
+    for c in cells:
+        print("  ".join(str(v).ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    print(f"\none pass = every conformance case the providers accept, on {ns.device}; "
+          f"median of {ns.repeat} interleaved rounds")
+    return 0
