@@ -1,13 +1,27 @@
 """The ``grouped`` CPU provider of ``fused_moe``: tokens grouped by expert, pure PyTorch.
 
-Each (token, slot) pair is sorted by expert id once; every expert then runs one matmul
-pair over its contiguous segment of the gathered hidden states (``torch.mm`` into slices
-of preallocated buffers), the SiLU-and-mul runs once over all rows, and one gather plus
-one weighted sum over each token's k rows combine them into the preallocated output. (An
-``index_add_`` scatter of the weighted rows took about a fifth of the whole call at 1024
-tokens here; the gather and the reduction take a small part of that.) The work is k/E of
-the reference's, which runs every expert on every token, and there is no per-token Python
-loop: the only loop is over the experts that received tokens.
+Each (token, slot) pair is sorted by expert id once and the hidden states are gathered in
+that order; every expert that received tokens then runs its matmul pair over its
+contiguous segment, with the SiLU-and-mul done in place on the segment while it is still
+in cache, and one ``embedding_bag`` forms each token's weighted sum over its k rows
+straight into the output. The work is k/E of the reference's, which runs every expert on
+every token, and there is no per-token Python loop: the only loop is over the experts.
+
+Two layouts, chosen once per call from the dtype and the mean segment length:
+
+- *weight-major* (float32, short segments, e.g. decode and small prefill batches): ``w @ x.T``,
+  one ``[2I, n]`` then ``[d, n]`` block per expert. With a few rows per expert the
+  matmuls only stream the weights, and BLAS does that markedly faster with the weight as
+  the left operand (about 1.6x on ``[16, 1024] x [1024, 1024]`` fp32 here).
+- *token-major* (long segments, and all of bf16/fp16): ``x @ w.T`` into row blocks, the
+  layout BLAS prefers once the matmuls are compute-bound; bf16 measured no faster
+  weight-major (slower at 64 tokens).
+
+Temporaries are sized by the longest segment and reused across experts, which keeps
+fresh memory (and its page faults) per call small. An ``index_add_`` scatter of the
+weighted rows took about a fifth of the whole call at 1024 tokens; a gather, multiply and
+sum over ``[T, k, d]`` took three passes; ``embedding_bag`` with per-sample weights does
+the gather, weighting and reduction in one.
 """
 
 import torch
@@ -22,6 +36,45 @@ __all__ = ["PROVIDER", "fused_moe_grouped", "register"]
 PROVIDER = "grouped"
 """Provider name of the grouped implementation."""
 
+WEIGHT_MAJOR_MAX_ROWS = 48
+"""Mean rows per active expert up to which the weight-major layout is used.
+
+Measured on E=8, d=1024, I=512, float32, 2 threads: weight-major wins clearly at 16 rows
+per expert and the two are level at 64.
+"""
+
+
+def _experts_weight_major(x: Tensor, w1: Tensor, w2: Tensor,
+                          segments: list[tuple[int, int, int]], longest: int) -> Tensor:
+    """Expert MLPs as ``w @ x.T``; returns the ``[rows, d]`` outputs (a transposed view)."""
+    rows, hidden = x.shape
+    inter = w2.shape[2]
+    y_t = torch.empty(hidden, rows, dtype=x.dtype, device=x.device)
+    work = torch.empty(2 * inter * longest, dtype=x.dtype, device=x.device)
+    for e, start, n in segments:
+        gate_up = work[:2 * inter * n].view(2 * inter, n)
+        torch.mm(w1[e], x[start:start + n].t(), out=gate_up)
+        act = F.silu(gate_up[:inter], inplace=True).mul_(gate_up[inter:])
+        torch.mm(w2[e], act, out=y_t[:, start:start + n])
+    return y_t.t()
+
+
+def _experts_token_major(x: Tensor, w1: Tensor, w2: Tensor,
+                         segments: list[tuple[int, int, int]], longest: int) -> Tensor:
+    """Expert MLPs as ``x @ w.T``; returns the ``[rows, d]`` outputs."""
+    rows, hidden = x.shape
+    inter = w2.shape[2]
+    y = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
+    gate_up = torch.empty(longest, 2 * inter, dtype=x.dtype, device=x.device)
+    act = torch.empty(longest, inter, dtype=x.dtype, device=x.device)
+    for e, start, n in segments:
+        torch.mm(x[start:start + n], w1[e].t(), out=gate_up[:n])
+        # act stays contiguous: a strided left operand costs the bf16 matmul a copy
+        torch.mul(F.silu(gate_up[:n, :inter], inplace=True), gate_up[:n, inter:],
+                  out=act[:n])
+        torch.mm(act[:n], w2[e].t(), out=y[start:start + n])
+    return y
+
 
 @torch.no_grad()
 def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
@@ -32,48 +85,38 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
     refuses for weights that require grad, so it runs without building a graph (the op has
     no backward registered either way).
     """
-    tokens, hidden, experts, intermediate = check_fused_moe_args(
+    tokens, hidden, experts, _ = check_fused_moe_args(
         PROVIDER, hidden_states, w1, w2, topk_weights, topk_ids)
     dtype = hidden_states.dtype
-    if tokens == 0 or topk_ids.shape[1] == 0:
-        return torch.zeros(tokens, hidden, dtype=dtype, device=hidden_states.device)
-    out = torch.empty(tokens, hidden, dtype=dtype, device=hidden_states.device)
     top_k = topk_ids.shape[1]
-    flat_ids = topk_ids.reshape(-1)
-    sorted_ids, order = torch.sort(flat_ids, stable=True)
-    lo, hi = sorted_ids[0].item(), sorted_ids[-1].item()
-    check_expert_ids(PROVIDER, int(lo), int(hi), experts)
+    if tokens == 0 or top_k == 0:
+        return torch.zeros(tokens, hidden, dtype=dtype, device=hidden_states.device)
+    sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)
+    lo, hi = sorted_ids[[0, -1]].tolist()  # one sync for both extremes
+    check_expert_ids(PROVIDER, lo, hi, experts)
     counts = torch.bincount(sorted_ids, minlength=experts).tolist()
 
-    token_of_row = order // top_k  # row r of the sorted layout serves this token
     rows = order.numel()
-    x = hidden_states.index_select(0, token_of_row)  # [rows, d], grouped by expert
-    gate_up = torch.empty(rows, 2 * intermediate, dtype=dtype, device=x.device)
-    act = torch.empty(rows, intermediate, dtype=dtype, device=x.device)
-    y = torch.empty(rows, hidden, dtype=dtype, device=x.device)
-    start = 0
+    x = hidden_states.index_select(0, order // top_k)  # [rows, d], grouped by expert
     segments = []
+    start = 0
     for e, n in enumerate(counts):
         if n:
-            end = start + n
-            torch.mm(x[start:end], w1[e].t(), out=gate_up[start:end])
-            segments.append((e, start, end))
-            start = end
-    torch.mul(F.silu(gate_up[:, :intermediate]), gate_up[:, intermediate:], out=act)
-    for e, begin, end in segments:
-        torch.mm(act[begin:end], w2[e].t(), out=y[begin:end])
+            segments.append((e, start, n))
+            start += n
+    longest = max(counts)
+    if dtype == torch.float32 and rows <= WEIGHT_MAJOR_MAX_ROWS * len(segments):
+        y = _experts_weight_major(x, w1, w2, segments, longest)
+    else:
+        y = _experts_token_major(x, w1, w2, segments, longest)
 
-    # back to token-major order with one gather, then each token's weighted sum over its
-    # k rows, reduced straight into the output (an index_add_ scatter is far slower here)
+    # each token's weighted sum over its k rows (in the sorted layout), in float32
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(rows, device=order.device)
-    y_tokens = y.index_select(0, inverse).view(tokens, top_k, hidden)
-    weights = topk_weights.to(torch.float32).view(tokens, top_k, 1)
-    if dtype == torch.float32:
-        torch.sum(y_tokens.mul_(weights), dim=1, out=out)
-    else:  # low precision: weight and sum in float32, round once
-        out.copy_(torch.sum(y_tokens.float().mul_(weights), dim=1))
-    return out
+    rows_f32 = y.to(torch.float32, memory_format=torch.contiguous_format)
+    out = F.embedding_bag(inverse.view(tokens, top_k), rows_f32, mode="sum",
+                          per_sample_weights=topk_weights.to(torch.float32))
+    return out if dtype == torch.float32 else out.to(dtype)
 
 
 def register(registry: OpRegistry) -> None:
