@@ -60,7 +60,19 @@ class ConfigError(OpmuxError, ValueError):
 
 
 class OpInputError(OpmuxError, ValueError):
-    """An op was called with arguments it cannot take (dtype, shape, range, contiguity)."""
+    """An op was called with arguments it cannot take (dtype, shape, range, contiguity).
+
+    :ivar op: the op, when known (``"opmux::rms_norm"``).
+    :ivar provider: the provider that refused the call, when known.
+    :ivar argument: the offending argument's name, when known.
+    """
+
+    def __init__(self, message: str, *, op: str | None = None, provider: str | None = None,
+                 argument: str | None = None):
+        super().__init__(message)
+        self.op = op
+        self.provider = provider
+        self.argument = argument
 
 
 class ProviderUnavailableError(OpmuxError, RuntimeError):

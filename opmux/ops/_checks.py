@@ -52,7 +52,7 @@ def input_error(op: str, provider: str, argument: str, expected: str,
     """Build the standard error: ``opmux::op (provider 'p'): argument 'a' expected E, got G``."""
     return OpInputError(
         f"opmux::{op} (provider {provider!r}): argument {argument!r} expected {expected}, "
-        f"got {got}"
+        f"got {got}", op=f"opmux::{op}", provider=provider, argument=argument,
     )
 
 

@@ -49,6 +49,10 @@ def test_activation_errors_name_op_argument_expected_and_got() -> None:
                        match=r"opmux::silu_and_mul \(provider 'native'\): argument 'x' "
                              r"expected .*even last dimension, got shape \[4, 7\]"):
         silu_and_mul.native(torch.randn(4, 7))
+    with pytest.raises(opmux.OpInputError) as info:
+        silu_and_mul.native(torch.randn(4, 7))
+    assert (info.value.op, info.value.provider, info.value.argument) == (
+        "opmux::silu_and_mul", "native", "x")
     with pytest.raises(opmux.OpInputError, match=r"'x' expected a floating tensor.*int64"):
         silu_and_mul.native(torch.ones(2, 4, dtype=torch.int64))
     with pytest.raises(opmux.OpInputError,
