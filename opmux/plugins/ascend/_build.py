@@ -61,8 +61,10 @@ _status: tuple[bool, str] | None = None
 
 
 def source_root() -> Path:
-    """The ``csrc`` folder of the source tree."""
-    return Path(__file__).resolve().parents[3] / "csrc"
+    """The ``csrc`` folder (shipped in wheels, or the source tree's)."""
+    from opmux.plugins._sources import csrc_root
+
+    return csrc_root()
 
 
 def sources() -> list[Path]:

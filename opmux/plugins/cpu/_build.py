@@ -40,11 +40,10 @@ _status: tuple[bool, str] | None = None
 
 
 def source_dir() -> Path:
-    """Folder holding the C++ sources: ``csrc`` shipped inside the package when a wheel
-    carries it, else ``csrc/cpu`` of the source tree (editable installs, checkouts)."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "csrc"
-    return packaged if packaged.is_dir() else here.parents[2] / "csrc" / "cpu"
+    """Folder holding the C++ sources (``cpu/`` of :func:`~opmux.plugins._sources.csrc_root`)."""
+    from opmux.plugins._sources import csrc_root
+
+    return csrc_root() / "cpu"
 
 
 def sources() -> list[Path]:

@@ -57,8 +57,10 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def source_dir() -> Path:
-    """Folder holding the CUDA sources (``csrc/cuda`` of the source tree)."""
-    return Path(__file__).resolve().parents[3] / "csrc" / "cuda"
+    """Folder holding the CUDA sources (``cuda/`` of :func:`~opmux.plugins._sources.csrc_root`)."""
+    from opmux.plugins._sources import csrc_root
+
+    return csrc_root() / "cuda"
 
 
 def sources() -> list[Path]:
