@@ -246,6 +246,13 @@ class Op:
         kernel.__name__ = f"{self.name}_{holder.key.lower()}_kernel"
         return kernel
 
+    def _meta_kernel(self) -> Callable[..., Any]:
+        def kernel(*args: Any) -> Any:
+            return self._fake(*args)
+
+        kernel.__name__ = f"{self.name}_meta_kernel"
+        return kernel
+
     def _native_kernel(self) -> Callable[..., Any]:
         native = self.native
         loaded = self._registry._loaded
@@ -492,7 +499,11 @@ class Op:
             )
 
     def register_fake(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Replace the fake (meta) implementation used for shapes under tracing."""
+        """Replace the fake (meta) implementation used for shapes under tracing.
+
+        It serves FakeTensorMode (as the op's registered fake) and meta-device calls
+        (through the op's Meta kernel).
+        """
         self._registry._register_fake(self, fn, override=True)
         self._fake = fn
         return fn

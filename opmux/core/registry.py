@@ -80,7 +80,10 @@ class OpRegistry:
             lib.define(op_name + schema, tags=tuple(tags))
             op = Op(self, op_name, namespace, fn, schema, mutates)
             lib.impl(op_name, op._native_kernel(), "CompositeExplicitAutograd")
-            self._register_fake(op, fn, override=False)
+            # The default fake is native itself, run by a Meta kernel (cheaper to register
+            # than torch.library.register_fake, which inspects its caller's frame); both
+            # FakeTensorMode and meta-device calls use it. Op.register_fake replaces it.
+            lib.impl(op_name, op._meta_kernel(), "Meta")
             self._ops[qualname] = op
             if self._op_journal is not None:
                 self._op_journal.append(op)
