@@ -13,8 +13,13 @@
 // kv head (GQA group, prefill positions) go four at a time against four keys, so each key
 // vector load feeds four rows, and the value accumulation takes three rows per value load
 // with up to 24 accumulators in registers. (Software prefetch of the next chunk or of the next
-// 16-token group measured no faster here than the hardware prefetcher.)
+// 16-token group measured no faster here than the hardware prefetcher.) Value rows with a
+// head size that is a multiple of the vector width are widened in registers, eight rows per
+// load; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
+// kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h.
 #include "ops.h"
+#include "paged_attention_rows.h"
+#include "paged_attention_tile.h"
 #include "vec_common.h"
 
 #include <algorithm>
@@ -29,232 +34,6 @@
 
 namespace opmux_cpu {
 namespace {
-
-constexpr int64_t kTokenChunk = 64;  // keys scored per step
-constexpr int64_t kMaxRows = 32;     // query rows (q positions x GQA group) per work item
-
-struct WorkItem {
-  int32_t seq;
-  int32_t kv_begin;  // kv heads [kv_begin, kv_end)
-  int32_t kv_end;
-  int32_t q_begin;  // query rows relative to the sequence's first one
-  int32_t q_end;
-};
-
-struct Params {
-  int64_t num_heads, num_kv_heads, head_size, padded, block_size, max_blocks;
-  int64_t q_stride0, q_stride1;
-  float scale, soft_cap;
-  int64_t window;
-  const int32_t* block_tables;
-  const int32_t* seq_lens;
-  const int32_t* query_start_loc;
-};
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  fVec acc0(0.f);
-  fVec acc1(0.f);
-  int64_t i = 0;
-  for (; i + 2 * kF <= n; i += 2 * kF) {
-    acc0 = at::vec::fmadd(fVec::loadu(a + i), fVec::loadu(b + i), acc0);
-    acc1 = at::vec::fmadd(fVec::loadu(a + i + kF), fVec::loadu(b + i + kF), acc1);
-  }
-  for (; i < n; i += kF) acc0 = at::vec::fmadd(fVec::loadu(a + i), fVec::loadu(b + i), acc0);
-  return hsum(acc0 + acc1);
-}
-
-#if defined(CPU_CAPABILITY_AVX512)
-// Horizontal sums of 16 vectors at once: lane i of the result is the sum of v[i]. A transpose
-// tree of 15 shuffle+add steps instead of 16 separate reductions.
-inline __m512 reduce16(const __m512* v) {
-  __m512 w[8];
-  for (int i = 0; i < 8; ++i) {
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  __m512 x[4];
-  for (int j = 0; j < 4; ++j) {
-    const __m512d a = _mm512_castps_pd(w[2 * j]);
-    const __m512d b = _mm512_castps_pd(w[2 * j + 1]);
-    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  __m512 y[2];
-  for (int j = 0; j < 2; ++j) {
-    y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-#endif
-
-// out[i] = q . k[i] for i < n; every k[i] (and q) has `padded` elements; k[n..] may be read
-// and must point at valid rows (the caller pads with a zero row).
-inline void qk_row(const float* q, const float* const* k, int64_t n, int64_t padded,
-                   float* out) {
-#if defined(CPU_CAPABILITY_AVX512)
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
-    __m512 acc[16];
-    for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < padded; c += 16) {
-      const __m512 qv = _mm512_loadu_ps(q + c);
-      for (int t = 0; t < 16; ++t) acc[t] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[t0 + t] + c), acc[t]);
-    }
-    const __m512 sums = reduce16(acc);
-    const int64_t m = std::min<int64_t>(16, n - t0);
-    _mm512_mask_storeu_ps(out + t0, static_cast<__mmask16>((1u << m) - 1u), sums);
-  }
-#else
-  for (int64_t t = 0; t < n; ++t) out[t] = dot(q, k[t], padded);
-#endif
-}
-
-// acc[0, U*kF) += sum_t p[t] * v[t][0, U*kF): U independent accumulators in registers, so
-// the FMAs over t do not wait on each other.
-template <int U>
-inline void pv_block(float* acc, const float* p, const float* const* v, int64_t n,
-                     int64_t off) {
-  fVec a[U];
-  for (int u = 0; u < U; ++u) a[u] = fVec::loadu(acc + off + u * kF);
-  for (int64_t t = 0; t < n; ++t) {
-    const fVec pt(p[t]);
-    const float* vt = v[t] + off;
-    for (int u = 0; u < U; ++u) a[u] = at::vec::fmadd(pt, fVec::loadu(vt + u * kF), a[u]);
-  }
-  for (int u = 0; u < U; ++u) a[u].store(acc + off + u * kF);
-}
-
-// acc += sum_t p[t] * v[t] over n rows of `padded` elements.
-inline void pv_row(float* acc, const float* p, const float* const* v, int64_t n,
-                   int64_t padded) {
-  int64_t off = 0;
-  for (; off + 8 * kF <= padded; off += 8 * kF) pv_block<8>(acc, p, v, n, off);
-  if (off + 4 * kF <= padded) {
-    pv_block<4>(acc, p, v, n, off);
-    off += 4 * kF;
-  }
-  if (off + 2 * kF <= padded) {
-    pv_block<2>(acc, p, v, n, off);
-    off += 2 * kF;
-  }
-  if (off < padded) pv_block<1>(acc, p, v, n, off);
-}
-
-#if defined(CPU_CAPABILITY_AVX512)
-// Scores of 4 query rows against 4 keys: 16 accumulators from 8 loads per 16 FMAs (one key
-// load serves four rows), reduced with one reduce16. Lane 4 * i + j is q[i] . k[j]; row i's
-// four scores go to out[i][0, 4).
-inline void qk_tile4(const float* const* q, float* const* out, const float* const* k,
-                     int64_t padded) {
-  const float* q0 = q[0];
-  const float* q1 = q[1];
-  const float* q2 = q[2];
-  const float* q3 = q[3];
-  const float* k0 = k[0];
-  const float* k1 = k[1];
-  const float* k2 = k[2];
-  const float* k3 = k[3];
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < padded; c += 16) {
-    const __m512 qv[4] = {_mm512_loadu_ps(q0 + c), _mm512_loadu_ps(q1 + c),
-                          _mm512_loadu_ps(q2 + c), _mm512_loadu_ps(q3 + c)};
-    const __m512 kv[4] = {_mm512_loadu_ps(k0 + c), _mm512_loadu_ps(k1 + c),
-                          _mm512_loadu_ps(k2 + c), _mm512_loadu_ps(k3 + c)};
-    for (int i = 0; i < 4; ++i) {
-      for (int j = 0; j < 4; ++j) acc[4 * i + j] = _mm512_fmadd_ps(qv[i], kv[j], acc[4 * i + j]);
-    }
-  }
-  const __m512 sums = reduce16(acc);
-  _mm_storeu_ps(out[0], _mm512_extractf32x4_ps(sums, 0));
-  _mm_storeu_ps(out[1], _mm512_extractf32x4_ps(sums, 1));
-  _mm_storeu_ps(out[2], _mm512_extractf32x4_ps(sums, 2));
-  _mm_storeu_ps(out[3], _mm512_extractf32x4_ps(sums, 3));
-}
-#endif
-
-// Scores of nr query rows (q[i], written to out[i][0, n)) that share one kv head against n
-// keys. Rows go four at a time through qk_tile4, so each key row is loaded once per four query
-// rows (GQA groups, prefill positions); k[n..] must point at valid rows, rounded up to 16.
-inline void qk_rows(const float* const* q, float* const* out, int64_t nr, const float* const* k,
-                    int64_t n, int64_t padded) {
-  int64_t r = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-  for (; r + 4 <= nr; r += 4) {
-    for (int64_t t0 = 0; t0 < n; t0 += 4) {
-      float* o[4] = {out[r] + t0, out[r + 1] + t0, out[r + 2] + t0, out[r + 3] + t0};
-      qk_tile4(q + r, o, k + t0, padded);
-    }
-  }
-#endif
-  for (; r < nr; ++r) qk_row(q[r], k, n, padded, out[r]);
-}
-
-// acc[r][off, off + U*kF) += sum_t p[r][t] * v[t][...] for R rows: each value vector is loaded
-// once and used by all R rows (R*U accumulators stay in registers).
-template <int R, int U>
-inline void pv_tile(float* const* acc, const float* const* p, const float* const* v, int64_t n,
-                    int64_t off) {
-  fVec a[R][U];
-  for (int r = 0; r < R; ++r) {
-    for (int u = 0; u < U; ++u) a[r][u] = fVec::loadu(acc[r] + off + u * kF);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    fVec pt[R];
-    for (int r = 0; r < R; ++r) pt[r] = fVec(p[r][t]);
-    const float* vt = v[t] + off;
-    for (int u = 0; u < U; ++u) {
-      const fVec x = fVec::loadu(vt + u * kF);
-      for (int r = 0; r < R; ++r) a[r][u] = at::vec::fmadd(pt[r], x, a[r][u]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int u = 0; u < U; ++u) a[r][u].store(acc[r] + off + u * kF);
-  }
-}
-
-template <int R>
-inline void pv_tile_row(float* const* acc, const float* const* p, const float* const* v,
-                        int64_t n, int64_t padded) {
-  int64_t off = 0;
-  for (; off + 8 * kF <= padded; off += 8 * kF) pv_tile<R, 8>(acc, p, v, n, off);
-  if (off + 4 * kF <= padded) {
-    pv_tile<R, 4>(acc, p, v, n, off);
-    off += 4 * kF;
-  }
-  if (off + 2 * kF <= padded) {
-    pv_tile<R, 2>(acc, p, v, n, off);
-    off += 2 * kF;
-  }
-  if (off < padded) pv_tile<R, 1>(acc, p, v, n, off);
-}
-
-// acc[i] += sum_t p[i][t] * v[t] for nr rows sharing one kv head, three rows at a time.
-inline void pv_rows(float* const* acc, const float* const* p, int64_t nr,
-                    const float* const* v, int64_t n, int64_t padded) {
-  int64_t r = 0;
-  for (; r + 3 <= nr; r += 3) pv_tile_row<3>(acc + r, p + r, v, n, padded);
-  if (r + 2 <= nr) {
-    pv_tile_row<2>(acc + r, p + r, v, n, padded);
-    r += 2;
-  }
-  if (r < nr) pv_row(acc[r], p[r], v, n, padded);
-}
-
-// Returns an fp32 view of a cache row of `d` elements, converting into `buf` (padded with
-// zeros up to `padded`) unless the row can be read in place.
-template <typename T>
-inline const float* as_float_row(const T* src, float* buf, int64_t d, int64_t padded) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (d == padded) return src;
-  }
-  for_each_vec(padded, [&](int64_t j, int64_t n) {
-    const int64_t valid = std::max<int64_t>(0, std::min(n, d - j));
-    (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(buf + j);
-  });
-  return buf;
-}
 
 struct Scratch {
   std::vector<float> q, acc, scores, m, l, kbuf, vbuf, zero;
@@ -290,11 +69,18 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   //   r = (j - q_begin) * per_pos + (kh - kv_begin) * G + g,  query head = kh * G + g
   int64_t row_pos[kMaxRows];
   int64_t row_lo[kMaxRows];
+  const T* q_raw[kMaxRows];  // the query rows as given (unscaled), for the bf16 score path
+  // bf16 with a head size that is a multiple of 32: scores by pair dot products. (The same for
+  // the value step, with bf16-rounded probabilities, measured 10% slower than widening the
+  // values in registers.)
+  [[maybe_unused]] const bool pairs =
+      std::is_same_v<T, at::BFloat16> && D % 32 == 0 && kHasBf16Pairs;
   const fVec sc(p.scale);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t j = w.q_begin + r / per_pos;
     const int64_t h = w.kv_begin * G + r % per_pos;
     const T* qrow = query + (q0 + j) * p.q_stride0 + h * p.q_stride1;
+    q_raw[r] = qrow;
     float* qf = s.q.data() + r * Dp;
     for_each_vec(Dp, [&](int64_t c, int64_t) {
       const int64_t valid = std::max<int64_t>(0, std::min(kF, D - c));
@@ -331,6 +117,27 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     for (int64_t tg = 0; tg < n; tg += 16) {
       const int64_t m = std::min<int64_t>(16, n - tg);
       for (int64_t kh = 0; kh < nkh; ++kh) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (pairs) {
+            const at::BFloat16* kr[16];
+            for (int64_t i = 0; i < 16; ++i) {
+              kr[i] = i < m ? kbase + (tg + i) * tok_stride + kh * D
+                            : reinterpret_cast<const at::BFloat16*>(s.zero.data());
+            }
+            const at::BFloat16* qr[kMaxRows];
+            int64_t nr = 0;
+            for (int64_t r = kh * G; r < rows; r += per_pos) {
+              for (int64_t g = 0; g < G; ++g, ++nr) {
+                qr[nr] = q_raw[r + g];
+                s.sp[nr] = s.scores.data() + (r + g) * kTokenChunk + tg;
+              }
+            }
+            qk_rows_bf16(qr, s.sp, nr, kr, m, D, p.scale);
+            continue;
+          }
+        }
+#endif
         for (int64_t i = 0; i < m; ++i) {
           s.krow[i] = as_float_row(kbase + (tg + i) * tok_stride + kh * D,
                                    s.kbuf.data() + (tg + i) * Dp, D, Dp);
@@ -398,6 +205,21 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
       for (int64_t tg = 0; tg < n; tg += 16) {
         const int64_t m = std::min<int64_t>(16, n - tg);
         for (int64_t kh = 0; kh < nkh; ++kh) {
+          if (D == Dp) {
+            const T* vr[16];
+            for (int64_t i = 0; i < m; ++i) vr[i] = vbase + (tg + i) * tok_stride + kh * D;
+            int64_t nr = 0;
+            for (int64_t r = kh * G; r < rows; r += per_pos) {
+              for (int64_t g = 0; g < G; ++g) {
+                if (s.visible[r + g]) {
+                  s.ap[nr] = s.acc.data() + (r + g) * Dp;
+                  s.pp[nr++] = s.scores.data() + (r + g) * kTokenChunk + tg;
+                }
+              }
+            }
+            pv_rows_t(s.ap, s.pp, nr, vr, m, D);
+            continue;
+          }
           for (int64_t i = 0; i < m; ++i) {
             s.vrow[i] = as_float_row(vbase + (tg + i) * tok_stride + kh * D,
                                      s.vbuf.data() + (tg + i) * Dp, D, Dp);
@@ -546,9 +368,28 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
         cached = std::make_unique<Scratch>(params.padded);
       }
       Scratch& scratch = *cached;
+#if defined(CPU_CAPABILITY_AVX512)
+      thread_local std::unique_ptr<pa_tile::TileScratch> tile_cached;
+      if (!tile_cached || tile_cached->zero.size() != static_cast<size_t>(params.padded)) {
+        tile_cached = std::make_unique<pa_tile::TileScratch>(params.padded);
+      }
+#endif
       for (int64_t wk = begin; wk < end; ++wk) {
         for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
-          run_item<scalar_t>(items[it], params, q, kc, vc, o, scratch);
+          const WorkItem& w = items[it];
+#if defined(CPU_CAPABILITY_AVX512)
+          // one kv head and more than 8 rows: rows in vector lanes (paged_attention_tile.h)
+          const int64_t rows = static_cast<int64_t>(w.q_end - w.q_begin) * G;
+          if (w.kv_end - w.kv_begin == 1 && rows > 8) {
+            if (rows > 16) {
+              pa_tile::run_tile_item<2>(w, params, q, kc, vc, o, *tile_cached);
+            } else {
+              pa_tile::run_tile_item<1>(w, params, q, kc, vc, o, *tile_cached);
+            }
+            continue;
+          }
+#endif
+          run_item<scalar_t>(w, params, q, kc, vc, o, scratch);
         }
       }
     });

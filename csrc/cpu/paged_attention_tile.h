@@ -1,0 +1,268 @@
+// paged_attention, row-tile path: query rows in vector lanes (AVX-512 only).
+//
+// For a work item whose query rows all read one kv head (prefill positions x GQA group, 9 to
+// 32 rows), the rows go in the lanes of one or two vectors instead of one row at a time. The
+// query block is stored transposed once per item (qT[d][row]); then, per chunk of keys:
+//   scores  sT[t][row] = sum_d qT[d][row] * k[t][d]    (broadcast-FMA, no horizontal sums)
+//   mask, soft cap, running max and sum: vertical over t, one vector op per (key, 16 rows)
+//   values  accT[d][row] = accT[d][row] * alpha[row] + sum_t sT[t][row] * v[t][d]
+// so every score and every output element is one FMA lane, keys and values are broadcast
+// straight out of the cache (fp32 with a 16-multiple head size and few kv heads) or out of one
+// fp32 copy of the chunk (bf16/fp16, converted once for all the item's rows), and the
+// accumulator rescale rides on the value step's register loads. Lanes past the item's rows repeat its last row (finite
+// values, never written out).
+#pragma once
+
+#include "vec_common.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+
+namespace opmux_cpu {
+namespace pa_tile {
+
+constexpr int kLanes = 16;
+constexpr int kStride = 2 * kLanes;  // floats per d in qT/accT and per key in sT
+constexpr int64_t kChunk = 64;  // keys per step (at most)
+
+struct TileScratch {
+  std::vector<float> qT, accT, sT;
+  std::vector<float> kbuf, vbuf, zero;
+  explicit TileScratch(int64_t padded)
+      : qT(padded * kStride), accT(padded * kStride), sT((kChunk + kLanes) * kStride),
+        kbuf(kChunk * padded), vbuf(kChunk * padded), zero(padded, 0.f) {}
+};
+
+// tanh as a rational function of x (odd 13th over even 6th degree, the Eigen fast_tanh_float
+// coefficients), x clamped to +-7.905: within 4e-7 of tanh in a dozen FMAs, where Sleef's tanh
+// cost a quarter of the whole capped prefill.
+inline __m512 fast_tanh(__m512 x) {
+  const __m512 lim = _mm512_set1_ps(7.90531110763549805f);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
+  const __m512 x2 = _mm512_mul_ps(x, x);
+  __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.00018790482477e-13f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-8.60467152213735e-11f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(5.12229709037114e-08f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.48572235717979e-05f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(6.37261928875436e-04f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(4.89352455891786e-03f));
+  p = _mm512_mul_ps(p, x);
+  __m512 q = _mm512_set1_ps(1.19825839466702e-06f);
+  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.18534705686654e-04f));
+  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.26843463243900e-03f));
+  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.89352518554385e-03f));
+  // p / q with a reciprocal estimate and one Newton step (a full-width division is ~10 cycles)
+  const __m512 r0 = _mm512_rcp14_ps(q);
+  const __m512 r = _mm512_mul_ps(r0, _mm512_fnmadd_ps(q, r0, _mm512_set1_ps(2.f)));
+  return _mm512_mul_ps(p, r);
+}
+
+// sT[t][lanes] = qT^T k[t] for TB keys; k[t] has at least d floats.
+template <int NV, int TB>
+inline void score_tile(const float* qT, const float* const* k, int64_t d, float* sT) {
+  __m512 acc[TB][NV];
+  for (int t = 0; t < TB; ++t) {
+    for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_setzero_ps();
+  }
+  const float* kr[TB];
+  for (int t = 0; t < TB; ++t) kr[t] = k[t];
+  for (int64_t c = 0; c < d; ++c) {
+    __m512 q[NV];
+    for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_ps(qT + c * kStride + v * kLanes);
+    for (int t = 0; t < TB; ++t) {
+      const __m512 b = _mm512_set1_ps(kr[t][c]);
+      for (int v = 0; v < NV; ++v) acc[t][v] = _mm512_fmadd_ps(q[v], b, acc[t][v]);
+    }
+  }
+  for (int t = 0; t < TB; ++t) {
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(sT + t * kStride + v * kLanes, acc[t][v]);
+  }
+}
+
+// accT[d0, d0 + DB) = accT * alpha + sum_t sT[t] * v[t][d]: DB x NV accumulators.
+template <int NV, int DB>
+inline void value_tile(float* accT, const float* sT, const float* const* vr, int64_t n,
+                       int64_t d0, const __m512* alpha) {
+  __m512 acc[DB][NV];
+  for (int e = 0; e < DB; ++e) {
+    for (int v = 0; v < NV; ++v) {
+      acc[e][v] = _mm512_mul_ps(_mm512_loadu_ps(accT + (d0 + e) * kStride + v * kLanes), alpha[v]);
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    __m512 p[NV];
+    for (int v = 0; v < NV; ++v) p[v] = _mm512_loadu_ps(sT + t * kStride + v * kLanes);
+    const float* row = vr[t] + d0;
+    for (int e = 0; e < DB; ++e) {
+      const __m512 b = _mm512_set1_ps(row[e]);
+      for (int v = 0; v < NV; ++v) acc[e][v] = _mm512_fmadd_ps(p[v], b, acc[e][v]);
+    }
+  }
+  for (int e = 0; e < DB; ++e) {
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(accT + (d0 + e) * kStride + v * kLanes, acc[e][v]);
+  }
+}
+
+// One item: `rows` (<= 16 * NV) query rows of kv head `kv`, query positions [pos0, ...) with
+// G rows per position; see the file comment. Arguments mirror run_item in paged_attention.cpp.
+template <int NV, typename T, typename Params, typename Item>
+void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, const T* vc,
+                   T* out, TileScratch& s) {
+  constexpr int TB = NV == 2 ? 8 : 16;  // keys per score tile
+  constexpr int DB = NV == 2 ? 8 : 16;  // head dims per value tile
+  const int64_t G = p.num_heads / p.num_kv_heads;
+  const int64_t D = p.head_size;
+  const int64_t Dp = p.padded;
+  const int64_t q0 = p.query_start_loc[w.seq];
+  const int64_t q_len = p.query_start_loc[w.seq + 1] - q0;
+  const int64_t kv_len = p.seq_lens[w.seq];
+  const int64_t rows = (w.q_end - w.q_begin) * G;
+  const int32_t* bt = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks;
+  const int64_t tok_stride = p.num_kv_heads * D;
+  const int64_t kv = w.kv_begin;
+
+  alignas(64) int32_t pos[kStride];
+  alignas(64) int32_t lo[kStride];
+  float* qT = s.qT.data();
+  for (int64_t r = 0; r < NV * kLanes; ++r) {
+    const int64_t rr = std::min(r, rows - 1);
+    const int64_t j = w.q_begin + rr / G;
+    const int64_t h = kv * G + rr % G;
+    const T* qrow = query + (q0 + j) * p.q_stride0 + h * p.q_stride1;
+    for (int64_t c = 0; c < D; ++c) qT[c * kStride + r] = static_cast<float>(qrow[c]) * p.scale;
+    for (int64_t c = D; c < Dp; ++c) qT[c * kStride + r] = 0.f;
+    pos[r] = static_cast<int32_t>(kv_len - q_len + j);
+    lo[r] = p.window > 0 ? std::max<int32_t>(0, pos[r] - static_cast<int32_t>(p.window) + 1) : 0;
+  }
+  std::fill_n(s.accT.data(), Dp * kStride, 0.f);
+  const int64_t lo_all = lo[0];                       // earliest visible key of any row
+  const int64_t hi = pos[rows - 1];                   // last visible key of any row
+  const int64_t lo_max = lo[rows - 1];                // every row sees [lo_max, pos_min]
+  const int64_t pos_min = pos[0];
+  __m512i pos_v[NV], lo_v[NV];
+  __m512 m[NV], l[NV];
+  for (int v = 0; v < NV; ++v) {
+    pos_v[v] = _mm512_load_si512(pos + v * kLanes);
+    lo_v[v] = _mm512_load_si512(lo + v * kLanes);
+    m[v] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    l[v] = _mm512_setzero_ps();
+  }
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const bool capped = p.soft_cap > 0.f;
+  const __m512 cap = _mm512_set1_ps(p.soft_cap);
+  const __m512 inv_cap = _mm512_set1_ps(capped ? 1.f / p.soft_cap : 0.f);
+  constexpr bool kInPlace = std::is_same_v<T, float>;
+  const bool in_place = kInPlace && D == Dp;
+  // Cache rows 4 KiB or more apart (many kv heads) fall into a few L1 sets; the value step
+  // walks all the chunk's rows once per block of dims, so their values go through the
+  // contiguous copy (measured: 10% faster prefill at 4 KiB, 20% at 16 KiB, no gain at 2 KiB);
+  // keys, read 8 rows at a time, only from 8 KiB.
+  const int64_t row_bytes = tok_stride * static_cast<int64_t>(sizeof(T));
+  const bool k_in_place = row_bytes < 8192;
+  const bool v_in_place = row_bytes < 4096;
+
+  const float* krow[kChunk + kLanes];
+  const float* vrow[kChunk];
+  float* sT = s.sT.data();
+  for (int64_t t0 = lo_all; t0 <= hi;) {
+    const int64_t t1 = std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kChunk});
+    const int64_t n = t1 - t0;
+    const int64_t blk = t0 / p.block_size;
+    const int64_t slot = static_cast<int64_t>(bt[blk]) * p.block_size + t0 % p.block_size;
+    const T* kbase = kc + slot * tok_stride + kv * D;
+    const T* vbase = vc + slot * tok_stride + kv * D;
+    for (int64_t i = 0; i < n; ++i) {
+      if (in_place && k_in_place) {
+        krow[i] = reinterpret_cast<const float*>(kbase + i * tok_stride);
+      } else {
+        float* dst = s.kbuf.data() + i * Dp;
+        const T* src = kbase + i * tok_stride;
+        for_each_vec(Dp, [&](int64_t j, int64_t cnt) {
+          const int64_t valid = std::max<int64_t>(0, std::min(cnt, D - j));
+          (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(dst + j);
+        });
+        krow[i] = dst;
+      }
+    }
+    const int64_t n_pad = (n + TB - 1) / TB * TB;
+    for (int64_t i = n; i < n_pad; ++i) krow[i] = s.zero.data();
+    for (int64_t t = 0; t < n_pad; t += TB) score_tile<NV, TB>(qT, krow + t, D, sT + t * kStride);
+
+    // soft cap, mask, running max
+    const bool full = t0 >= lo_max && t1 - 1 <= pos_min;
+    __m512 mx[NV];
+    for (int v = 0; v < NV; ++v) mx[v] = neg_inf;
+    for (int64_t t = 0; t < n; ++t) {
+      const __m512i tt = _mm512_set1_epi32(static_cast<int32_t>(t0 + t));
+      for (int v = 0; v < NV; ++v) {
+        float* sp = sT + t * kStride + v * kLanes;
+        __m512 x = _mm512_loadu_ps(sp);
+        if (capped) x = _mm512_mul_ps(cap, fast_tanh(_mm512_mul_ps(x, inv_cap)));
+        if (!full) {
+          const __mmask16 vis = _mm512_cmple_epi32_mask(tt, pos_v[v]) &
+                                _mm512_cmpge_epi32_mask(tt, lo_v[v]);
+          x = _mm512_mask_mov_ps(neg_inf, vis, x);
+        }
+        _mm512_storeu_ps(sp, x);
+        mx[v] = _mm512_max_ps(mx[v], x);
+      }
+    }
+    __m512 alpha[NV], m_use[NV];
+    for (int v = 0; v < NV; ++v) {
+      const __m512 m_new = _mm512_max_ps(m[v], mx[v]);
+      // rows with nothing visible yet keep -inf; subtract 0 there so no inf - inf appears
+      m_use[v] = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
+                                    _mm512_setzero_ps());
+      alpha[v] = fVec(_mm512_sub_ps(m[v], m_use[v])).exp_u20();
+      m[v] = m_new;
+    }
+    __m512 sum[NV];
+    for (int v = 0; v < NV; ++v) sum[v] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      for (int v = 0; v < NV; ++v) {
+        float* sp = sT + t * kStride + v * kLanes;
+        const __m512 e = fVec(_mm512_sub_ps(_mm512_loadu_ps(sp), m_use[v])).exp_u20();
+        _mm512_storeu_ps(sp, e);
+        sum[v] = _mm512_add_ps(sum[v], e);
+      }
+    }
+    for (int v = 0; v < NV; ++v) l[v] = _mm512_fmadd_ps(l[v], alpha[v], sum[v]);
+
+    for (int64_t i = 0; i < n; ++i) {
+      if (in_place && v_in_place) {
+        vrow[i] = reinterpret_cast<const float*>(vbase + i * tok_stride);
+      } else {
+        float* dst = s.vbuf.data() + i * Dp;
+        const T* src = vbase + i * tok_stride;
+        for_each_vec(Dp, [&](int64_t j, int64_t cnt) {
+          const int64_t valid = std::max<int64_t>(0, std::min(cnt, D - j));
+          (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(dst + j);
+        });
+        vrow[i] = dst;
+      }
+    }
+    for (int64_t d0 = 0; d0 < Dp; d0 += DB) value_tile<NV, DB>(s.accT.data(), sT, vrow, n, d0, alpha);
+    t0 = t1;
+  }
+
+  alignas(64) float inv[kStride];
+  for (int v = 0; v < NV; ++v) {
+    _mm512_store_ps(inv + v * kLanes, _mm512_div_ps(_mm512_set1_ps(1.f), l[v]));
+  }
+  const float* accT = s.accT.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = w.q_begin + r / G;
+    const int64_t h = kv * G + r % G;
+    T* orow = out + ((q0 + j) * p.num_heads + h) * D;
+    for (int64_t c = 0; c < D; ++c) orow[c] = static_cast<T>(accT[c * kStride + r] * inv[r]);
+  }
+}
+
+}  // namespace pa_tile
+}  // namespace opmux_cpu
+#endif  // CPU_CAPABILITY_AVX512
