@@ -68,14 +68,15 @@ def main() -> None:
     assert one.dispatch(x, y).provider == "fast" and three.dispatch(x, y).provider == "second"
 
     with opmux.enable_torch_wrap(False):
-        eager_one, eager_three = type(one).__call__, type(three).__call__
+        # the __call__ functions enable_torch_wrap(False) installs, bound to their ops
+        eager_one = type(one).__call__.__get__(one)
+        eager_three = type(three).__call__.__get__(three)
     cases: dict[str, Callable[[], Any]] = {
         "plain call": lambda: add(x, y),
         "Library.define/impl op": lambda: bare(x, y),
         "torch.library.custom_op": lambda: co_add(x, y),
         "opmux wrap on, 1 provider": lambda: one(x, y),
         "opmux wrap on, 3 providers": lambda: three(x, y),
-        # the exact callables enable_torch_wrap(False) installs as the ops' __call__
         "opmux wrap off, 1 provider": lambda: eager_one(x, y),
         "opmux wrap off, 3 providers": lambda: eager_three(x, y),
     }

@@ -190,7 +190,10 @@ class Op:
         return self.torch_op(*args, **kwargs)
 
     def _install_call(self, wrap: bool) -> None:
-        target = self.torch_op if wrap else self._eager
+        if not wrap:
+            setattr(type(self), "__call__", self._eager)  # noqa: B010
+            return
+        target = self.torch_op
 
         def __call__(_self: Any, *args: Any, **kwargs: Any) -> Any:
             return target(*args, **kwargs)
@@ -203,12 +206,14 @@ class Op:
         torch_op = self.torch_op
         loaded = self._registry._loaded
         ensure_loaded = self._registry._ensure_loaded
-        is_compiling = torch.compiler.is_compiling
+        # Dynamo evaluates this as True while tracing; plain calls get a constant False
+        is_compiling = torch.compiler.is_dynamo_compiling
         keymap = DEVICE_TYPE_TO_KEY
         tensor = torch.Tensor
 
-        def eager(*args: Any, **kwargs: Any) -> Any:
-            # HOT PATH (torch wrap off): a plain call of the selected provider.
+        def eager(_self: Any, *args: Any, **kwargs: Any) -> Any:
+            # HOT PATH (torch wrap off): a plain call of the selected provider. Installed as
+            # the op class's __call__ (hence _self).
             if is_compiling():
                 return torch_op(*args, **kwargs)
             if not loaded[0]:
