@@ -130,18 +130,24 @@ class OpImpl:
 class _KeyChain:
     """The providers of one dispatch key, in priority order (mutable holder)."""
 
-    __slots__ = ("chain", "key", "pairs")
+    __slots__ = ("chain", "direct", "key", "pairs")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.chain: tuple[OpImpl, ...] = ()
         #: ``(supports_args, fn)`` of each chain entry: what the hot path reads.
         self.pairs: tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...] = ()
+        #: the first provider's function when it takes every call (no ``supports_args``)
+        self.direct: Callable[..., Any] | None = None
 
     def set(self, chain: tuple[OpImpl, ...]) -> None:
-        # pairs first: a reader of pairs never sees a chain without its pairs
+        # readers see either the old or the new selection, never a mix: clear the shortcut,
+        # publish the pairs, then the new shortcut
+        self.direct = None
         self.pairs = tuple((impl.supports_args, impl.fn) for impl in chain)
         self.chain = chain
+        if chain and chain[0].supports_args is None:
+            self.direct = chain[0].fn
 
 
 _LAYERS: Final = ("code", "env", "plugins", "platform")
@@ -227,6 +233,9 @@ class Op:
                 key = _key_of(args, kwargs)
             holder = chains.get(key)
             if holder is not None:
+                direct = holder.direct
+                if direct is not None:
+                    return direct(*args, **kwargs)
                 for pred, fn in holder.pairs:
                     if pred is None or pred(*args, **kwargs):
                         return fn(*args, **kwargs)
@@ -243,6 +252,9 @@ class Op:
             # HOT PATH: the torch dispatcher calls this with every argument positional.
             if not loaded[0]:
                 ensure_loaded()
+            direct = holder.direct
+            if direct is not None:
+                return direct(*args)
             for pred, fn in holder.pairs:
                 if pred is None or pred(*args):
                     return fn(*args)
