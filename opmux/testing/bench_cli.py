@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -55,20 +54,12 @@ def _time_providers(op: Any, providers: list[str], device: str,
 
 def run(ns: argparse.Namespace) -> int:
     """Run ``opmux bench`` with parsed options; returns the exit status."""
-    import opmux
     from opmux.testing.cases import has_cases
+    from opmux.testing.check_cli import select_ops
 
-    opmux.load_plugins()
-    ops = opmux.list_ops()
-    if ns.op:
-        by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops
-                                                 if o.namespace == "opmux"}
-        unknown = [name for name in ns.op if name not in by_name]
-        if unknown:
-            print(f"opmux bench: unknown op(s) {unknown}; known: "
-                  f"{sorted(o.qualname for o in ops)}", file=sys.stderr)
-            return 2
-        ops = [by_name[name] for name in dict.fromkeys(ns.op)]
+    ops = select_ops(ns.op, "bench")
+    if ops is None:
+        return 2
     rows: list[dict[str, Any]] = []
     for op in ops:
         providers = [p for p, impl in op.impls.items() if impl.supported]

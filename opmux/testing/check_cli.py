@@ -36,22 +36,32 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def select_ops(names: list[str], command: str) -> list[Any] | None:
+    """The ops named on the command line (all when none), plugins loaded; ``None`` after
+    printing the error when a name is unknown."""
+    import opmux
+
+    opmux.load_plugins()
+    ops = opmux.list_ops()
+    if not names:
+        return ops
+    by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops if o.namespace == "opmux"}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        print(f"opmux {command}: unknown op(s) {unknown}; known: "
+              f"{sorted(o.qualname for o in ops)}", file=sys.stderr)
+        return None
+    return [by_name[name] for name in dict.fromkeys(names)]
+
+
 def run(ns: argparse.Namespace) -> int:
     """Run ``opmux check`` with parsed options; returns the exit status."""
     import opmux
     from opmux.testing.conformance import ProviderReport, check_provider
 
-    opmux.load_plugins()
-    ops = opmux.list_ops()
-    if ns.op:
-        by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops
-                                                 if o.namespace == "opmux"}
-        unknown = [name for name in ns.op if name not in by_name]
-        if unknown:
-            print(f"opmux check: unknown op(s) {unknown}; known: "
-                  f"{sorted(o.qualname for o in ops)}", file=sys.stderr)
-            return 2
-        ops = [by_name[name] for name in dict.fromkeys(ns.op)]
+    ops = select_ops(ns.op, "check")
+    if ops is None:
+        return 2
     known = sorted({p for o in opmux.list_ops() for p in o.impls} - {"native"})
     bad = [p for p in ns.provider if p not in known]
     if bad:
