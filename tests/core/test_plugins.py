@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import opmux
-from opmux.core import plugins
+from opmux.core import plugins, runtime
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def _report() -> dict[str, opmux.PluginRecord]:
 def test_good_plugin_loads_and_serves(fake: FakePlugins, registry: opmux.OpRegistry,
                                       reg_op: opmux.Op) -> None:
     fake.add("good", register=_provider(reg_op, "good", 10))
-    plugins._load_into(registry)
+    runtime._start(registry)
     rec = _report()["good"]
     assert rec.status == "loaded" and rec.providers == [f"{reg_op.qualname}:good"]
     assert reg_op(torch.zeros(1)).item() == 10.0
@@ -96,7 +96,7 @@ def test_broken_plugins_are_isolated_and_rolled_back(
     fake.add("good", register=_provider(reg_op, "good", 10))
     fake.add("z_dup", register=lambda registry, platform: (
         _provider(reg_op, "good", 30)(registry, platform)))
-    plugins._load_into(registry)
+    runtime._start(registry)
     rep = _report()
     assert rep["good"].status == "loaded", rep["good"].reason
     assert rep["a_import"].status == "failed"
@@ -117,7 +117,7 @@ def test_strict_mode_makes_failures_fatal(fake: FakePlugins, registry: opmux.OpR
     monkeypatch.setenv("OPMUX_STRICT_PLUGINS", "1")
     fake.add("broken", module_value="_opmux_no_such_module_xyz")
     with pytest.raises(opmux.PluginLoadError, match="plugin 'broken' failed") as info:
-        plugins._load_into(registry)
+        runtime._start(registry)
     assert info.value.plugin == "broken"
 
 
@@ -126,7 +126,7 @@ def test_allow_list(fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux
     monkeypatch.setenv("OPMUX_PLUGINS", "good")
     fake.add("good", register=_provider(reg_op, "good", 10))
     fake.add("other", register=_provider(reg_op, "other", 20))
-    plugins._load_into(registry)
+    runtime._start(registry)
     rep = _report()
     assert rep["good"].status == "loaded"
     assert rep["other"].status == "skipped" and "OPMUX_PLUGINS" in rep["other"].reason
@@ -139,7 +139,7 @@ def test_platform_mismatch_is_skipped_before_register(
         raise AssertionError("a plugin for another platform must not register")
 
     fake.add("gpu_only", platforms=["cuda"], register=must_not_run)
-    plugins._load_into(registry)
+    runtime._start(registry)
     rec = _report()["gpu_only"]
     assert rec.status == "skipped" and "platform mismatch" in rec.reason
 
@@ -152,8 +152,8 @@ def test_loading_is_idempotent(fake: FakePlugins, registry: opmux.OpRegistry,
         calls.append(1)
 
     fake.add("counted", register=register)
-    plugins._load_into(registry)
-    plugins._load_into(registry)
+    runtime._start(registry)
+    runtime._start(registry)
     assert calls == [1]
 
 
@@ -171,7 +171,7 @@ def test_plugin_default_priority_and_env_priority_compose(
     fake.add("ab", register=register,
              extra={"opmux_default_priority": opmux.hookimpl(prefer_b)})
     monkeypatch.setenv("OPMUX_PRIORITY", f"{reg_op.qualname}=a,native")
-    plugins._load_into(registry)
+    runtime._start(registry)
     assert reg_op.priority() == ["a", "native"] and reg_op.priority_source() == "env"
     reg_op._set_layer("env", None)
     assert reg_op.priority_source() == "plugins" and reg_op(torch.zeros(1)).item() == 20.0
@@ -189,7 +189,7 @@ def test_bad_env_priority_says_which_part(fake: FakePlugins, registry: opmux.OpR
                                           value: str, message: str) -> None:
     monkeypatch.setenv("OPMUX_PRIORITY", value.format(op=reg_op.qualname))
     with pytest.raises(opmux.ConfigError, match=message):
-        plugins._load_into(registry)
+        runtime._start(registry)
 
 
 def test_oot_platforms(fake: FakePlugins, monkeypatch: pytest.MonkeyPatch) -> None:
