@@ -2,75 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
-import types
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
+from fake_plugins import FakePlugins
+from fake_plugins import provider as _provider
+from fake_plugins import report as _report
 
 import opmux
 from opmux.core import plugins, runtime
-
-
-@pytest.fixture
-def reg_op(registry: opmux.OpRegistry, ns: str) -> opmux.Op:
-    @opmux.register_op(namespace=ns, registry=registry)
-    def inc(x: torch.Tensor) -> torch.Tensor:
-        return x + 1
-
-    return inc
-
-
-class FakePlugins:
-    """Builds plugin modules in ``sys.modules`` and serves them as entry points."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.eps: list[importlib.metadata.EntryPoint] = []
-        self.monkeypatch = monkeypatch
-        monkeypatch.setattr(plugins, "_entry_points", lambda: list(self.eps))
-
-    def add(self, name: str, *, platforms: list[str] | None = None,
-            register: Callable[..., None] | None = None, info: Any = None,
-            module_value: str | None = None, extra: dict[str, Any] | None = None) -> None:
-        modname = f"_opmux_test_plugin_{name}"
-        if module_value is None:
-            mod = types.ModuleType(modname)
-
-            @opmux.hookimpl
-            def opmux_plugin_info() -> Any:
-                return info if info is not None else {"name": name,
-                                                      "platforms": platforms or ["*"]}
-
-            mod.opmux_plugin_info = opmux_plugin_info  # type: ignore[attr-defined]
-            if register is not None:
-                mod.opmux_register = opmux.hookimpl(register)  # type: ignore[attr-defined]
-            for key, value in (extra or {}).items():
-                setattr(mod, key, value)
-            self.monkeypatch.setitem(sys.modules, modname, mod)
-        self.eps.append(importlib.metadata.EntryPoint(
-            name, module_value or modname, plugins.PLUGIN_GROUP))
-
-
-@pytest.fixture
-def fake(fresh_plugins: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePlugins]:
-    yield FakePlugins(monkeypatch)
-
-
-def _provider(op: opmux.Op, name: str, delta: float) -> Callable[..., None]:
-    def register(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
-        def impl(x: torch.Tensor) -> torch.Tensor:
-            return x + delta
-
-        registry.get_op(op.qualname).register_impl(name, dispatch_key="CPU")(impl)
-
-    return register
-
-
-def _report() -> dict[str, opmux.PluginRecord]:
-    return {r.name: r for r in opmux.plugin_report()}
 
 
 def test_good_plugin_loads_and_serves(fake: FakePlugins, registry: opmux.OpRegistry,
