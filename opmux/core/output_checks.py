@@ -87,7 +87,7 @@ def _expected(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _compare(label: str, got: Any, want: Any) -> str | None:
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"{type(got).__name__} as {label}, expected a Tensor"
+            return f"{_describe(got)} as {label}, expected a Tensor"
         for what, g, w in (("dtype", got.dtype, want.dtype), ("shape", tuple(got.shape),
                            tuple(want.shape)), ("device", got.device, want.device)):
             if g != w:
@@ -108,7 +108,7 @@ def _compare(label: str, got: Any, want: Any) -> str | None:
 
 def _describe(value: Any) -> str:
     if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}"
+        return f"{type(value).__name__} of {len(value)}"
     return "None" if value is None else type(value).__name__
 
 
