@@ -320,11 +320,13 @@ class Op:
 
     @property
     def impls(self) -> dict[str, OpImpl]:
-        """``{provider: OpImpl}``, native included (a copy)."""
+        """``{provider: OpImpl}``, native included (a copy; start-up runs first)."""
+        self._registry._ensure_loaded()
         return dict(self._impls)
 
     def supported_providers(self) -> list[str]:
         """Names of the providers that are supported here, in registration order."""
+        self._registry._ensure_loaded()
         return [name for name, impl in self._impls.items() if impl.supported]
 
     def priority(self) -> list[str]:

@@ -88,10 +88,10 @@ def _compare(label: str, got: Any, want: Any) -> str | None:
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"{_describe(got)} as {label}, expected a Tensor"
-        for what, g, w in (("dtype", got.dtype, want.dtype), ("shape", tuple(got.shape),
-                           tuple(want.shape)), ("device", got.device, want.device)):
+        for what, g, w in (("dtype", got.dtype, want.dtype), ("shape", list(got.shape),
+                           list(want.shape)), ("device", got.device, want.device)):
             if g != w:
-                return f"{label} with {what} {g}, expected {w}"
+                return f"{label} with {what} {g} (expected {what} {w})"
         return None
     if isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import torch
 
-from opmux.core.errors import ProviderUnavailableError
+from opmux.core.errors import ProviderOutputError, ProviderUnavailableError
 from opmux.core.op import NATIVE, Op
 from opmux.core.output_checks import checked
 from opmux.testing.cases import Case, cases_for, has_cases
@@ -229,6 +229,9 @@ def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device
     start = time.perf_counter()
     try:
         got = checked(the_op, impl)(*args, **kwargs)
+    except ProviderOutputError as exc:
+        result.status, result.message = "fail", str(exc)
+        return result
     except Exception as exc:
         result.status = "error"
         result.message = f"provider raised {type(exc).__name__}: {exc}"
