@@ -49,6 +49,27 @@ def test_fullgraph_compile_has_no_graph_breaks(
     torch._dynamo.reset()
 
 
+def test_priorities_are_set_outside_the_compiled_region(
+        three_ops: tuple[opmux.Op, opmux.Op, opmux.Op]) -> None:
+    double = three_ops[0]
+    compiled = torch.compile(lambda x: double(x) + 1, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    assert compiled(x).tolist() == [13.0, 13.0]  # cpu_mark: 2 + 10, then + 1
+    with double.set_priority(["native"]):  # around the compiled call: applies at run time
+        assert compiled(x).tolist() == [3.0, 3.0]
+    assert compiled(x).tolist() == [13.0, 13.0]
+
+    def scoped_inside(x: torch.Tensor) -> torch.Tensor:
+        with double.set_priority(["native"]):
+            return double(x)
+
+    # the documented rule: a priority scope inside a fullgraph region is not traceable
+    # (torch's message varies by version: "Unsupported context manager", ...)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(scoped_inside, fullgraph=True, backend="eager")(x)
+    torch._dynamo.reset()
+
+
 def test_opcheck_passes(three_ops: tuple[opmux.Op, opmux.Op, opmux.Op]) -> None:
     double, shift, split_sum = three_ops
     x = torch.randn(3, 5)
