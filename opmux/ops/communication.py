@@ -128,13 +128,14 @@ def all_gather(x: Tensor, dim: int, group_name: str) -> Tensor:
     import torch.distributed as dist
 
     world = group.size()  # type: ignore[attr-defined]
-    stacked = torch.empty((world, *x.shape), dtype=x.dtype, device=x.device)
     if not x.numel():
-        return stacked.view(shape) if d == 0 else x.new_empty(shape)
+        return x.new_empty(shape)
+    # rank blocks stacked along dim 0 (the layout c10d gathers into)
+    stacked = torch.empty((world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(stacked, x.contiguous(), group=group)  # type: ignore[arg-type]
     if d == 0:
-        return stacked.view(shape)
-    return stacked.movedim(0, d).reshape(shape).contiguous()
+        return stacked
+    return stacked.view(world, *x.shape).movedim(0, d).reshape(shape)
 
 
 @all_gather.register_fake
