@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 import opmux
 import opmux.distributed as od

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _tp_worker as worker
 import pytest
 import torch
 
-import _tp_worker as worker
 import opmux.distributed as od
 
 WORKER = Path(worker.__file__)
