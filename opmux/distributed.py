@@ -255,12 +255,17 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
                 kwargs["timeout"] = timeout
             dist.init_process_group(**kwargs)
             owns = True
-        if group is None:
-            group = _split_world(dist, tensor_parallel_size)
-        elif tensor_parallel_size is not None and tensor_parallel_size != group.size():
-            raise DistributedError(
-                f"tensor_parallel_size={tensor_parallel_size} but the given group has "
-                f"{group.size()} ranks")
+        try:
+            if group is None:
+                group = _split_world(dist, tensor_parallel_size)
+            elif tensor_parallel_size is not None and tensor_parallel_size != group.size():
+                raise DistributedError(
+                    f"tensor_parallel_size={tensor_parallel_size} but the given group has "
+                    f"{group.size()} ranks")
+        except BaseException:
+            if owns:  # leave nothing behind on failure
+                dist.destroy_process_group()
+            raise
         state = TensorParallelGroup(name, group.rank(), group.size(), group,
                                     dist.get_backend(group), owns)
         _GROUPS[name] = group

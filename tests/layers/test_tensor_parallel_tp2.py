@@ -8,6 +8,7 @@ where no group is initialised (TP=1), or reads one rank-only check's verdict.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -17,13 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _tp_worker as worker
 import pytest
 import torch
 
 import opmux.distributed as od
 
-WORKER = Path(worker.__file__)
+WORKER = Path(__file__).with_name("_tp_worker.py")
+_spec = importlib.util.spec_from_file_location("opmux_tests_tp_worker", WORKER)
+assert _spec is not None and _spec.loader is not None
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
 TIMEOUT_S = 150
 WORLD = 2
 
