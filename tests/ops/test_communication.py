@@ -131,3 +131,14 @@ def test_a_vendor_collective_wins_by_priority() -> None:
             assert torch.equal(op(x, "tp"), x)
     finally:
         op.unregister_impl("test_marked")
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_conformance_cases_and_opcheck(name: str) -> None:
+    from opmux.testing import cases_for, run_opcheck
+
+    cases = cases_for(name)
+    assert len(cases) >= 5 and any("transposed" in c.name for c in cases)
+    results = run_opcheck(name, cases=cases[:4])
+    for per_case in results.values():
+        assert set(per_case.values()) == {"SUCCESS"}, per_case
