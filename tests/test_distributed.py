@@ -103,3 +103,18 @@ def test_adopt_an_engine_group_and_register_more_names() -> None:
     finally:
         od._reset_for_tests()
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("module", ["opmux.distributed", "opmux.layers.linear",
+                                    "opmux.layers.embedding", "opmux.layers.logits"])
+def test_doctests(module: str) -> None:
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_public_access() -> None:
+    assert opmux.distributed is od  # type: ignore[attr-defined]
+    assert {"all_reduce", "all_gather", "reduce_scatter"} <= set(opmux.ops.__all__)

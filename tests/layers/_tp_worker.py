@@ -185,6 +185,7 @@ def check_comm_ops(rank: int) -> str:
     x = xs[rank]
     torch.testing.assert_close(ops.all_reduce(x, "tp"), xs[0] + xs[1], rtol=0, atol=0)
     torch.testing.assert_close(ops.all_reduce(x.t(), "tp"), (xs[0] + xs[1]).t())  # strided
+    torch.testing.assert_close(ops.all_reduce(x.bfloat16(), "tp"), (xs[0] + xs[1]).bfloat16())
     for dim in (0, 1, -1):
         torch.testing.assert_close(ops.all_gather(x, dim, "tp"), torch.cat(xs, dim))
     for dim in (0, 1):
