@@ -5,7 +5,8 @@ contiguous shards across the TP ranks; added (LoRA) tokens, if any, are padded a
 separately and sit after the base shard on each rank, as in vLLM. A lookup maps each
 token id into this rank's shard, looks it up (ids outside the shard read row 0 and are
 zeroed) and all-reduces the partial embeddings through the catalog op
-:func:`~opmux.ops.communication.all_reduce`; exactly one rank contributes each row.
+:func:`~opmux.ops.communication.all_reduce_` (in place on the fresh lookup); exactly one
+rank contributes each row.
 
 Differences from vLLM: ``quant_config`` must be ``None``, and ``quant_method`` /
 ``parallel_group`` (a vLLM ``GroupCoordinator``) are not accepted: the TP group comes
@@ -41,7 +42,7 @@ from opmux.layers._tensor_parallel import (
     set_weight_attrs,
     tp_coords,
 )
-from opmux.ops.communication import all_reduce
+from opmux.ops.communication import all_reduce_
 
 __all__ = [
     "DEFAULT_VOCAB_PADDING_SIZE",
@@ -208,7 +209,7 @@ class VocabParallelEmbedding(CustomOp):
         output = F.embedding(local.long(), self.weight)
         output = output.masked_fill(~mine.unsqueeze(-1), 0)
         if self.reduce_results:
-            output = all_reduce(output, self.tp_group_name)
+            all_reduce_(output, self.tp_group_name)  # our own fresh tensor: no copy
         return output
 
     def extra_repr(self) -> str:

@@ -10,8 +10,9 @@ Sharding follows the TP group of :mod:`opmux.distributed` read at construction:
 (its outputs are this rank's slice; ``gather_output`` all-gathers them),
 :class:`RowParallelLinear` keeps columns of the input dimension and all-reduces partial
 sums (``reduce_results``). Communication goes through the catalog ops
-:func:`~opmux.ops.communication.all_gather` / :func:`~opmux.ops.communication.all_reduce`,
-so a vendor's collective serves the layers. Every ``weight_loader(param, loaded_weight
+:func:`~opmux.ops.communication.all_gather` / :func:`~opmux.ops.communication.all_reduce_`
+(in place, on the layer's own fresh partial output), so a vendor's collective serves the
+layers. Every ``weight_loader(param, loaded_weight
 [, loaded_shard_id])`` takes the FULL checkpoint tensor and keeps this rank's shard.
 
 Differences from vLLM: ``quant_config`` must be ``None`` (a config raises
@@ -47,7 +48,7 @@ from opmux.layers._tensor_parallel import (
     set_weight_attrs,
     tp_coords,
 )
-from opmux.ops.communication import all_gather, all_reduce
+from opmux.ops.communication import all_gather, all_reduce_
 
 __all__ = [
     "ColumnParallelLinear",
@@ -405,7 +406,7 @@ class RowParallelLinear(LinearBase):
         bias = None if (self.tp_rank > 0 or self.skip_bias_add) else self.bias
         output = F.linear(input_parallel, self.weight, bias)
         if self.reduce_results and self.tp_size > 1:
-            output = all_reduce(output, self.tp_group_name)
+            all_reduce_(output, self.tp_group_name)  # our own fresh tensor: no copy
         return self._result(output)
 
     def extra_repr(self) -> str:

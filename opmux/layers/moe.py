@@ -16,7 +16,7 @@ Tensor parallelism (#15): each TP rank of :mod:`opmux.distributed` holds every e
 with a ``1/tp`` slice of its intermediate dimension (``w13_weight [E, 2I/tp, d]``: this
 rank's gate rows, then its up rows; ``w2_weight [E, d, I/tp]``), and the shared experts
 likewise; each rank computes partial sums that are all-reduced through the catalog op
-:func:`~opmux.ops.communication.all_reduce` (``reduce_results=True``, outside the layer
+:func:`~opmux.ops.communication.all_reduce_` (``reduce_results=True``, outside the layer
 op, so a compiled graph shows the collective). The router is replicated.
 :meth:`FusedMoE.weight_loader` takes full checkpoint tensors and keeps this rank's slice.
 
@@ -42,7 +42,7 @@ from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
 from opmux.distributed import divide
 from opmux.layers._tensor_parallel import copy_checked, narrow_full, tp_coords
-from opmux.ops.communication import all_reduce
+from opmux.ops.communication import all_reduce_
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 
 __all__ = ["FusedMoE", "SharedExpertsMLP", "moe_forward", "moe_forward_shared"]
@@ -251,7 +251,7 @@ class FusedMoE(CustomOp):
 
     def _reduce(self, t: Tensor) -> Tensor:
         if self.reduce_results and self.tp_size > 1:
-            return all_reduce(t, self.tp_group_name)  # type: ignore[no-any-return]
+            all_reduce_(t, self.tp_group_name)  # the experts' fresh partial sums: no copy
         return t
 
     def forward_native(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:

@@ -12,8 +12,12 @@ all-reduce on CPU, a custom all-reduce on CUDA) and wins by priority::
     opmux.ops.all_reduce.set_default_priority(["shm", "native"])
 
 The ops are functional: the result is a new tensor (contiguous), the input is never
-written. A group of size 1 (or a name nothing knows while ``torch.distributed`` is not
-initialised) makes every op a copy of its input. Under ``torch.compile(fullgraph=True)``
+written. ``all_reduce_`` is the in-place variant (declared as mutating ``x``) for callers
+that own the tensor, such as the tensor-parallel layers reducing their own fresh partial
+outputs: it saves the copy a functional all-reduce must make (a vendor serving both
+registers a provider for each). A group of size 1 (or a name nothing knows while
+``torch.distributed`` is not initialised) makes every op a copy of its input, and
+``all_reduce_`` a no-op. Under ``torch.compile(fullgraph=True)``
 each op is one opaque node; its fake only needs the group's size.
 
 Reductions are sums (``tensor_model_parallel_all_reduce`` semantics).
@@ -21,17 +25,17 @@ Reductions are sums (``tensor_model_parallel_all_reduce`` semantics).
 
 # no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from opmux.core.errors import OpInputError, OpmuxError
 from opmux.core.registry import register_op
+from opmux.distributed import resolve_group
 
-__all__ = ["all_gather", "all_reduce", "group_size", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce", "all_reduce_", "group_size", "reduce_scatter"]
 
 
 def _group(op: str, provider: str, group_name: str) -> object:
-    from opmux.distributed import resolve_group
-
     try:
         return resolve_group(group_name)
     except OpmuxError as exc:
@@ -100,8 +104,6 @@ def all_reduce(x: Tensor, group_name: str) -> Tensor:
     out = x.clone(memory_format=torch.contiguous_format)
     if group is None or group.size() == 1 or not out.numel():  # type: ignore[attr-defined]
         return out
-    import torch.distributed as dist
-
     dist.all_reduce(out, group=group)  # type: ignore[arg-type]
     return out
 
@@ -109,6 +111,30 @@ def all_reduce(x: Tensor, group_name: str) -> Tensor:
 @all_reduce.register_fake
 def _all_reduce_fake(x: Tensor, group_name: str) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@register_op(name="all_reduce_", mutates_args=("x",))
+def all_reduce_(x: Tensor, group_name: str) -> None:
+    """In-place :func:`all_reduce`: ``x`` becomes the sum over the ranks.
+
+    :param x: a contiguous tensor the caller owns (same shape and dtype on every rank).
+    :param group_name: the group (see :func:`all_reduce`).
+    :raises opmux.OpInputError: a non-contiguous ``x``, or an unknown group.
+    """
+    if not x.is_contiguous():
+        raise OpInputError(f"all_reduce_ [native]: argument 'x': expected a contiguous "
+                           f"tensor (reduced in place), got strides {x.stride()} for shape "
+                           f"{tuple(x.shape)}", op="opmux::all_reduce_", provider="native",
+                           argument="x")
+    group = _group("all_reduce_", "native", group_name)
+    if group is None or group.size() == 1 or not x.numel():  # type: ignore[attr-defined]
+        return
+    dist.all_reduce(x, group=group)  # type: ignore[arg-type]
+
+
+@all_reduce_.register_fake
+def _all_reduce_inplace_fake(x: Tensor, group_name: str) -> None:
+    return None
 
 
 @register_op
@@ -125,8 +151,6 @@ def all_gather(x: Tensor, dim: int, group_name: str) -> Tensor:
     group = _group("all_gather", "native", group_name)
     if group is None or group.size() == 1:  # type: ignore[attr-defined]
         return x.clone(memory_format=torch.contiguous_format)
-    import torch.distributed as dist
-
     world = group.size()  # type: ignore[attr-defined]
     if not x.numel():
         return x.new_empty(shape)
@@ -160,8 +184,6 @@ def reduce_scatter(x: Tensor, dim: int, group_name: str) -> Tensor:
         return x.clone(memory_format=torch.contiguous_format)
     if not x.numel():
         return x.new_empty(shape)
-    import torch.distributed as dist
-
     moved = x.movedim(d, 0).contiguous()
     out = torch.empty((moved.shape[0] // world, *moved.shape[1:]), dtype=x.dtype,
                       device=x.device)

@@ -37,6 +37,12 @@ def all_reduce_cases() -> Iterator[Case]:
         yield Case(name, (x, _GROUP))
 
 
+def all_reduce_inplace_cases() -> Iterator[Case]:
+    """Cases of ``all_reduce_`` (contiguous inputs: it reduces in place)."""
+    for name, x in _inputs():
+        yield Case(name, (x.contiguous(), _GROUP))
+
+
 def all_gather_cases() -> Iterator[Case]:
     """Cases of ``all_gather`` (first, last and negative dims)."""
     for name, x in _inputs():
@@ -54,5 +60,6 @@ def reduce_scatter_cases() -> Iterator[Case]:
 def register_communication_cases() -> None:
     """Register the generators above (idempotent)."""
     register_cases("all_reduce", all_reduce_cases, replace=True)
+    register_cases("all_reduce_", all_reduce_inplace_cases, replace=True)
     register_cases("all_gather", all_gather_cases, replace=True)
     register_cases("reduce_scatter", reduce_scatter_cases, replace=True)

@@ -192,6 +192,9 @@ def check_comm_ops(rank: int) -> str:
         want = (xs[0] + xs[1]).chunk(2, dim)[rank]
         torch.testing.assert_close(ops.reduce_scatter(x, dim, "tp"), want)
     assert ops.all_reduce(x, "tp") is not x and torch.equal(x, xs[rank])  # input untouched
+    owned = x.clone()
+    ops.all_reduce_(owned, "tp")
+    torch.testing.assert_close(owned, xs[0] + xs[1], rtol=0, atol=0)
     torch.testing.assert_close(ops.all_reduce(torch.zeros(0, 3), "tp"), torch.zeros(0, 3))
     try:
         ops.reduce_scatter(torch.ones(3, 2), 0, "tp")
@@ -223,6 +226,27 @@ def check_vendor_provider(rank: int) -> str:
     finally:
         op.unregister_impl("test_gather_sum")
     assert op.dispatch(x, "tp").provider == "native"
+    # the layers reduce in place: a vendor's in-place collective serves them
+    inplace = opmux.ops.all_reduce_
+    inplace_calls = []
+
+    def gather_sum_(x: torch.Tensor, group_name: str) -> None:
+        inplace_calls.append(group_name)
+        x.copy_(opmux.ops.all_gather(x.unsqueeze(0), 0, group_name).sum(0))
+
+    inplace.register_impl("test_gather_sum_", dispatch_key="CPU")(gather_sum_)
+    try:
+        row = RowParallelLinear(8, 4, bias=False, input_is_parallel=False, return_bias=False)
+        row.weight_loader(row.weight, _w(91, 4, 8))
+        x = _w(92, 3, 8)
+        with inplace.set_priority(["native"]):
+            want = row(x)
+        with inplace.set_priority(["test_gather_sum_", "native"]):
+            got = row(x)
+        torch.testing.assert_close(got, want)
+        assert inplace_calls == ["tp"], inplace_calls
+    finally:
+        inplace.unregister_impl("test_gather_sum_")
     return "ok"
 
 

@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opmux
 import opmux.distributed as od
-from opmux.ops import all_gather, all_reduce, reduce_scatter
+from opmux.ops import all_gather, all_reduce, all_reduce_, reduce_scatter
 
 
 @pytest.fixture(autouse=True)
@@ -32,11 +32,11 @@ class _FakeGroup:
 
 
 def test_comm_ops_are_catalog_ops() -> None:
-    for name in ("all_reduce", "all_gather", "reduce_scatter"):
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_reduce_"):
         op = opmux.get_op(name)
         assert getattr(opmux.ops, name) is op
         assert op.torch_op is getattr(torch.ops.opmux, name).default
-        assert op.mutates_args == ()
+        assert op.mutates_args == (("x",) if name == "all_reduce_" else ())
     assert "str group_name" in all_reduce.schema and "dim, str group_name" in all_gather.schema
 
 
@@ -55,6 +55,8 @@ def test_size_one_group_is_a_copy(make: object) -> None:
         assert torch.equal(out, x) and out.dtype == x.dtype
         assert out.is_contiguous() and out.data_ptr() != x.data_ptr()
     assert torch.equal(x, before)
+    owned = x.contiguous()
+    assert all_reduce_(owned, "tp") is None and torch.equal(owned, before)
 
 
 def test_argument_errors_name_op_and_argument() -> None:
@@ -64,6 +66,9 @@ def test_argument_errors_name_op_and_argument() -> None:
     assert info.value.argument == "dim"
     with pytest.raises(opmux.OpInputError, match="0-d tensor"):
         reduce_scatter(torch.tensor(1.0), 0, "tp")
+    with pytest.raises(opmux.OpInputError, match=r"all_reduce_ \[native\]: argument 'x': "
+                       r"expected a contiguous tensor"):
+        all_reduce_(torch.ones(3, 4).t(), "tp")
 
 
 def test_unknown_group_while_distributed_is_initialised_is_an_error() -> None:
@@ -103,7 +108,9 @@ def test_fullgraph_compile_has_no_graph_break() -> None:
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         y = all_reduce(x * 2, "tp")
-        return reduce_scatter(all_gather(y, 1, "tp"), 0, "tp") + 1
+        z = reduce_scatter(all_gather(y, 1, "tp"), 0, "tp")
+        all_reduce_(z, "tp")
+        return z + 1
 
     x = torch.randn(4, 3)
     _dynamo.reset()
@@ -133,7 +140,23 @@ def test_a_vendor_collective_wins_by_priority() -> None:
         op.unregister_impl("test_marked")
 
 
-@pytest.mark.parametrize("name", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_a_vendor_in_place_collective_wins_by_priority() -> None:
+    op = opmux.ops.all_reduce_
+
+    def marked(x: torch.Tensor, group_name: str) -> None:
+        x.add_(10)
+
+    op.register_impl("test_marked_", dispatch_key="CPU")(marked)
+    try:
+        x = torch.zeros(3)
+        with op.set_priority(["test_marked_", "native"]):
+            op(x, "tp")
+        assert torch.equal(x, torch.full((3,), 10.0))
+    finally:
+        op.unregister_impl("test_marked_")
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather", "reduce_scatter", "all_reduce_"])
 def test_conformance_cases_and_opcheck(name: str) -> None:
     from opmux.testing import cases_for, run_opcheck
 
