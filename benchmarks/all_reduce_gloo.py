@@ -11,7 +11,8 @@ size from 4 KiB to 64 MiB (fp32), in the same run and interleaved:
 * ``opmux_``   : ``opmux.ops.all_reduce_(t, "tp")`` (in place, as the layers call it).
 
 Each contender runs a batch of back-to-back calls (the collectives keep the ranks in
-step); batches take turns so load from other processes hits every contender alike.
+step); batches take turns so load from other processes hits every contender alike, and
+the turn order rotates between rounds (median of the rounds' medians).
 Printed: median µs per call, algorithm bandwidth (bytes / time; equal to the bus
 bandwidth for 2 ranks) and the ratios opmux / clone+dist (the functional op against the
 same work done by hand) and opmux_ / dist (the in-place op against plain dist).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -73,9 +75,15 @@ def rank_main(quick: bool) -> None:
             "opmux": _batch(lambda t=t: all_reduce(t, "tp"), calls),
             "opmux_": _batch(lambda t=t: all_reduce_(t, "tp"), calls),
         }
-        dist.barrier()
-        ms = interleaved_ms(fns, iters=5 if quick else 25)
-        per_call = {k: v / calls for k, v in ms.items()}
+        # rotate the order between rounds: no contender always runs right after the barrier
+        names = list(fns)
+        medians: dict[str, list[float]] = {name: [] for name in names}
+        for shift in range(len(names) * (1 if quick else 3)):
+            order = names[shift % len(names):] + names[:shift % len(names)]
+            dist.barrier()
+            for name, value in interleaved_ms({n: fns[n] for n in order}, iters=5).items():
+                medians[name].append(value)
+        per_call = {k: statistics.median(v) / calls for k, v in medians.items()}
         rows.append((size, per_call))
     if tp.rank == 0:
         load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
