@@ -262,14 +262,15 @@ def check_compile(rank: int) -> str:
         return row(col(x))  # type: ignore[no-any-return]
 
     from torch import _dynamo
+    from torch._dynamo.utils import counters
 
     _dynamo.reset()
-    explained = _dynamo.explain(model)(_w(84, 3, 8))
-    assert explained.graph_break_count == 0, explained.break_reasons
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # breaks would raise
     x = _w(84, 3, 8)
     torch.testing.assert_close(compiled(x), model(x))
-    return f"graphs={explained.graph_count} breaks={explained.graph_break_count}"
+    breaks = sum(counters["graph_break"].values())
+    return f"graphs={counters['stats']['unique_graphs']} breaks={breaks}"
 
 
 def check_divisibility(rank: int) -> str:
