@@ -92,4 +92,8 @@ def __getattr__(name: str) -> Any:
         import opmux.ops as ops
 
         return ops
+    if name == "distributed":
+        import opmux.distributed as distributed
+
+        return distributed
     raise AttributeError(f"module 'opmux' has no attribute {name!r}")

@@ -11,18 +11,23 @@ from opmux.ops import moe
 from opmux.ops.activation import gelu_and_mul, silu_and_mul
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
+from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
 from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
 
 __all__ = [
     "advance_step_flashattn",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_",
     "fused_add_rms_norm",
     "fused_moe",
     "gelu_and_mul",
     "grouped_topk",
     "moe",
     "paged_attention",
+    "reduce_scatter",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
