@@ -248,6 +248,9 @@ def register_catalog_cases() -> None:
 
     register_moe_cases()
     register_xla_cases()
+    from opmux.testing.activation_cases import register_activation_cases
+
+    register_activation_cases()
 
 
 register_catalog_cases()
