@@ -124,6 +124,8 @@ def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
     check_gelu_and_mul_sparse(x, activation_sparsity, approximate)
     multiplier = sparsity_std_multiplier(float(activation_sparsity))
     d = x.shape[-1] // 2
+    if x.numel() == 0:  # nothing to compute (torch.std would warn about 0 degrees of freedom)
+        return x.new_empty((*x.shape[:-1], d))
     gate = x[..., :d]
     mean = torch.mean(gate, dim=-1, keepdim=True)
     std = torch.std(gate, dim=-1, keepdim=True, unbiased=False)

@@ -76,6 +76,18 @@ def _gated_kernel(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _round(v, dt: tl.constexpr):  # type: ignore[no-untyped-def]
+    # fp32 -> dt -> fp32 with round-to-nearest-even; written out for bf16 because the
+    # interpreter's conversion truncates
+    if dt == tl.bfloat16:
+        b = v.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return b.to(tl.float32, bitcast=True)
+    else:
+        return v.to(dt).to(tl.float32)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _softplus(v):  # type: ignore[no-untyped-def]
     return tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
 
@@ -107,9 +119,9 @@ def _unary_kernel(  # type: ignore[no-untyped-def]
         y = r * r
     else:  # xielu; softplus terms rounded to the parameters' dtype as the reference does
         pdt = ap_ptr.dtype.element_ty
-        a_p = _softplus(tl.load(ap_ptr).to(tl.float32)).to(pdt).to(tl.float32)
-        sp_n = _softplus(tl.load(an_ptr).to(tl.float32)).to(pdt).to(tl.float32)
-        a_n = (beta + sp_n).to(pdt).to(tl.float32)
+        a_p = _round(_softplus(tl.load(ap_ptr).to(tl.float32)), pdt)
+        sp_n = _round(_softplus(tl.load(an_ptr).to(tl.float32)), pdt)
+        a_n = _round(beta + sp_n, pdt)
         pos = a_p * v * v + beta * v
         neg = (_expm1(tl.minimum(v, eps)) - v) * a_n + beta * v
         y = tl.where(v > 0.0, pos, neg)
@@ -131,14 +143,14 @@ def _gelu_and_mul_sparse_kernel(  # type: ignore[no-untyped-def]
     c = tl.where(mask, g - mean, 0.0)
     std = tl.sqrt(tl.sum(c * c, axis=0) / d)
     # the reference rounds each intermediate to x.dtype
-    scaled = (std.to(dt).to(tl.float32) * multiplier).to(dt).to(tl.float32)
-    cutoff = (mean.to(dt).to(tl.float32) + scaled).to(dt).to(tl.float32)
-    s = tl.maximum((g - cutoff).to(dt).to(tl.float32), 0.0)
+    scaled = _round(_round(std, dt) * multiplier, dt)
+    cutoff = _round(_round(mean, dt) + scaled, dt)
+    s = tl.maximum(_round(g - cutoff, dt), 0.0)
     if TANH:
         act = 0.5 * s * (1.0 + _tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)))
     else:
         act = 0.5 * s * (1.0 + tl.erf(s * 0.7071067811865476))
-    act = act.to(dt).to(tl.float32)
+    act = _round(act, dt)
     u = tl.load(x_row + d + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * d + cols, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
 
