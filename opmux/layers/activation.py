@@ -82,7 +82,8 @@ class SiluAndMul(_OpLayer):
         return F.silu(x[..., :d]) * x[..., d:]
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.silu_and_mul(x)
+        out: Tensor = ops.silu_and_mul(x)
+        return out
 
 
 @CustomOp.register("mul_and_silu")
@@ -94,7 +95,8 @@ class MulAndSilu(_OpLayer):
         return x[..., :d] * F.silu(x[..., d:])
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.mul_and_silu(x)
+        out: Tensor = ops.mul_and_silu(x)
+        return out
 
 
 @CustomOp.register("fatrelu_and_mul")
@@ -110,7 +112,8 @@ class FatreluAndMul(_OpLayer):
         return F.threshold(x[..., :d], self.threshold, 0.0) * x[..., d:]
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.fatrelu_and_mul(x, self.threshold)
+        out: Tensor = ops.fatrelu_and_mul(x, self.threshold)
+        return out
 
     def extra_repr(self) -> str:
         return f"threshold={self.threshold!r}"
@@ -133,7 +136,8 @@ class GeluAndMul(_OpLayer):
         return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.gelu_and_mul(x, self.approximate)
+        out: Tensor = ops.gelu_and_mul(x, self.approximate)
+        return out
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
@@ -167,7 +171,8 @@ class GeluAndMulSparse(_OpLayer):
         return F.gelu(sparse, approximate=self.approximate) * x[..., d:]
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.gelu_and_mul_sparse(x, self.activation_sparsity, self.approximate)
+        out: Tensor = ops.gelu_and_mul_sparse(x, self.activation_sparsity, self.approximate)
+        return out
 
     def extra_repr(self) -> str:
         return (f"activation_sparsity={self.activation_sparsity!r}, "
@@ -190,7 +195,8 @@ class SwigluOAIAndMul(_OpLayer):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.swigluoai_and_mul(x, self.alpha, self.limit)
+        out: Tensor = ops.swigluoai_and_mul(x, self.alpha, self.limit)
+        return out
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha!r}, limit={self.limit!r}"
@@ -205,7 +211,8 @@ class NewGELU(_OpLayer):
         return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.gelu_new(x)
+        out: Tensor = ops.gelu_new(x)
+        return out
 
 
 @CustomOp.register("gelu_fast")
@@ -216,7 +223,8 @@ class FastGELU(_OpLayer):
         return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.gelu_fast(x)
+        out: Tensor = ops.gelu_fast(x)
+        return out
 
 
 @CustomOp.register("quick_gelu")
@@ -227,7 +235,8 @@ class QuickGELU(_OpLayer):
         return x * torch.sigmoid(1.702 * x)
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.quick_gelu(x)
+        out: Tensor = ops.quick_gelu(x)
+        return out
 
 
 @CustomOp.register("relu2")
@@ -241,7 +250,8 @@ class ReLUSquaredActivation(_OpLayer):
         return torch.square(F.relu(x))
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return ops.relu2(x)
+        out: Tensor = ops.relu2(x)
+        return out
 
 
 @CustomOp.register("xielu")
@@ -288,5 +298,6 @@ class XIELU(_OpLayer):
         )
 
     def forward_op(self, input: Tensor) -> Tensor:
-        return ops.xielu(input, self.alpha_p, self.alpha_n, self._beta_scalar,
+        out: Tensor = ops.xielu(input, self.alpha_p, self.alpha_n, self._beta_scalar,
                          self._eps_scalar)
+        return out

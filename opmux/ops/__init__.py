@@ -8,15 +8,16 @@ helpers that the references use live in :mod:`opmux.ops._checks`, for providers 
 from __future__ import annotations
 
 from opmux.ops import moe
-from opmux.ops.activation import gelu_and_mul, silu_and_mul
 from opmux.ops.activation import (
     fatrelu_and_mul,
+    gelu_and_mul,
     gelu_and_mul_sparse,
     gelu_fast,
     gelu_new,
     mul_and_silu,
     quick_gelu,
     relu2,
+    silu_and_mul,
     swigluoai_and_mul,
     xielu,
 )
