@@ -9,10 +9,7 @@ Providers compute in fp32 and round once, which stays within the conformance tol
 """
 
 # no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
-import functools
 import math
-import statistics
-import struct
 
 import torch
 import torch.nn.functional as F
@@ -96,16 +93,33 @@ def mul_and_silu(x: Tensor) -> Tensor:
     return x[..., :d] * F.silu(x[..., d:])
 
 
-@functools.lru_cache(maxsize=64)
 def sparsity_std_multiplier(activation_sparsity: float) -> float:
-    """The standard-normal quantile of ``activation_sparsity`` (``Phi^-1(p)``), in float32.
+    """The standard-normal quantile ``Phi^-1(p)`` of ``activation_sparsity``, as vLLM's
+    ``Normal(0, 1).icdf(p)`` takes it in float32: ``p`` and the result are rounded to float32
+    (vLLM's float32 ``erfinv`` may differ from the correctly rounded value by a few ulp).
 
-    vLLM's GeluAndMulSparse takes ``Normal(0, 1).icdf(p)`` in float32; this computes the same
-    quantile in float64 (no tensor, so it also runs under fake tensors) and rounds it to
-    float32; the two agree to an ulp or two of float32.
+    Plain float arithmetic (Halley's iteration on ``erfc``, converged to float64): no tensor,
+    so it runs under fake tensors and ``torch.compile`` traces it as a constant.
     """
-    q = statistics.NormalDist().inv_cdf(activation_sparsity)
-    return float(struct.unpack("f", struct.pack("f", q))[0])
+    p = _round_f32(float(activation_sparsity))
+    x = 0.0
+    for _ in range(64):
+        err = 0.5 * math.erfc(-x * _SQRT1_2) - p
+        step = err / (math.exp(-0.5 * x * x) * _RSQRT_2PI)
+        x -= step / (1.0 + 0.5 * x * step)
+        if abs(step) <= 1e-15 * max(1.0, abs(x)):
+            break
+    return _round_f32(x)
+
+
+def _round_f32(x: float) -> float:
+    """``x`` rounded to float32's 24-bit significand, half to even (normal range)."""
+    mantissa, exponent = math.frexp(x)
+    return math.ldexp(round(mantissa * 16777216.0) / 16777216.0, exponent)
+
+
+_SQRT1_2 = math.sqrt(0.5)
+_RSQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @register_op
