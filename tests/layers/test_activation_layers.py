@@ -178,3 +178,14 @@ def test_layer_compiles_fullgraph_without_breaks(name: str) -> None:
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), layer(x), atol=1e-5, rtol=1e-5)
     torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_inductor_compile_mode_disables_layers_and_compiles_their_native_code() -> None:
+    opmux.set_compile_mode("inductor")
+    layer = layers.NewGELU()
+    assert layer._forward_method.__func__ is layers.NewGELU.forward_native  # type: ignore[attr-defined]
+    x = _input(torch.float32)
+    compiled = torch.compile(layer, backend="inductor", fullgraph=True)
+    torch.testing.assert_close(compiled(x), layer(x), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
