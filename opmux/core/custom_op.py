@@ -145,14 +145,24 @@ def compile_mode() -> str:
     mode = _config[1]
     if mode is not None:
         return str(mode)
-    env = os.environ.get(ENV_COMPILE_MODE, "").strip().lower()
+    env = _env_compile_mode()
     return _check_mode(env, ENV_COMPILE_MODE) if env else "none"
+
+
+def _env_custom_ops() -> str:
+    """``OPMUX_CUSTOM_OPS`` (empty when unset)."""
+    return os.environ.get(ENV_CUSTOM_OPS, "")
+
+
+def _env_compile_mode() -> str:
+    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset)."""
+    return os.environ.get(ENV_COMPILE_MODE, "").strip().lower()
 
 
 def _current_config() -> tuple[bool, dict[str, bool]]:
     parsed: _Parsed | None = _config[0]
     if parsed is None:
-        text = os.environ.get(ENV_CUSTOM_OPS, "")
+        text = _env_custom_ops()
         cached = _env_cache[0]
         if cached is None or cached[0] != text:
             cached = (text, _parse(text, ENV_CUSTOM_OPS, check_names=True))
@@ -180,7 +190,7 @@ def custom_op_settings() -> dict[str, Any]:
         "overrides": {k: overrides[k] for k in sorted(overrides)},
         "compile_mode": compile_mode(),
         "source": "set_custom_ops" if explicit else (
-            ENV_CUSTOM_OPS if os.environ.get(ENV_CUSTOM_OPS, "").strip() else "default"),
+            ENV_CUSTOM_OPS if _env_custom_ops().strip() else "default"),
     }
 
 

@@ -193,11 +193,6 @@ def test_custom_op_layer_compiles_fullgraph() -> None:
     torch._dynamo.reset()
 
 
-def test_parse_custom_ops_default() -> None:
-    assert config.parse_custom_ops("") == (True, {})
-    assert config.parse_custom_ops("none,+a,-b") == (False, {"a": True, "b": False})
-
-
 @pytest.mark.parametrize(("text", "expected"), [
     ("", {}),
     ("rms_norm=cpp,native", {"rms_norm": ["cpp", "native"]}),
