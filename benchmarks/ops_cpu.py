@@ -1,6 +1,7 @@
 """Elementwise/norm ops on CPU: opmux ``cpp`` against baselines measured in the same run.
 
-For rms_norm, fused_add_rms_norm, silu_and_mul, gelu_and_mul and rotary_embedding it times:
+For rms_norm, fused_add_rms_norm, silu_and_mul, gelu_and_mul, rotary_embedding and the
+activations of ``ops_cpu_activation.py`` it times:
 opmux ``native`` eager, ``torch.compile`` of native, the ``cpp`` provider as an op call (it
 allocates its outputs), the ``cpp`` kernel writing into preallocated outputs, and vLLM's CPU
 kernel (in place / into a preallocated output, as vLLM calls it) when ``vllm`` is importable.
@@ -13,6 +14,7 @@ vLLM's kernel library is loaded with ``torch.ops.load_library``; it is never a d
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +93,9 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
         }
         for name, _, fns in result:
             fns["vLLM kernel"] = extra[name]
+    from ops_cpu_activation import activation_cases
+
+    result += activation_cases(tokens, inter, dtype, has_vllm)
     return result
 
 
@@ -101,6 +106,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=0)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     parser.add_argument("--ops", default="", help="comma-separated subset of ops")
+    parser.add_argument("--vllm-lib", default="", help="vLLM kernel library (.so) to load "
+                        "when vllm is not importable, e.g. .../vllm/_C_AVX512.abi3.so")
     args = parser.parse_args()
     tokens, hidden, inter = (4096, 4096, 11008) if args.full else (1024, 4096, 4096)
     dtype = getattr(torch, args.dtype)
@@ -112,6 +119,9 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
     has_vllm = load_vllm() is not None
+    if not has_vllm and args.vllm_lib and os.path.exists(args.vllm_lib):
+        torch.ops.load_library(args.vllm_lib)
+        has_vllm = True
     src = torch.randn(32 * 1024 * 1024)
     dst = torch.empty_like(src)
     gbps = 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src), 10) / 1e6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opmux.core.custom_op import CustomOp, custom_op_counts, set_custom_ops
+from opmux.core.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
 from opmux.core.errors import (
     BuildError,
     ConfigError,
@@ -75,6 +75,7 @@ __all__ = [
     "register_runner_op",
     "release_runner",
     "runner_scope",
+    "set_compile_mode",
     "set_custom_ops",
     "torch_wrap_enabled",
 ]

@@ -47,6 +47,7 @@ def _table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
 def info_data() -> dict[str, Any]:
     """Everything ``opmux info`` shows, as plain data."""
     import opmux
+    from opmux.core.custom_op import custom_op_settings
     from opmux.platforms import detections
 
     opmux.load_plugins()
@@ -69,6 +70,7 @@ def info_data() -> dict[str, Any]:
         "plugins": [r.as_dict() for r in opmux.plugin_report()],
         "ops": ops,
         "custom_ops": opmux.custom_op_counts(),
+        "custom_op_settings": custom_op_settings(),
         "versions": _versions(),
     }
 
@@ -95,12 +97,13 @@ def _cmd_info(ns: argparse.Namespace) -> int:
                          "yes" if pr["supported"] else f"no: {pr['reason'] or ''}".strip(),
                          pr["rank"] or "-", op["priority_source"]))
     print(_table(rows, ("op", "provider", "key", "supported", "rank", "priority from")))
-    counts = data["custom_ops"]
-    if counts["enabled"] or counts["disabled"]:
-        print()
-        names = sorted(set(counts["enabled"]) | set(counts["disabled"]))
-        print(_table([(n, counts["enabled"].get(n, 0), counts["disabled"].get(n, 0))
-                      for n in names], ("custom op layer", "enabled", "disabled")))
+    counts, cfg = data["custom_ops"], data["custom_op_settings"]
+    print(f"\ncustom ops: base {cfg['base']} ({cfg['source']}), overrides "
+          f"{cfg['overrides'] or '-'}, compile mode {cfg['compile_mode']}")
+    names = sorted(set(counts["enabled"]) | set(counts["disabled"]) | set(cfg["layers"]))
+    print(_table([(n, "yes" if cfg["layers"].get(n, False) else "no",
+                   counts["enabled"].get(n, 0), counts["disabled"].get(n, 0)) for n in names],
+                 ("custom op layer", "enabled now", "built enabled", "built disabled")))
     print()
     print("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in data["versions"].items()))
     return 0

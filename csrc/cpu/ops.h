@@ -36,4 +36,17 @@ void advance_step_flashattn(int64_t num_seqs, int64_t num_queries, int64_t block
                             at::Tensor& input_positions, at::Tensor& seq_lens,
                             at::Tensor& slot_mapping, const at::Tensor& block_tables);
 
+// vLLM's other activation rows (activation_more.cpp).
+void fatrelu_and_mul_out(at::Tensor& out, const at::Tensor& x, double threshold);
+void mul_and_silu_out(at::Tensor& out, const at::Tensor& x);
+void swigluoai_and_mul_out(at::Tensor& out, const at::Tensor& x, double alpha, double limit);
+void gelu_and_mul_sparse_out(at::Tensor& out, const at::Tensor& x, double std_multiplier,
+                             const std::string& approximate);
+void gelu_new_out(at::Tensor& out, const at::Tensor& x);
+void gelu_fast_out(at::Tensor& out, const at::Tensor& x);
+void quick_gelu_out(at::Tensor& out, const at::Tensor& x);
+void relu2_out(at::Tensor& out, const at::Tensor& x);
+void xielu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& alpha_p,
+               const at::Tensor& alpha_n, double beta, double eps);
+
 }  // namespace opmux_cpu

@@ -8,7 +8,19 @@ helpers that the references use live in :mod:`opmux.ops._checks`, for providers 
 from __future__ import annotations
 
 from opmux.ops import moe
-from opmux.ops.activation import gelu_and_mul, silu_and_mul
+from opmux.ops.activation import (
+    fatrelu_and_mul,
+    gelu_and_mul,
+    gelu_and_mul_sparse,
+    gelu_fast,
+    gelu_new,
+    mul_and_silu,
+    quick_gelu,
+    relu2,
+    silu_and_mul,
+    swigluoai_and_mul,
+    xielu,
+)
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
@@ -17,6 +29,15 @@ from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
 
 __all__ = [
+    "xielu",
+    "swigluoai_and_mul",
+    "relu2",
+    "quick_gelu",
+    "mul_and_silu",
+    "gelu_new",
+    "gelu_fast",
+    "gelu_and_mul_sparse",
+    "fatrelu_and_mul",
     "advance_step_flashattn",
     "all_gather",
     "all_reduce",

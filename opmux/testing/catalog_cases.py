@@ -251,6 +251,9 @@ def register_catalog_cases() -> None:
     from opmux.testing.communication_cases import register_communication_cases
 
     register_communication_cases()
+    from opmux.testing.activation_cases import register_activation_cases
+
+    register_activation_cases()
 
 
 register_catalog_cases()

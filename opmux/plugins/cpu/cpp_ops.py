@@ -17,7 +17,7 @@ from torch import Tensor
 
 from opmux.core.errors import OpInputError
 
-from . import _build
+from . import _build, cpp_activation
 
 __all__ = [
     "OPS",
@@ -211,6 +211,7 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     "reshape_and_cache": (reshape_and_cache, _reshape_and_cache_ok),
     "paged_attention": (paged_attention, _paged_attention_ok),
     "advance_step_flashattn": (advance_step_flashattn, _advance_step_ok),
+    **cpp_activation.OPS,
 }
 """Op name -> (impl, supports_args) of every op this provider serves."""
 
