@@ -25,6 +25,14 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "advance_step_flashattn(int num_seqs, int num_queries, int block_size, "
       "Tensor(a!) input_tokens, Tensor sampled_token_ids, Tensor(b!) input_positions, "
       "Tensor(c!) seq_lens, Tensor(d!) slot_mapping, Tensor block_tables) -> ()");
+  m.def(
+      "apply_rotary_emb_out(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin, "
+      "bool is_neox) -> ()");
+  m.def(
+      "dual_chunk_rotary_embedding_out(Tensor(a!) query_out, Tensor(b!) key_out, "
+      "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
+      "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
+      "bool is_neox, Tensor? offsets) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -36,4 +44,6 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("reshape_and_cache", &opmux_cpu::reshape_and_cache);
   m.impl("paged_attention_out", &opmux_cpu::paged_attention_out);
   m.impl("advance_step_flashattn", &opmux_cpu::advance_step_flashattn);
+  m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
+  m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
 }

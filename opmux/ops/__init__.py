@@ -14,9 +14,12 @@ from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
+from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
 
 __all__ = [
     "advance_step_flashattn",
+    "apply_rotary_emb",
+    "dual_chunk_rotary_embedding",
     "fused_add_rms_norm",
     "fused_moe",
     "gelu_and_mul",

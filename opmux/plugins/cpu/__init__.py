@@ -19,6 +19,7 @@ from opmux.core.plugins import hookimpl
 SERVED_OPS = frozenset({
     "advance_step_flashattn", "fused_add_rms_norm", "gelu_and_mul", "paged_attention",
     "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "apply_rotary_emb", "dual_chunk_rotary_embedding",
 })
 
 
