@@ -27,11 +27,45 @@ __all__ = [
     "check_apply_rotary_emb",
     "check_dual_chunk_rotary_embedding",
     "dual_chunk_rotary_embedding",
+    "make_dual_chunk_caches",
 ]
 
 DUAL_CHUNK_QUERY_VERSIONS = 5
 """How many rotated copies of the query ``dual_chunk_rotary_embedding`` returns (intra,
 successive, inter, successive-critical, inter-critical, in that order)."""
+
+
+def make_dual_chunk_caches(chunk_size: int, local_size: int, max_position: int,
+                           rotary_dim: int, base: float = 10000.0,
+                           dtype: torch.dtype = torch.float32,
+                           device: Optional[torch.device] = None
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The five caches of dual-chunk rotary embedding, in the op's argument order.
+
+    With ``chunk_len = chunk_size - local_size`` and ``i in [0, chunk_len)``, the rows sit
+    at positions ``i`` (``q``), ``min(i + chunk_len, chunk_size)`` (``qc``),
+    ``p % chunk_len`` for ``p in [0, max_position)`` (``k``), ``i + chunk_len``
+    (``qc_no_clamp``) and ``i + chunk_size`` (``q_inter``); each row is
+    ``cat(cos(pos * inv_freq), sin(pos * inv_freq))`` with vLLM's ``inv_freq``.
+
+    :returns: ``(q, qc, k, qc_no_clamp, q_inter)`` caches, ``[rows, rotary_dim]`` each.
+    """
+    chunk_len = chunk_size - local_size
+    if chunk_len <= 0:
+        raise ValueError(f"chunk_size ({chunk_size}) must exceed local_size ({local_size})")
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32)
+                               / rotary_dim))
+    i = torch.arange(chunk_len, dtype=torch.float32)
+    rows = (i, (i + chunk_len).clamp(max=chunk_size),
+            torch.arange(max_position, dtype=torch.float32) % chunk_len, i + chunk_len,
+            i + chunk_size)
+
+    def cache(t: Tensor) -> Tensor:
+        freqs = torch.outer(t, inv_freq)
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype=dtype, device=device)
+
+    q, qc, k, qc_no_clamp, q_inter = (cache(t) for t in rows)
+    return q, qc, k, qc_no_clamp, q_inter
 
 
 # ---------------------------------------------------------------------------------- checks

@@ -32,6 +32,8 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "reshape_and_cache": ("triton_cache", "reshape_and_cache_supports"),
     "paged_attention": ("triton_attention", "paged_attention_supports"),
     "advance_step_flashattn": ("triton_cache", None),
+    "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
+    "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 
