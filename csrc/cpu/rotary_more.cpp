@@ -12,7 +12,8 @@ namespace opmux_cpu {
 namespace {
 
 // Rotates the first `rot` entries of one head (`in`, unit stride) into `out` by cos/sin
-// (`rot / 2` entries each); entries rot..head_size are copied through.
+// (`rot / 2` entries each); entries rot..head_size are copied through. Full vectors go out
+// with non-temporal stores: call stream_fence() at the end of each parallel chunk.
 template <typename T, typename C>
 inline void rope_head(T* out, const T* in, const C* cos, const C* sin, int64_t rot,
                       int64_t head_size, bool is_neox) {
@@ -23,8 +24,8 @@ inline void rope_head(T* out, const T* in, const C* cos, const C* sin, int64_t r
       const fVec x2 = load_n(in + half + j, n);
       const fVec c = load_n(cos + j, n);
       const fVec s = load_n(sin + j, n);
-      store_n(out + j, x1 * c - x2 * s, n);
-      store_n(out + half + j, x2 * c + x1 * s, n);
+      store_nt(out + j, x1 * c - x2 * s, n);
+      store_nt(out + half + j, x2 * c + x1 * s, n);
     });
   } else {
     int64_t j = 0;
@@ -33,8 +34,8 @@ inline void rope_head(T* out, const T* in, const C* cos, const C* sin, int64_t r
       const fVec c = load_f(cos + j);
       const fVec s = load_f(sin + j);
       auto [lo, hi] = at::vec::interleave2(even * c - odd * s, odd * c + even * s);
-      store_f(out + 2 * j, lo);
-      store_f(out + 2 * j + kF, hi);
+      store_nt(out + 2 * j, lo, kF);
+      store_nt(out + 2 * j + kF, hi, kF);
     }
     for (; j < half; ++j) {
       const float x0 = static_cast<float>(in[2 * j]);
@@ -70,6 +71,7 @@ void apply_rotary_emb_impl(at::Tensor& out, const at::Tensor& x, const at::Tenso
         rope_head(op + off, xp + off, cp + s * cs, sp + s * ss, D, D, is_neox);
       }
     }
+    stream_fence();
   });
 }
 
@@ -205,6 +207,7 @@ void dual_chunk_rotary_embedding_out(
           }
         }
       }
+      stream_fence();
     });
   });
 }
