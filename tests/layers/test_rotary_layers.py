@@ -200,6 +200,27 @@ def test_rotary_layers_match_reference(name: str, dtype: torch.dtype, enabled: b
         _close(q_only, _rotate_ref(q0, positions, cache, HEAD, ROT, neox), dtype)
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_rotary_on_qkv_slices(enabled: bool) -> None:
+    """q and k as column slices of one qkv tensor (how attention layers split it): the
+    platform path writes through the views into qkv and leaves v alone."""
+    opmux.set_custom_ops("all" if enabled else "none")
+    build, cache = VARIANTS["llama3"]
+    layer = build(torch.float32)
+    positions = torch.randint(0, MAX_POS, (5,))
+    qkv = torch.randn(5, (4 + 2 + 2) * HEAD)
+    before = qkv.clone()
+    q, k = qkv[:, : 4 * HEAD], qkv[:, 4 * HEAD: 6 * HEAD]
+    got_q, got_k = layer(positions, q, k)
+    _close(got_q, _rotate_ref(before[:, : 4 * HEAD], positions, cache, HEAD, ROT, True),
+           torch.float32)
+    assert got_k is not None
+    _close(got_k, _rotate_ref(before[:, 4 * HEAD: 6 * HEAD], positions, cache, HEAD, ROT,
+                              True), torch.float32)
+    assert torch.equal(qkv[:, 6 * HEAD:], before[:, 6 * HEAD:])
+    assert torch.equal(qkv[:, : 4 * HEAD], got_q) == enabled
+
+
 def test_cache_follows_query_dtype() -> None:
     layer = RotaryEmbedding(HEAD, HEAD, 64, BASE, False, torch.float32)
     positions, query, key = _layer_inputs(torch.bfloat16, 64, (5,))
