@@ -46,6 +46,7 @@ from opmux.ops.rotary_more import (
 )
 
 __all__ = [
+    "ROPE_TYPES",
     "ApplyRotaryEmb",
     "DualChunkRotaryEmbedding",
     "DynamicNTKScalingRotaryEmbedding",
