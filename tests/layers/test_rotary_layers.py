@@ -351,6 +351,19 @@ def test_dual_chunk_matches_reference(neox: bool, rot: int, dtype: torch.dtype,
     _close(got_k, want_k, dtype)
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_dual_chunk_leading_batch_of_one(enabled: bool) -> None:
+    """``query [1, T, H*D]`` with ``positions [T]``: vLLM's layer squeezes the batch away."""
+    opmux.set_custom_ops("all" if enabled else "none")
+    layer = DualChunkRotaryEmbedding(HEAD, HEAD, 256, BASE, True, torch.float32, 48, 16)
+    positions = torch.randint(0, 256, (6,))
+    query, key = torch.randn(1, 6, 2 * HEAD), torch.randn(1, 6, HEAD)
+    got_q, got_k = layer(positions, query, key)
+    want_q, want_k = _dual_chunk_ref(layer, positions, query[0], key[0])
+    _close(got_q, want_q, torch.float32)
+    _close(got_k, want_k, torch.float32)
+
+
 def test_dual_chunk_buffers_like_vllm() -> None:
     layer = DualChunkRotaryEmbedding(HEAD, HEAD, 256, BASE, True, torch.float32, 48, 16)
     names = {n for n, _ in layer.named_buffers()}
