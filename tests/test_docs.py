@@ -20,6 +20,7 @@ DOCTEST_MODULES = [
     "opmux.core.runners",
     "opmux.core.forward_context",
     "opmux.layers.moe",
+    "opmux.layers.rotary",
 ]
 
 

@@ -38,6 +38,14 @@ TORCH_LIBRARY(opmux_cpu, m) {
   m.def(
       "xielu_out(Tensor(a!) out, Tensor x, Tensor alpha_p, Tensor alpha_n, float beta, "
       "float eps) -> ()");
+  m.def(
+      "apply_rotary_emb_out(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin, "
+      "bool is_neox) -> ()");
+  m.def(
+      "dual_chunk_rotary_embedding_out(Tensor(a!) query_out, Tensor(b!) key_out, "
+      "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
+      "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
+      "bool is_neox, Tensor? offsets) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -58,4 +66,6 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("quick_gelu_out", &opmux_cpu::quick_gelu_out);
   m.impl("relu2_out", &opmux_cpu::relu2_out);
   m.impl("xielu_out", &opmux_cpu::xielu_out);
+  m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
+  m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
 }

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 
 namespace opmux_cpu {
@@ -48,5 +49,14 @@ void quick_gelu_out(at::Tensor& out, const at::Tensor& x);
 void relu2_out(at::Tensor& out, const at::Tensor& x);
 void xielu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& alpha_p,
                const at::Tensor& alpha_n, double beta, double eps);
+void apply_rotary_emb_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+                          const at::Tensor& sin, bool is_neox);
+
+void dual_chunk_rotary_embedding_out(
+    at::Tensor& query_out, at::Tensor& key_out, const at::Tensor& positions,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& q_cache,
+    const at::Tensor& qc_cache, const at::Tensor& k_cache, const at::Tensor& qc_no_clamp_cache,
+    const at::Tensor& q_inter_cache, int64_t head_size, bool is_neox,
+    const std::optional<at::Tensor>& offsets);
 
 }  // namespace opmux_cpu

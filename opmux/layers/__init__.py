@@ -23,15 +23,31 @@ from opmux.layers.linear import (
 )
 from opmux.layers.logits import LogitsProcessor
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
+from opmux.layers.rotary import (
+    ApplyRotaryEmb,
+    DualChunkRotaryEmbedding,
+    DynamicNTKScalingRotaryEmbedding,
+    LinearScalingRotaryEmbedding,
+    Llama3RotaryEmbedding,
+    RotaryEmbedding,
+    RotaryEmbeddingBase,
+    YaRNScalingRotaryEmbedding,
+    get_rope,
+    reset_rope_cache,
+)
 
 __all__ = [
-    "XIELU",
+    "ApplyRotaryEmb",
     "ColumnParallelLinear",
+    "DualChunkRotaryEmbedding",
+    "DynamicNTKScalingRotaryEmbedding",
     "FastGELU",
     "FatreluAndMul",
     "FusedMoE",
     "GeluAndMul",
     "GeluAndMulSparse",
+    "LinearScalingRotaryEmbedding",
+    "Llama3RotaryEmbedding",
     "LogitsProcessor",
     "MergedColumnParallelLinear",
     "MulAndSilu",
@@ -41,9 +57,15 @@ __all__ = [
     "QuickGELU",
     "ReLUSquaredActivation",
     "ReplicatedLinear",
+    "RotaryEmbedding",
+    "RotaryEmbeddingBase",
     "RowParallelLinear",
     "SharedExpertsMLP",
     "SiluAndMul",
     "SwigluOAIAndMul",
     "VocabParallelEmbedding",
+    "XIELU",
+    "YaRNScalingRotaryEmbedding",
+    "get_rope",
+    "reset_rope_cache",
 ]

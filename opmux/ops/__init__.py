@@ -27,31 +27,34 @@ from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_
 from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
+from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
 
 __all__ = [
-    "xielu",
-    "swigluoai_and_mul",
-    "relu2",
-    "quick_gelu",
-    "mul_and_silu",
-    "gelu_new",
-    "gelu_fast",
-    "gelu_and_mul_sparse",
-    "fatrelu_and_mul",
     "advance_step_flashattn",
     "all_gather",
     "all_reduce",
     "all_reduce_",
+    "apply_rotary_emb",
+    "dual_chunk_rotary_embedding",
+    "fatrelu_and_mul",
     "fused_add_rms_norm",
     "fused_moe",
     "gelu_and_mul",
+    "gelu_and_mul_sparse",
+    "gelu_fast",
+    "gelu_new",
     "grouped_topk",
     "moe",
+    "mul_and_silu",
     "paged_attention",
+    "quick_gelu",
     "reduce_scatter",
+    "relu2",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "swigluoai_and_mul",
     "topk_softmax",
+    "xielu",
 ]

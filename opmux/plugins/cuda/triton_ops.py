@@ -41,6 +41,8 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "quick_gelu": ("triton_activation_more", "supports"),
     "relu2": ("triton_activation_more", "supports"),
     "xielu": ("triton_activation_more", "xielu_supports"),
+    "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
+    "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 
