@@ -1,4 +1,4 @@
-"""Layers built on opmux ops: the rows of vLLM's CustomOp table (DESIGN §7), one module per family."""
+"""Layers built on opmux ops: the rows of vLLM's CustomOp table, one module per family."""
 
 from opmux.layers.activation import (
     XIELU,
