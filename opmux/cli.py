@@ -224,6 +224,12 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser("demo", help="a tiny decoder through opmux ops, checked vs native")
         demo.add_arguments(p)
         p.set_defaults(run=demo.run)
+    if importlib.util.find_spec("opmux.models") is not None:
+        from opmux.models import generate_cli
+
+        p = sub.add_parser("generate", help="generate from a Hugging Face checkpoint directory")
+        generate_cli.add_arguments(p)
+        p.set_defaults(run=generate_cli.run)
     p = sub.add_parser("build", help="prebuild the CPU C++ kernels")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(run=_cmd_build)
