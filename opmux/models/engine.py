@@ -132,8 +132,9 @@ class Engine:
         self.device = device or next(model.parameters()).device
         self._moe = model.moe_layers()
 
-    def _forward(self, tokens: Tensor, positions: Tensor, cache: list[tuple[Tensor, Tensor]],
+    def forward_step(self, tokens: Tensor, positions: Tensor, cache: list[tuple[Tensor, Tensor]],
                  meta: AttentionBatch) -> Tensor:
+        """One model step (the MoE forward context set): last-row logits per sequence."""
         ctx = forward_context(layers=self._moe) if self._moe else nullcontext()
         with ctx, torch.inference_mode():
             out: Tensor = self.model(tokens, positions, cache, meta)
@@ -184,7 +185,7 @@ class Engine:
         gen = (torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0
                else None)
         t0 = time.perf_counter()
-        logits = self._forward(torch.tensor(flat, device=dev), positions.to(dev), cache, meta)
+        logits = self.forward_step(torch.tensor(flat, device=dev), positions.to(dev), cache, meta)
         t1 = time.perf_counter()
         live = list(range(s))  # prompt index of each batch row
         tokens = torch.zeros(s, dtype=torch.int64, device=dev)
@@ -214,7 +215,7 @@ class Engine:
                                        slot, block_tables)
             meta = AttentionBatch(slot, block_tables, seq_lens,
                                   torch.arange(n + 1, dtype=torch.int32, device=dev))
-            logits = self._forward(tokens, pos, cache, meta)
+            logits = self.forward_step(tokens, pos, cache, meta)
             steps += 1
             if progress is not None:
                 progress(steps)
