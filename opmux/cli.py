@@ -221,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     if importlib.util.find_spec("opmux.demo") is not None:
         from opmux import demo
 
-        p = sub.add_parser("demo", help="a random Llama checkpoint generated through opmux, checked vs native")
+        p = sub.add_parser("demo", help="a random Llama checkpoint via opmux, checked vs native")
         demo.add_arguments(p)
         p.set_defaults(run=demo.run)
     if importlib.util.find_spec("opmux.models") is not None:

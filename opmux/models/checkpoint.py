@@ -73,7 +73,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
     where: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for i, h in enumerate(handles):
-        for name in h.keys():  # noqa: SIM118 (safe_open is not a mapping)
+        for name in h.keys():
             where[name] = i
             shapes[name] = tuple(h.get_slice(name).get_shape())
     missing = sorted(n for n in targets if n not in where)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -178,13 +179,14 @@ class CausalLM(torch.nn.Module):
         self.config, self.dtype = cfg, dtype
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
                                                    params_dtype=dtype)
-        self.layers = torch.nn.ModuleList(_Layer(cfg, i, dtype) for i in range(cfg.num_layers))
+        layers = [_Layer(cfg, i, dtype) for i in range(cfg.num_layers)]
+        self.layers = torch.nn.ModuleList(layers)
         self.norm = _Norm(cfg.hidden_size, dtype, cfg.gemma)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, params_dtype=dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_weights(self.embed_tokens)
         self.logits_processor = LogitsProcessor(cfg.vocab_size, soft_cap=cfg.final_soft_cap)
-        self.num_kv_heads = self.layers[0].self_attn.kv_heads if cfg.num_layers else 0
+        self.num_kv_heads: int = layers[0].self_attn.kv_heads if layers else 0
         self.tp_size = get_tensor_model_parallel_world_size()
 
     def moe_layers(self) -> dict[str, FusedMoE]:
@@ -228,12 +230,13 @@ class CausalLM(torch.nn.Module):
 
         emb = self.embed_tokens
         put("model.embed_tokens.weight", (cfg.vocab_size, h),
-            lambda t: emb.weight_loader(emb.weight, t))
+            partial(emb.weight_loader, emb.weight))
         if not cfg.tie_word_embeddings:
             head = self.lm_head
-            put("lm_head.weight", (cfg.vocab_size, h), lambda t: head.weight_loader(head.weight, t))
+            put("lm_head.weight", (cfg.vocab_size, h), partial(head.weight_loader, head.weight))
         put("model.norm.weight", (h,), self.norm.load)
         for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
             p = f"model.layers.{i}."
             for nm in ("input_layernorm", "post_attention_layernorm",
                        "pre_feedforward_layernorm", "post_feedforward_layernorm"):
@@ -245,31 +248,30 @@ class CausalLM(torch.nn.Module):
                      "v": cfg.num_kv_heads * d}
             for sid, rows in sizes.items():
                 put(f"{p}self_attn.{sid}_proj.weight", (rows, h),
-                    lambda t, s=sid, m=qkv: m.weight_loader(m.weight, t, s))
-                if cfg.qkv_bias:
+                    partial(qkv.weight_loader, qkv.weight, loaded_shard_id=sid))
+                if qkv.bias is not None:
                     put(f"{p}self_attn.{sid}_proj.bias", (rows,),
-                        lambda t, s=sid, m=qkv: m.weight_loader(m.bias, t, s))
+                        partial(qkv.weight_loader, qkv.bias, loaded_shard_id=sid))
             put(f"{p}self_attn.o_proj.weight", (h, cfg.num_heads * d),
-                lambda t, m=o: m.weight_loader(m.weight, t))
+                partial(o.weight_loader, o.weight))
             mlp = layer.mlp
             if isinstance(mlp, _MoE):
                 moe = mlp.experts
                 q = f"{p}block_sparse_moe."
                 put(f"{q}gate.weight", (cfg.num_experts, h),
-                    lambda t, m=moe: m.weight_loader(m.gate_weight, t))
+                    partial(moe.weight_loader, moe.gate_weight))
                 for e in range(cfg.num_experts):
                     for w, shape in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter))):
                         param = moe.w2_weight if w == "w2" else moe.w13_weight
                         put(f"{q}experts.{e}.{w}.weight", shape,
-                            lambda t, m=moe, pr=param, w=w, e=e: m.weight_loader(
-                                pr, t, shard_id=w, expert_id=e))
+                            partial(moe.weight_loader, param, shard_id=w, expert_id=e))
             else:
                 assert isinstance(mlp, _MLP)
                 gu, down = mlp.gate_up_proj, mlp.down_proj
                 put(f"{p}mlp.gate_proj.weight", (inter, h),
-                    lambda t, m=gu: m.weight_loader(m.weight, t, 0))
+                    partial(gu.weight_loader, gu.weight, loaded_shard_id=0))
                 put(f"{p}mlp.up_proj.weight", (inter, h),
-                    lambda t, m=gu: m.weight_loader(m.weight, t, 1))
+                    partial(gu.weight_loader, gu.weight, loaded_shard_id=1))
                 put(f"{p}mlp.down_proj.weight", (h, inter),
-                    lambda t, m=down: m.weight_loader(m.weight, t))
+                    partial(down.weight_loader, down.weight))
         return out

@@ -38,7 +38,8 @@ def _ids(s: str) -> tuple[str, str]:
     try:
         [int(x) for x in s.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids, got {s!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids, got {s!r}") from None
     return ("ids", s)
 
 

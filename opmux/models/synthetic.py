@@ -57,7 +57,8 @@ def write_random_llama(directory: str | Path, shape: LlamaShape, seed: int = 0,
     g = torch.Generator().manual_seed(seed)
 
     def w(*dims: int) -> torch.Tensor:
-        return (torch.randn(*dims, generator=g) * 1.5 / dims[-1] ** 0.5).to(dtype)
+        t: torch.Tensor = (torch.randn(*dims, generator=g) * 1.5 / dims[-1] ** 0.5).to(dtype)
+        return t
 
     def norm() -> torch.Tensor:
         return (1.0 + 0.1 * torch.randn(s.hidden, generator=g)).to(dtype)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _hf_checkpoints import ARCHS, hf_greedy, write_checkpoint
+
 from opmux.cli import main
 
 pytest.importorskip("transformers", reason="transformers is a test dependency of the core lane")
