@@ -61,7 +61,8 @@ def _get(raw: dict[str, Any], key: str, kind: type, default: Any = ..., *,
         value = float(value)
     if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
         raise ConfigError(f"config.json: field {key!r} must be {kind.__name__}, got {value!r}")
-    if low is not None and isinstance(value, int | float) and value < low:
+    if low is not None and kind in (int, float) and isinstance(value, int | float) \
+            and value < low:
         raise ConfigError(f"config.json: field {key!r} = {value} is out of range "
                           f"(expected >= {low})")
     return value
