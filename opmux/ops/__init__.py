@@ -12,7 +12,9 @@ from opmux.ops.activation import gelu_and_mul, silu_and_mul
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
+from opmux.ops.layernorm import gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm_gated
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
+from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding
 
 __all__ = [
@@ -20,11 +22,15 @@ __all__ = [
     "fused_add_rms_norm",
     "fused_moe",
     "gelu_and_mul",
+    "gemma_fused_add_rms_norm",
+    "gemma_rms_norm",
     "grouped_topk",
     "moe",
     "paged_attention",
+    "quant_fp8",
     "reshape_and_cache",
     "rms_norm",
+    "rms_norm_gated",
     "rotary_embedding",
     "silu_and_mul",
     "topk_softmax",
