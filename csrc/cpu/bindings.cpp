@@ -25,6 +25,20 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "advance_step_flashattn(int num_seqs, int num_queries, int block_size, "
       "Tensor(a!) input_tokens, Tensor sampled_token_ids, Tensor(b!) input_positions, "
       "Tensor(c!) seq_lens, Tensor(d!) slot_mapping, Tensor block_tables) -> ()");
+  m.def("gemma_rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def(
+      "gemma_fused_add_rms_norm_out(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, "
+      "Tensor residual, Tensor weight, float eps) -> ()");
+  m.def(
+      "rms_norm_gated_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? z, float eps, "
+      "int group_size, bool norm_before_gate, bool sigmoid) -> ()");
+  m.def("quant_fp8_static_out(Tensor(a!) q, Tensor x, Tensor scale) -> ()");
+  m.def(
+      "quant_fp8_dynamic_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, bool per_token, "
+      "Tensor? scale_ub) -> ()");
+  m.def(
+      "quant_fp8_group_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, int group_size, "
+      "bool use_ue8m0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -36,4 +50,10 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("reshape_and_cache", &opmux_cpu::reshape_and_cache);
   m.impl("paged_attention_out", &opmux_cpu::paged_attention_out);
   m.impl("advance_step_flashattn", &opmux_cpu::advance_step_flashattn);
+  m.impl("gemma_rms_norm_out", &opmux_cpu::gemma_rms_norm_out);
+  m.impl("gemma_fused_add_rms_norm_out", &opmux_cpu::gemma_fused_add_rms_norm_out);
+  m.impl("rms_norm_gated_out", &opmux_cpu::rms_norm_gated_out);
+  m.impl("quant_fp8_static_out", &opmux_cpu::quant_fp8_static_out);
+  m.impl("quant_fp8_dynamic_out", &opmux_cpu::quant_fp8_dynamic_out);
+  m.impl("quant_fp8_group_out", &opmux_cpu::quant_fp8_group_out);
 }

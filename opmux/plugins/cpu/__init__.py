@@ -19,6 +19,7 @@ from opmux.core.plugins import hookimpl
 SERVED_OPS = frozenset({
     "advance_step_flashattn", "fused_add_rms_norm", "gelu_and_mul", "paged_attention",
     "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp8",
 })
 
 
