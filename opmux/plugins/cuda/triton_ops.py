@@ -32,6 +32,10 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "reshape_and_cache": ("triton_cache", "reshape_and_cache_supports"),
     "paged_attention": ("triton_attention", "paged_attention_supports"),
     "advance_step_flashattn": ("triton_cache", None),
+    "gemma_rms_norm": ("triton_norm_more", "gemma_rms_norm_supports"),
+    "gemma_fused_add_rms_norm": ("triton_norm_more", "gemma_fused_add_rms_norm_supports"),
+    "rms_norm_gated": ("triton_norm_more", "rms_norm_gated_supports"),
+    "quant_fp8": ("triton_quant", "quant_fp8_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 
