@@ -20,18 +20,24 @@ const float kMinScale = static_cast<float>(1.0 / (448.0 * 512.0));
 
 using Fp8 = c10::Float8_e4m3fn;
 
-// Clamps n lanes of v to [-448, 448] (NaN stays NaN) and stores them as e4m3fn.
+// Clamps n lanes of v to [-448, 448] and stores them as e4m3fn. NaN stays NaN, always as
+// 0x7f: torch's conversion drops the sign of NaN, the bit-level conversions keep it.
 inline void store_fp8(Fp8* p, const fVec& v, int64_t n) {
   const fVec c = at::vec::clamp(v, fVec(-kFp8Max), fVec(kFp8Max));
 #if defined(CPU_CAPABILITY_AVX512)
   if (n == kF) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), at::vec::cvtfp32_fp8e4m3(c));
+    const __m128i b = at::vec::cvtfp32_fp8e4m3(c);
+    const __m128i neg_nan = _mm_cmpeq_epi8(b, _mm_set1_epi8(static_cast<char>(0xff)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_blendv_epi8(b, _mm_set1_epi8(0x7f), neg_nan));
     return;
   }
 #endif
   float tmp[kF];
   c.store(tmp);
-  for (int64_t i = 0; i < n; ++i) p[i] = Fp8(tmp[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::isnan(tmp[i]) ? Fp8(0x7f, Fp8::from_bits()) : Fp8(tmp[i]);
+  }
 }
 
 template <typename T>
