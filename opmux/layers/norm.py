@@ -107,8 +107,11 @@ class RMSNorm(CustomOp):
         if self.variance_size_override is not None:
             return self.forward_native(x, residual)
         if residual is None:
-            return rms_norm(x, self.weight, self.variance_epsilon)
-        return fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+            out: Tensor = rms_norm(x, self.weight, self.variance_epsilon)
+            return out
+        pair: tuple[Tensor, Tensor] = fused_add_rms_norm(x, residual, self.weight,
+                                                         self.variance_epsilon)
+        return pair
 
     forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops
 
@@ -141,8 +144,11 @@ class GemmaRMSNorm(CustomOp):
     def _forward_ops(self, x: Tensor, residual: Tensor | None = None
                      ) -> Tensor | tuple[Tensor, Tensor]:
         if residual is None:
-            return gemma_rms_norm(x, self.weight, self.variance_epsilon)
-        return gemma_fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+            out: Tensor = gemma_rms_norm(x, self.weight, self.variance_epsilon)
+            return out
+        pair: tuple[Tensor, Tensor] = gemma_fused_add_rms_norm(x, residual, self.weight,
+                                                               self.variance_epsilon)
+        return pair
 
     forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops
 
@@ -214,7 +220,8 @@ class RMSNormGated(CustomOp):
                                    self.norm_before_gate, self.activation)
 
     def _forward_ops(self, x: Tensor, z: Tensor | None = None) -> Tensor:
-        return rms_norm_gated(x, self.weight, z, self.eps, self.group_size,
-                              self.norm_before_gate, self.activation)
+        out: Tensor = rms_norm_gated(x, self.weight, z, self.eps, self.group_size,
+                                     self.norm_before_gate, self.activation)
+        return out
 
     forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops

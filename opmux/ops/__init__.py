@@ -11,8 +11,13 @@ from opmux.ops import moe
 from opmux.ops.activation import gelu_and_mul, silu_and_mul
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
-from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
-from opmux.ops.layernorm import gemma_fused_add_rms_norm, gemma_rms_norm, rms_norm_gated
+from opmux.ops.layernorm import (
+    fused_add_rms_norm,
+    gemma_fused_add_rms_norm,
+    gemma_rms_norm,
+    rms_norm,
+    rms_norm_gated,
+)
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding

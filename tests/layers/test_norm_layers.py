@@ -82,6 +82,7 @@ def test_rms_norm_without_weight_and_var_hidden_size(fresh_custom_ops: None, mod
     res = torch.randn(3, 64).to(dtype)
     out, new_res = partial(x, res)
     _close(out, _rms64(x.double() + res.double(), 1e-6, 16).to(dtype), dtype)
+    _close(new_res, (x.double() + res.double()).to(dtype), dtype)
     assert RMSNorm(64, var_hidden_size=64).variance_size_override is None
 
 

@@ -151,8 +151,8 @@ def quant_fp8(x: torch.Tensor, scale: Optional[torch.Tensor] = None, per_token: 
         gblock = min(next_pow2(group_size), _MAX_BLOCK)
         if rows:
             _group_kernel[(rows, groups)](x2, q, scales, n, group_size, groups, x2.stride(0),
-                                          FP8_MIN_SCALE, UE8M0=use_ue8m0, BLOCK=gblock, ROUND=_ROUND,
-                                          num_warps=min(max(gblock // 256, 1), 8))
+                                          FP8_MIN_SCALE, UE8M0=use_ue8m0, BLOCK=gblock,
+                                          ROUND=_ROUND, num_warps=min(max(gblock // 256, 1), 8))
         return q, scales
     if per_token:
         scales = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
