@@ -77,9 +77,10 @@ void gemma_rows(T* out, const T* x, const W* w, int64_t rows, int64_t d, float e
       T* orow = out + r * d;
       const fVec inv(inv_rms(sum_sq(xr, d), d, eps));
       for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_n(orow + j, load_n(xr + j, n) * inv * load_w<true>(w, j, n), n);
+        store_nt(orow + j, load_n(xr + j, n) * inv * load_w<true>(w, j, n), n);
       });
     }
+    stream_fence();
   });
 }
 
@@ -96,14 +97,15 @@ void gemma_add_rows(T* out, T* res_out, const T* x, const T* res, const W* w, in
       for_each_vec(d, [&](int64_t j, int64_t n) {
         const fVec s = load_n(x + r * d + j, n) + load_n(res + r * d + j, n);
         s.store(buf + j, n);
-        store_n(res_out + r * d + j, s, n);
+        store_nt(res_out + r * d + j, s, n);
         acc = at::vec::fmadd(s, s, acc);
       });
       const fVec inv(inv_rms(hsum(acc), d, eps));
       for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_n(out + r * d + j, fVec::loadu(buf + j, n) * inv * load_w<true>(w, j, n), n);
+        store_nt(out + r * d + j, fVec::loadu(buf + j, n) * inv * load_w<true>(w, j, n), n);
       });
     }
+    stream_fence();
   });
 }
 
@@ -142,10 +144,11 @@ void gated_rows(T* out, const T* x, const W* w, const T* z, int64_t rows, int64_
         for_each_vec(group, [&](int64_t j, int64_t n) {
           fVec v = fVec::loadu(xs + g0 + j, n) * inv * load_n(w + g0 + j, n);
           if (z != nullptr && norm_before_gate) v = v * fVec::loadu(gs + g0 + j, n);
-          store_n(orow + g0 + j, v, n);
+          store_nt(orow + g0 + j, v, n);
         });
       }
     }
+    stream_fence();
   });
 }
 
@@ -173,6 +176,7 @@ void gemma_rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                         double eps) {
   check_rows("gemma_rms_norm", out, x, weight);
   const int64_t d = x.size(-1);
+  advise_huge_pages(out);
   with_weight_type(x, weight, "gemma_rms_norm", [&](auto t, auto w) {
     using T = decltype(t);
     using W = decltype(w);
@@ -189,6 +193,8 @@ void gemma_fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out,
   check_like(op, "residual", residual, x);
   check_like(op, "residual_out", residual_out, x);
   const int64_t d = x.size(-1);
+  advise_huge_pages(out);
+  advise_huge_pages(residual_out);
   with_weight_type(x, weight, op, [&](auto t, auto w) {
     using T = decltype(t);
     using W = decltype(w);
@@ -208,6 +214,7 @@ void rms_norm_gated_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
   const int64_t group = group_size <= 0 ? d : group_size;
   TORCH_CHECK_VALUE(d == 0 || (group > 0 && d % group == 0), "opmux::rms_norm_gated (provider "
                     "'cpp'): group_size must divide x's last dimension ", d, ", got ", group_size);
+  advise_huge_pages(out);
   with_weight_type(x, weight, op, [&](auto t, auto w) {
     using T = decltype(t);
     using W = decltype(w);
