@@ -230,11 +230,17 @@ def quant_fp8_cases() -> Iterator[Case]:
     yield make("fp32-dynamic-group1", torch.float32, (3, 16), None, False, None, 1)
     yield make("fp32-dynamic-3d-token", torch.float32, (2, 3, 40), None, True)
     yield make("fp32-dynamic-1d", torch.float32, (100,))
-    yield make("fp32-static-token", torch.float32, (6, 80), torch.rand(6, 1) * 0.1 + 1e-3)
-    yield make("fp32-static-channel", torch.float32, (6, 80), torch.rand(1, 80) * 0.1 + 1e-3)
+    def scales(name: str, shape: tuple[int, int], spread: float, low: float) -> torch.Tensor:
+        return torch.rand(shape, generator=_gen(name + "-scale")) * spread + low
+
+    yield make("fp32-static-token", torch.float32, (6, 80),
+               scales("token", (6, 1), 0.1, 1e-3))
+    yield make("fp32-static-channel", torch.float32, (6, 80),
+               scales("channel", (1, 80), 0.1, 1e-3))
     yield make("bf16-static-block", torch.bfloat16, (8, 256),
-               torch.rand(4, 2) * 0.05 + 1e-3)
-    yield make("fp32-static-3d-group", torch.float32, (2, 6, 64), torch.rand(3, 4) + 0.01)
+               scales("block", (4, 2), 0.05, 1e-3))
+    yield make("fp32-static-3d-group", torch.float32, (2, 6, 64),
+               scales("3d-group", (3, 4), 1.0, 0.01))
     yield make("fp32-static-1elem-2d", torch.float32, (4, 32), torch.tensor([[0.5]]))
     yield make("fp32-static-empty", torch.float32, (0, 32), torch.tensor([1.0]))
     yield make("fp32-dynamic-token-empty", torch.float32, (0, 32), None, True)
