@@ -8,7 +8,9 @@ paths call the catalog ops (``rms_norm`` / ``fused_add_rms_norm``, ``gemma_rms_n
 
 Inputs are never modified: with a residual the layers return a new ``(out, residual)`` pair
 (vLLM's ``maybe_inplace`` lets a kernel reuse the inputs' storage; callers use the returned
-pair either way).
+pair either way). A residual whose dtype differs from ``x``'s (vLLM accepts it; the new
+residual is rounded to ``x.dtype``) takes ``forward_native`` on every path, as does
+``RMSNorm(var_hidden_size=...)``.
 
 >>> import torch
 >>> from opmux.layers import RMSNorm
@@ -104,7 +106,8 @@ class RMSNorm(CustomOp):
 
     def _forward_ops(self, x: Tensor, residual: Tensor | None = None
                      ) -> Tensor | tuple[Tensor, Tensor]:
-        if self.variance_size_override is not None:
+        if self.variance_size_override is not None or (
+                residual is not None and residual.dtype != x.dtype):
             return self.forward_native(x, residual)
         if residual is None:
             out: Tensor = rms_norm(x, self.weight, self.variance_epsilon)
@@ -146,6 +149,8 @@ class GemmaRMSNorm(CustomOp):
         if residual is None:
             out: Tensor = gemma_rms_norm(x, self.weight, self.variance_epsilon)
             return out
+        if residual.dtype != x.dtype:  # the catalog op takes one dtype; vLLM allows a mix
+            return self.forward_native(x, residual)
         pair: tuple[Tensor, Tensor] = gemma_fused_add_rms_norm(x, residual, self.weight,
                                                                self.variance_epsilon)
         return pair

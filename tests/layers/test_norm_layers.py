@@ -86,6 +86,17 @@ def test_rms_norm_without_weight_and_var_hidden_size(fresh_custom_ops: None, mod
     assert RMSNorm(64, var_hidden_size=64).variance_size_override is None
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("cls", [RMSNorm, GemmaRMSNorm])
+def test_residual_of_another_dtype(fresh_custom_ops: None, mode: str,
+                                   cls: type[opmux.CustomOp]) -> None:
+    layer = _build(fresh_custom_ops, mode, cls, 32)
+    x, res = torch.randn(3, 32, dtype=torch.bfloat16), torch.randn(3, 32)
+    out, new_res = layer(x, res)
+    assert out.dtype == new_res.dtype == torch.bfloat16
+    _close(new_res, (x.double() + res.double()).bfloat16(), torch.bfloat16)
+
+
 def test_rms_norm_follows_vllm_weight_dtype_rounding(fresh_custom_ops: None) -> None:
     # vLLM rounds the normalised fp32 row to the weight's dtype before the multiply
     opmux.set_custom_ops("none")
