@@ -5,9 +5,8 @@ norms, sandwich norms around attention and MLP, GELU-tanh, soft caps, alternatin
 window, ``query_pre_attn_scalar``, embeddings scaled by ``sqrt(hidden)``) differ only in
 flags of :class:`~opmux.models.config.ModelConfig`. Linear layers, embedding, LM head and
 MoE are tensor-parallel (``opmux.distributed``'s group); attention runs on a paged KV
-cache through ``reshape_and_cache`` and ``paged_attention``; norms call ``rms_norm`` and
-``fused_add_rms_norm`` (gemma's ``x * (1 + w)`` as ``rms_norm`` with the weight ``1 + w``,
-folded once when the weight is loaded).
+cache through ``reshape_and_cache`` and ``paged_attention``; norms are ``RMSNorm`` and
+``GemmaRMSNorm`` (``x * (1 + w)``), the residual add fused into the next norm.
 """
 
 from __future__ import annotations
@@ -23,10 +22,12 @@ import opmux.ops as ops
 from opmux.distributed import get_tensor_model_parallel_world_size
 from opmux.layers import (
     GeluAndMul,
+    GemmaRMSNorm,
     LogitsProcessor,
     MergedColumnParallelLinear,
     ParallelLMHead,
     QKVParallelLinear,
+    RMSNorm,
     RowParallelLinear,
     SiluAndMul,
     VocabParallelEmbedding,
@@ -58,15 +59,18 @@ WeightTarget = tuple[tuple[int, ...], Callable[[Tensor], None]]
 """``(full shape on disk, loader)`` of one checkpoint tensor."""
 
 
-class _Norm(torch.nn.Module):
-    def __init__(self, size: int, dtype: torch.dtype, gemma: bool) -> None:
-        super().__init__()
-        self.gemma = gemma
-        self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
+def _norm(cfg: ModelConfig, dtype: torch.dtype) -> RMSNorm | GemmaRMSNorm:
+    if cfg.gemma:  # weight kept in fp32 (the norm computes 1 + w in fp32)
+        return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
 
-    def load(self, w: Tensor) -> None:
+
+def _loader(param: Tensor) -> Callable[[Tensor], None]:
+    def load(t: Tensor) -> None:
         with torch.no_grad():
-            self.weight.copy_(w.float() + 1.0 if self.gemma else w)
+            param.copy_(t)
+
+    return load
 
 
 class _Attention(torch.nn.Module):
@@ -132,36 +136,31 @@ class _MoE(torch.nn.Module):
 class _Layer(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype) -> None:
         super().__init__()
-        size, g = cfg.hidden_size, cfg.gemma
+        g = cfg.gemma
         self.self_attn = _Attention(cfg, layer, dtype)
         self.mlp: torch.nn.Module = _MoE(cfg, layer, dtype) if cfg.num_experts else _MLP(cfg,
                                                                                         dtype)
-        self.input_layernorm = _Norm(size, dtype, g)
-        self.post_attention_layernorm = _Norm(size, dtype, g)
-        self.pre_feedforward_layernorm = _Norm(size, dtype, g) if g else None
-        self.post_feedforward_layernorm = _Norm(size, dtype, g) if g else None
-        self.eps = cfg.rms_norm_eps
+        self.input_layernorm = _norm(cfg, dtype)
+        self.post_attention_layernorm = _norm(cfg, dtype)
+        self.pre_feedforward_layernorm = _norm(cfg, dtype) if g else None
+        self.post_feedforward_layernorm = _norm(cfg, dtype) if g else None
 
     def forward(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
                 cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
-        eps = self.eps
         if residual is None:
             residual = hidden
-            x = ops.rms_norm(hidden, self.input_layernorm.weight, eps)
+            x = self.input_layernorm(hidden)
         else:
-            x, residual = ops.fused_add_rms_norm(hidden, residual,
-                                                 self.input_layernorm.weight, eps)
+            x, residual = self.input_layernorm(hidden, residual)
         x = self.self_attn(x, positions, cache, meta)
         if self.pre_feedforward_layernorm is not None:  # gemma's sandwich norms
-            x = ops.rms_norm(x, self.post_attention_layernorm.weight, eps)
-            x, residual = ops.fused_add_rms_norm(x, residual,
-                                                 self.pre_feedforward_layernorm.weight, eps)
+            x = self.post_attention_layernorm(x)
+            x, residual = self.pre_feedforward_layernorm(x, residual)
         else:
-            x, residual = ops.fused_add_rms_norm(x, residual,
-                                                 self.post_attention_layernorm.weight, eps)
+            x, residual = self.post_attention_layernorm(x, residual)
         x = self.mlp(x)
         if self.post_feedforward_layernorm is not None:
-            x = ops.rms_norm(x, self.post_feedforward_layernorm.weight, eps)
+            x = self.post_feedforward_layernorm(x)
         return x, residual
 
 
@@ -181,7 +180,7 @@ class CausalLM(torch.nn.Module):
                                                    params_dtype=dtype)
         layers = [_Layer(cfg, i, dtype) for i in range(cfg.num_layers)]
         self.layers = torch.nn.ModuleList(layers)
-        self.norm = _Norm(cfg.hidden_size, dtype, cfg.gemma)
+        self.norm = _norm(cfg, dtype)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, params_dtype=dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_weights(self.embed_tokens)
@@ -211,10 +210,9 @@ class CausalLM(torch.nn.Module):
         for layer, cache in zip(self.layers, kv_cache, strict=True):
             hidden, residual = layer(hidden, residual, positions, cache, meta)
         if residual is None:
-            x = ops.rms_norm(hidden, self.norm.weight, self.config.rms_norm_eps)
+            x = self.norm(hidden)
         else:
-            x, _ = ops.fused_add_rms_norm(hidden, residual, self.norm.weight,
-                                          self.config.rms_norm_eps)
+            x, _ = self.norm(hidden, residual)
         last = (meta.query_start_loc[1:] - 1).long()
         logits: Tensor = self.logits_processor(self.lm_head, x.index_select(0, last))
         return logits.float()
@@ -234,7 +232,7 @@ class CausalLM(torch.nn.Module):
         if not cfg.tie_word_embeddings:
             head = self.lm_head
             put("lm_head.weight", (cfg.vocab_size, h), partial(head.weight_loader, head.weight))
-        put("model.norm.weight", (h,), self.norm.load)
+        put("model.norm.weight", (h,), _loader(self.norm.weight))
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
             p = f"model.layers.{i}."
@@ -242,7 +240,7 @@ class CausalLM(torch.nn.Module):
                        "pre_feedforward_layernorm", "post_feedforward_layernorm"):
                 norm = getattr(layer, nm)
                 if norm is not None:
-                    put(f"{p}{nm}.weight", (h,), norm.load)
+                    put(f"{p}{nm}.weight", (h,), _loader(norm.weight))
             qkv, o = layer.self_attn.qkv_proj, layer.self_attn.o_proj
             sizes = {"q": cfg.num_heads * d, "k": cfg.num_kv_heads * d,
                      "v": cfg.num_kv_heads * d}
