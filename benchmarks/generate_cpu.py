@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -88,12 +89,13 @@ def main() -> None:
                 prompts = ids.tolist()
                 n = args.new_tokens
 
-                def run_ours(p: list[list[int]] = prompts, n: int = n) -> list[list[int]]:
-                    return ours.generate(p, n).outputs
+                def run_ours(p: list[list[int]] = prompts, n: int = n,
+                             e: Engine = ours) -> list[list[int]]:
+                    return e.generate(p, n).outputs
 
-                def run_hf(x: torch.Tensor = ids, n: int = n) -> list[list[int]]:
+                def run_hf(x: torch.Tensor = ids, n: int = n, m: Any = hf) -> list[list[int]]:
                     with torch.inference_mode():
-                        out = hf.generate(x, attention_mask=torch.ones_like(x),
+                        out = m.generate(x, attention_mask=torch.ones_like(x),
                                           max_new_tokens=n, min_new_tokens=n,
                                           do_sample=False, pad_token_id=0)
                     rows: list[list[int]] = out[:, x.shape[1]:].tolist()

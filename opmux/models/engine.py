@@ -1,12 +1,13 @@
 """A small generation engine: paged KV cache, ragged batched prefill, decode steps.
 
-One :meth:`Engine.generate` call prefills every prompt in one ragged step (the prompts
-packed back to back, ``query_start_loc`` marking where each starts) and then decodes all
-live sequences together, one token each per step; between decode steps
-``advance_step_flashattn`` moves tokens, positions, sequence lengths and cache slots on in
-place. The KV cache is a pool of fixed-size blocks handed out by a :class:`BlockAllocator`;
-a sequence owns ``ceil((prompt + max_tokens) / block_size)`` blocks and gives them back
-when it stops (EOS or ``max_tokens``), and the batch shrinks to the live sequences.
+A step is one ragged batch (``query_start_loc`` marks where each sequence's rows start):
+the running sequences' decode rows (one token each, moved on in place by
+``advance_step_flashattn`` from the last sampled tokens) followed by the prompt rows of the
+sequences admitted in this step, so prefill and decode share a step. By default every
+prompt is admitted in the first step; with ``max_num_seqs`` the rest wait for a free place.
+The KV cache is a pool of fixed-size blocks handed out by a :class:`BlockAllocator`; a
+sequence owns ``ceil((prompt + max_tokens) / block_size)`` blocks and gives them back when
+it stops (EOS or ``max_tokens``), and the decode state shrinks to the live sequences.
 
 Sampling: greedy when ``temperature == 0``; otherwise logits / temperature, then top-k,
 then top-p (nucleus, the smallest set whose probability reaches ``top_p``), drawn from a
@@ -142,10 +143,15 @@ class Engine:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_tokens: int,
                  sampling: SamplingParams | None = None,
-                 progress: Callable[[int], None] | None = None) -> GenerationOutput:
+                 progress: Callable[[int], None] | None = None,
+                 max_num_seqs: int | None = None) -> GenerationOutput:
         """Generate up to ``max_tokens`` ids after each prompt.
 
-        :param progress: called with the number of decode steps done.
+        :param progress: called with the number of decode-only steps done.
+        :param max_num_seqs: at most this many sequences in flight (default: all prompts).
+            A prompt waits until a running sequence stops; it is then prefilled in the same
+            ragged step as the others' decode rows, and the KV blocks freed by finished
+            sequences are reused (the pool holds the largest ``max_num_seqs`` needs).
         :raises opmux.ConfigError: an empty prompt, a token id outside the vocabulary, a
             negative ``max_tokens``, or a sequence longer than ``max_position_embeddings``.
         """
@@ -167,57 +173,78 @@ class Engine:
         outputs: list[list[int]] = [[] for _ in range(s)]
         if max_tokens == 0:
             return GenerationOutput(outputs, 0.0, 0.0, 0)
-        per_seq = [(n + max_tokens + bs - 1) // bs for n in lens]
-        alloc = BlockAllocator(sum(per_seq))
-        owned = [alloc.allocate(n) for n in per_seq]
-        tables = torch.zeros(s, max(per_seq), dtype=torch.int32)
-        for i, blocks in enumerate(owned):
-            tables[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        cap = s if max_num_seqs is None else max_num_seqs
+        if cap < 1:
+            raise ConfigError(f"generate: max_num_seqs must be >= 1, got {max_num_seqs}")
+        need = [(n + max_tokens + bs - 1) // bs for n in lens]
+        width = max(need)
+        alloc = BlockAllocator(sum(sorted(need, reverse=True)[:cap]))
         cache = self.model.new_kv_cache(alloc.num_blocks, bs, dev)
-        positions = torch.cat([torch.arange(n) for n in lens])
-        slots = torch.cat([tables[i, torch.arange(n) // bs].long() * bs + torch.arange(n) % bs
-                           for i, n in enumerate(lens)])
-        starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-        block_tables = tables.to(dev)
-        seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
-        meta = AttentionBatch(slots.to(dev), block_tables, seq_lens, starts.to(dev))
+        owned: dict[int, list[int]] = {}
         eos = set() if sampling.ignore_eos else set(cfg.eos_token_ids)
         gen = (torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0
                else None)
-        t0 = time.perf_counter()
-        logits = self.forward_step(torch.tensor(flat, device=dev), positions.to(dev), cache, meta)
-        t1 = time.perf_counter()
-        live = list(range(s))  # prompt index of each batch row
-        tokens = torch.zeros(s, dtype=torch.int64, device=dev)
-        pos = torch.zeros(s, dtype=torch.int64, device=dev)
-        slot = torch.zeros(s, dtype=torch.int64, device=dev)
-        steps = 0
-        while True:
+        waiting = list(range(s))
+        live: list[int] = []  # prompt index of each decode-state row
+        i64, i32 = torch.int64, torch.int32
+        tokens = torch.zeros(0, dtype=i64, device=dev)
+        pos, slot = torch.zeros_like(tokens), torch.zeros_like(tokens)
+        seq_lens = torch.zeros(0, dtype=i32, device=dev)
+        block_tables = torch.zeros(0, width, dtype=i32, device=dev)
+        sampled = torch.zeros(0, dtype=i64, device=dev)
+        steps, prefill_s, decode_s = 0, 0.0, 0.0
+        while live or waiting:
+            t0 = time.perf_counter()
+            n = len(live)
+            if n:  # decode rows: the sampled token at the next position, in place
+                ops.advance_step_flashattn(n, n, bs, tokens, sampled.view(n, 1), pos,
+                                           seq_lens, slot, block_tables)
+            new = waiting[:cap - n]
+            del waiting[:len(new)]
+            step_tokens, step_pos, step_slot = tokens, pos, slot
+            qsl = torch.arange(n + 1, dtype=i32)
+            if new:  # prompt rows join the same ragged step after the decode rows
+                table = torch.zeros(len(new), width, dtype=i32)
+                for row, i in enumerate(new):
+                    owned[i] = alloc.allocate(need[i])
+                    table[row, :need[i]] = torch.tensor(owned[i], dtype=i32)
+                new_lens = [lens[i] for i in new]
+                ar = [torch.arange(k) for k in new_lens]
+                step_tokens = torch.cat([tokens, torch.tensor(
+                    [t for i in new for t in prompts[i]], dtype=i64, device=dev)])
+                step_pos = torch.cat([pos, torch.cat(ar).to(dev)])
+                step_slot = torch.cat([slot, torch.cat(
+                    [table[r, a // bs].long() * bs + a % bs for r, a in enumerate(ar)]
+                ).to(dev)])
+                qsl = torch.cat([qsl, n + torch.tensor(new_lens).cumsum(0).to(i32)])
+                live += new
+                seq_lens = torch.cat([seq_lens, torch.tensor(new_lens, dtype=i32, device=dev)])
+                block_tables = torch.cat([block_tables, table.to(dev)])
+                pad = torch.zeros(len(new), dtype=i64, device=dev)  # set by advance_step
+                tokens, pos, slot = (torch.cat([tokens, pad]), torch.cat([pos, pad]),
+                                     torch.cat([slot, pad]))
+            meta = AttentionBatch(step_slot, block_tables, seq_lens, qsl.to(dev))
+            logits = self.forward_step(step_tokens, step_pos, cache, meta)
             sampled = sample(logits, sampling, gen)
             keep = []
             for row, tok in enumerate(sampled.tolist()):
                 i = live[row]
                 outputs[i].append(tok)
                 if tok in eos or len(outputs[i]) >= max_tokens:
-                    alloc.free(owned[i])
+                    alloc.free(owned.pop(i))
                 else:
                     keep.append(row)
-            if not keep:
-                break
             if len(keep) < len(live):  # drop the finished rows from the decode state
-                idx = torch.tensor(keep, device=dev)
+                idx = torch.tensor(keep, dtype=i64, device=dev)
                 live = [live[r] for r in keep]
-                sampled, tokens, pos = sampled[idx], tokens[idx], pos[idx]
-                seq_lens, slot = seq_lens[idx].contiguous(), slot[idx]
-                block_tables = block_tables[idx].contiguous()
-            n = len(live)
-            ops.advance_step_flashattn(n, n, bs, tokens, sampled.view(n, 1), pos, seq_lens,
-                                       slot, block_tables)
-            meta = AttentionBatch(slot, block_tables, seq_lens,
-                                  torch.arange(n + 1, dtype=torch.int32, device=dev))
-            logits = self.forward_step(tokens, pos, cache, meta)
-            steps += 1
-            if progress is not None:
-                progress(steps)
-        t2 = time.perf_counter()
-        return GenerationOutput(outputs, t1 - t0, t2 - t1, steps)
+                sampled, tokens, pos, slot = sampled[idx], tokens[idx], pos[idx], slot[idx]
+                seq_lens, block_tables = seq_lens[idx], block_tables[idx]
+            elapsed = time.perf_counter() - t0
+            if new:
+                prefill_s += elapsed
+            else:
+                decode_s += elapsed
+                steps += 1
+                if progress is not None:
+                    progress(steps)
+        return GenerationOutput(outputs, prefill_s, decode_s, steps)

@@ -94,6 +94,31 @@ def test_generation_stops_at_eos_and_frees_the_row(ckpt: Path, engine: Engine,
     ignoring = Engine(load_model(tmp_path), 4).generate(PROMPTS, 6,
                                                         SamplingParams(ignore_eos=True))
     assert ignoring.outputs == free
+    # two places: prompt 2 is admitted when prompt 1 stops at EOS, and is prefilled in the
+    # same ragged step as prompt 0's decode row, in the blocks prompt 1 gave back
+    staged = Engine(load_model(tmp_path), block_size=4)
+    seen: list[list[int]] = []
+    original = staged.forward_step
+
+    def spy(tokens: torch.Tensor, positions: torch.Tensor, cache: object, meta: object
+            ) -> torch.Tensor:
+        seen.append(positions.tolist())
+        return original(tokens, positions, cache, meta)  # type: ignore[arg-type]
+
+    staged.forward_step = spy  # type: ignore[method-assign]
+    assert staged.generate(PROMPTS, 6, max_num_seqs=2).outputs == stopped
+    assert seen[0] == [*range(4), *range(11)]  # prompts 0 and 1 prefilled together
+    # prompt 1 stops at its third token (prefill, then decode steps at positions 4 and 5
+    # for prompt 0): prompt 0's next decode row (position 6) and prompt 2's one-token
+    # prompt (position 0) share the following step
+    assert seen[1:4] == [[4, 11], [5, 12], [6, 0]]
+
+
+def test_one_sequence_at_a_time_equals_all_at_once(engine: Engine) -> None:
+    together = engine.generate(PROMPTS, 5).outputs
+    assert engine.generate(PROMPTS, 5, max_num_seqs=1).outputs == together
+    with pytest.raises(opmux.ConfigError, match="max_num_seqs"):
+        engine.generate(PROMPTS, 5, max_num_seqs=0)
 
 
 def test_bad_prompts(engine: Engine) -> None:
