@@ -12,3 +12,10 @@ import pytest
 def test_doctests(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_reachable_as_opmux_models() -> None:
+    import opmux
+    from opmux.models import load_model
+
+    assert opmux.models.load_model is load_model
