@@ -28,16 +28,16 @@ Enablement follows vLLM's ``CompilationConfig.custom_ops``:
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from opmux.core.config import ENV_CUSTOM_OPS
+from opmux.core import config
+from opmux.core.config import ENV_COMPILE_MODE, ENV_CUSTOM_OPS
 from opmux.core.errors import ConfigError, RegistrationError
 from opmux.core.torch_lib import validate_name
 
@@ -45,9 +45,6 @@ __all__ = ["ENV_COMPILE_MODE", "CustomOp", "compile_mode", "custom_op_counts",
            "custom_op_settings", "set_compile_mode", "set_custom_ops"]
 
 _C = TypeVar("_C", bound=type["CustomOp"])
-
-ENV_COMPILE_MODE: Final = "OPMUX_COMPILE_MODE"
-"""``inductor`` (layers default to disabled), ``none`` (eager) or another backend name."""
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -151,12 +148,12 @@ def compile_mode() -> str:
 
 def _env_custom_ops() -> str:
     """``OPMUX_CUSTOM_OPS`` (empty when unset)."""
-    return os.environ.get(ENV_CUSTOM_OPS, "")
+    return config.custom_ops_spec()
 
 
 def _env_compile_mode() -> str:
     """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset)."""
-    return os.environ.get(ENV_COMPILE_MODE, "").strip().lower()
+    return config.compile_mode_spec()
 
 
 def _current_config() -> tuple[bool, dict[str, bool]]:
