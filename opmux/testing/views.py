@@ -144,22 +144,12 @@ def _contiguous_copy(value: Any) -> Any:
 
 
 def _same_layout_copy(value: Any) -> Any:
-    """A copy with the same strides (overlapping views become fresh expanded views)."""
+    """A copy with the same sizes, strides and storage offset (a stride-0 view becomes a
+    fresh stride-0 view of its first row)."""
     if not isinstance(value, torch.Tensor):
         return value
     if value.dim() > 0 and value.shape[0] > 1 and value.stride(0) == 0:
         return value[:1].clone().expand(value.shape)
-    out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                              device=value.device) if value.is_non_overlapping_and_dense() \
-        else None
-    if out is None:
-        return _rebuild(value)
-    out.copy_(value)
-    return out
-
-
-def _rebuild(value: torch.Tensor) -> torch.Tensor:
-    # a non-dense view (stepped or offset): rebuild it over a buffer of the same extent
     extent = 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride(), strict=True)
                      if s > 0)
     offset = value.storage_offset()
