@@ -75,6 +75,7 @@ GELU_APPROXIMATIONS: Final = ("none", "tanh")
 """Valid values of ``gelu_and_mul``'s ``approximate``."""
 
 _ARGUMENT_RE: Final = re.compile(r"argument '([A-Za-z_][A-Za-z0-9_]*)'")
+_PREFIX_RE: Final = re.compile(r"^[\w:]+ \(provider '\w+'\): ")
 
 
 def _qualname(op: str) -> str:
@@ -110,6 +111,7 @@ def kernel_error(op: str, provider: str, exc: BaseException,
     message (``argument 'x'``), else ``"<kernel>"``.
     """
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = _PREFIX_RE.sub("", text)
     if argument is None:
         found = _ARGUMENT_RE.search(text)
         argument = found.group(1) if found else "<kernel>"
