@@ -33,9 +33,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from opmux.plugins._registration import OpTable, RegistryLike, register_table
 from opmux.plugins.ascend import _custom_ops
 
-__all__ = ["PROVIDER", "advance_step_flashattn", "register", "supports_args", "to_mindspore"]
+__all__ = ["OPS", "PROVIDER", "advance_step_flashattn", "register", "supports_args",
+           "to_mindspore"]
 
 PROVIDER = _custom_ops.PROVIDER
 """Provider name: ``"mindspore"``."""
@@ -136,9 +138,13 @@ def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens
             and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())
 
 
-def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
-             ) -> tuple[bool, str]:
-    """Register provider ``mindspore`` for ``advance_step_flashattn``.
+OPS: OpTable = {"advance_step_flashattn": (advance_step_flashattn, supports_args)}
+"""Op name -> (impl, supports_args) of provider ``mindspore``."""
+
+
+def register(registry: RegistryLike, dispatch_key: str = "CPU", *, lazy: bool = False
+             ) -> list[str]:
+    """Register provider ``mindspore`` for ``advance_step_flashattn`` (the registration contract).
 
     Eager (the Ascend platform): the extension is built or loaded now, and a failed build
     registers the provider as unsupported with the build output as its reason. Lazy (other
@@ -146,10 +152,10 @@ def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
     MindSpore is installed and builds or loads the extension on its first call, where a
     failure raises :class:`opmux.BuildError` with the build output.
 
-    :param registry: the op registry (``get_op``).
+    :param registry: the op registry.
     :param dispatch_key: the torch dispatch key of the tensors it serves.
     :param lazy: defer the build (and the MindSpore import) to the first call.
-    :returns: the build status ``(ok, message)``.
+    :returns: the ``op:provider`` pairs registered.
     """
     from opmux.plugins.ascend import _build
 
@@ -158,8 +164,5 @@ def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
         ok, message = _build.build_status()
-    op = registry.get_op("advance_step_flashattn")
-    op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=ok,
-                     supports_args=supports_args,
-                     reason=None if ok else message)(advance_step_flashattn)
-    return ok, message
+    return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
+                          reason=None if ok else message)
