@@ -24,16 +24,19 @@ if TYPE_CHECKING:
         run_opcheck,
         tolerance,
     )
+    from opmux.testing.paged_batches import PagedBatch, paged_batch
 
 __all__ = [
     "TOLERANCES",
     "Case",
     "CaseGenerator",
     "CaseResult",
+    "PagedBatch",
     "ProviderReport",
     "cases_for",
     "check_provider",
     "has_cases",
+    "paged_batch",
     "register_cases",
     "run_case",
     "run_opcheck",
@@ -45,6 +48,7 @@ _HOME = {name: "opmux.testing.cases" for name in
 _HOME.update({name: "opmux.testing.conformance" for name in
               ("TOLERANCES", "CaseResult", "ProviderReport", "check_provider", "run_case",
                "run_opcheck", "tolerance")})
+_HOME.update({name: "opmux.testing.paged_batches" for name in ("PagedBatch", "paged_batch")})
 
 
 def __getattr__(name: str) -> Any:
