@@ -26,4 +26,5 @@ def silu_and_mul_supports(x: torch.Tensor) -> bool:
 
 def register(registry: Any) -> None:
     op = registry.get_op("silu_and_mul")
-    op.register_impl(PROVIDER, dispatch_key="CPU", supports_args=silu_and_mul_supports)(silu_and_mul)
+    op.register_impl(PROVIDER, dispatch_key="CPU",
+                     supports_args=silu_and_mul_supports)(silu_and_mul)

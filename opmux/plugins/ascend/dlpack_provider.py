@@ -28,16 +28,17 @@ torch_npu the same bridge serves key ``PrivateUse1``.
 import importlib.util
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from opmux.plugins._registration import OpTable, RegistryLike, register_table
 from opmux.plugins.ascend import _custom_ops
 
-__all__ = ["OPS", "PROVIDER", "advance_step_flashattn", "register", "supports_args",
-           "to_mindspore"]
+if TYPE_CHECKING:
+    from opmux.plugins._registration import RegistryLike
+
+__all__ = ["PROVIDER", "advance_step_flashattn", "register", "supports_args", "to_mindspore"]
 
 PROVIDER = _custom_ops.PROVIDER
 """Provider name: ``"mindspore"``."""
@@ -138,11 +139,7 @@ def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens
             and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())
 
 
-OPS: OpTable = {"advance_step_flashattn": (advance_step_flashattn, supports_args)}
-"""Op name -> (impl, supports_args) of provider ``mindspore``."""
-
-
-def register(registry: RegistryLike, dispatch_key: str = "CPU", *, lazy: bool = False
+def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool = False
              ) -> list[str]:
     """Register provider ``mindspore`` for ``advance_step_flashattn`` (the registration contract).
 
@@ -157,6 +154,7 @@ def register(registry: RegistryLike, dispatch_key: str = "CPU", *, lazy: bool = 
     :param lazy: defer the build (and the MindSpore import) to the first call.
     :returns: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
     from opmux.plugins.ascend import _build
 
     if lazy:
@@ -164,5 +162,6 @@ def register(registry: RegistryLike, dispatch_key: str = "CPU", *, lazy: bool = 
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
         ok, message = _build.build_status()
-    return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
+    table = {"advance_step_flashattn": (advance_step_flashattn, supports_args)}
+    return register_table(registry, PROVIDER, dispatch_key, table, supported=ok,
                           reason=None if ok else message)

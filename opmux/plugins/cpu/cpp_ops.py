@@ -10,15 +10,17 @@ through to the next provider in the priority list.
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
 
 from opmux.core.errors import OpInputError
-from opmux.plugins._registration import RegistryLike, register_table
 
 from . import _build
+
+if TYPE_CHECKING:
+    from opmux.plugins._registration import RegistryLike
 
 __all__ = [
     "OPS",
@@ -216,7 +218,7 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
 """Op name -> (impl, supports_args) of every op this provider serves."""
 
 
-def register(registry: RegistryLike, dispatch_key: str = "CPU") -> list[str]:
+def register(registry: "RegistryLike", dispatch_key: str = "CPU") -> list[str]:
     """Register every impl of :data:`OPS` as provider ``cpp`` (the registration contract).
 
     Builds (or loads from the cache) the kernels first: ``supported`` is the build outcome and,
@@ -226,6 +228,8 @@ def register(registry: RegistryLike, dispatch_key: str = "CPU") -> list[str]:
     :param dispatch_key: the torch dispatch key served (the kernels take CPU tensors).
     :returns: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
+
     ok, message = _build.build_status()
     return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
                           reason=None if ok else f"C++ CPU kernels unavailable: {message}")

@@ -15,20 +15,23 @@ and raise :class:`~opmux.core.errors.OpInputError`, the rest is checked in C++.
 """
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
-from opmux.plugins._build_cache import BuildCache, hash_key
-from opmux.plugins._registration import OpTable, RegistryLike, register_table
 from opmux.plugins.cuda.validation import check, validate_advance_step, validate_reshape_and_cache
+
+if TYPE_CHECKING:
+    from opmux.core.registry import OpRegistry
+    from opmux.plugins._build_cache import BuildCache
 
 __all__ = [
     "CACHE",
     "CUDA_CFLAGS",
-    "OPS",
     "PROVIDER",
     "advance_step_flashattn",
     "build",
@@ -48,7 +51,15 @@ CUDA_CFLAGS: tuple[str, ...] = ("-O3", "--expt-relaxed-constexpr", "-std=c++20")
 """nvcc flags; part of the cache key."""
 
 _LIB_NAME = "opmux_cuda_kernels"
-CACHE = BuildCache("cuda_c", f"{_LIB_NAME}.so", "opmux cuda_c kernels")
+
+
+def _make_cache() -> "BuildCache":
+    from opmux.plugins._build_cache import BuildCache
+
+    return BuildCache("cuda_c", f"{_LIB_NAME}.so", "opmux cuda_c kernels")
+
+
+CACHE = _make_cache()
 """The cache entry, lock and per-process status of the CUDA C++ kernel library."""
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -66,6 +77,8 @@ def sources() -> list[Path]:
 
 
 def _key() -> str:
+    from opmux.plugins._build_cache import hash_key
+
     root = source_dir()
     inputs = [p for p in root.glob("*") if p.suffix in (".cu", ".cpp", ".h", ".cuh")]
     return hash_key(root, inputs, (torch.__version__, str(torch.version.cuda),
@@ -191,7 +204,7 @@ def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Te
             and value_cache.stride() == key_cache.stride())
 
 
-OPS: OpTable = {
+_IMPLS: dict[str, tuple[Callable[..., Any], Callable[..., bool] | None]] = {
     "silu_and_mul": (silu_and_mul, _silu_supports),
     "rms_norm": (rms_norm, _rms_supports),
     "reshape_and_cache": (reshape_and_cache, _rac_supports),
@@ -199,18 +212,20 @@ OPS: OpTable = {
 }
 
 
-def register(registry: RegistryLike, dispatch_key: str = "CUDA") -> list[str]:
+def register(registry: "OpRegistry", dispatch_key: str = "CUDA") -> list[str]:
     """Register provider ``cuda_c`` (building the kernels when this machine can).
 
     :param registry: the registry to register into.
     :param dispatch_key: torch dispatch key served (``CUDA``).
     :return: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
+
     supported, reason = cuda_c_status()
     if supported:
         try:
             build()
         except BuildError as exc:
             supported, reason = False, str(exc)
-    return register_table(registry, PROVIDER, dispatch_key, OPS, supported=supported,
+    return register_table(registry, PROVIDER, dispatch_key, _IMPLS, supported=supported,
                           reason=reason)
