@@ -19,13 +19,16 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
 from opmux.core.errors import ProviderUnavailableError
-from opmux.core.op import NATIVE, Op, OpImpl
+from opmux.core.op import NATIVE, Op
 from opmux.testing.cases import Case, cases_for, has_cases
+
+if TYPE_CHECKING:
+    from opmux.core.op import OpImpl
 
 __all__ = [
     "TOLERANCES",
