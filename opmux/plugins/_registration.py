@@ -8,7 +8,9 @@ provider's ``lazy``). The per-op tables stay in the provider modules (``OPS = {o
 supports_args)}``); :func:`register_table` turns one such table into registrations, with the
 same ``supported`` flag and reason for all of them (a failed build marks every op).
 
-Predicates are named ``_<op>_supports`` (or ``<op>_supports`` where they are public).
+Predicates are named ``<op>_supports`` (``_<op>_supports`` when private), as the Triton modules
+and the example vendor do; the ``cpp`` table (``_<op>_ok``), ``cuda_c`` (abbreviated op names)
+and ``mindspore`` (``supports_args``) still carry their earlier names.
 """
 
 from __future__ import annotations
