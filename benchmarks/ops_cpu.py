@@ -1,6 +1,8 @@
 """Elementwise/norm ops on CPU: opmux ``cpp`` against baselines measured in the same run.
 
-For rms_norm, fused_add_rms_norm, silu_and_mul, gelu_and_mul and rotary_embedding it times:
+For rms_norm, fused_add_rms_norm, silu_and_mul, gelu_and_mul, rotary_embedding,
+apply_rotary_emb, dual_chunk_rotary_embedding and the activations of ``ops_cpu_activation.py``
+it times:
 opmux ``native`` eager, ``torch.compile`` of native, the ``cpp`` provider as an op call (it
 allocates its outputs), the ``cpp`` kernel writing into preallocated outputs, and vLLM's CPU
 kernel (in place / into a preallocated output, as vLLM calls it) when ``vllm`` is importable.
@@ -13,6 +15,7 @@ vLLM's kernel library is loaded with ``torch.ops.load_library``; it is never a d
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +56,15 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
     freqs = torch.arange(4096).float()[:, None] * inv[None, :]
     cache = torch.cat([freqs.cos(), freqs.sin()], -1).to(dtype)
     q_out, k_out = torch.empty_like(q), torch.empty_like(kk)
+    # apply_rotary_emb: a vision-encoder call, x [1, T, H, D] with per-position tables
+    xr = q.view(1, tokens, heads, d)
+    xr_out = torch.empty_like(xr)
+    cos_t, sin_t = cache[:tokens, : d // 2], cache[:tokens, d // 2:]
+    # dual_chunk_rotary_embedding: chunk 8192, local 1024 (Qwen2.5-1M's config), pos < 4096
+    from opmux.ops.rotary_more import make_dual_chunk_caches
+
+    dc = make_dual_chunk_caches(8192, 1024, 4096, d, dtype=dtype)
+    dq_out = torch.empty(tokens, 5 * heads * d, dtype=dtype)
     result: list[tuple[str, tuple[Any, ...], dict[str, Fn]]] = [
         ("rms_norm", (x, w, 1e-6), {
             "cpp": lambda: cpp_ops.rms_norm(x, w, 1e-6),
@@ -76,6 +88,16 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
             "cpp kernel (out given)": lambda: k.rotary_embedding_out(q_out, k_out, pos, q, kk,
                                                                      cache, d, True),
         }),
+        ("apply_rotary_emb", (xr, cos_t, sin_t, True, False), {
+            "cpp": lambda: cpp_ops.apply_rotary_emb(xr, cos_t, sin_t, True, False),
+            "cpp kernel (out given)": lambda: k.apply_rotary_emb_out(xr_out, xr, cos_t, sin_t,
+                                                                     True),
+        }),
+        ("dual_chunk_rotary_embedding", (pos, q, kk, *dc, d, True), {
+            "cpp": lambda: cpp_ops.dual_chunk_rotary_embedding(pos, q, kk, *dc, d, True),
+            "cpp kernel (out given)": lambda: k.dual_chunk_rotary_embedding_out(
+                dq_out, k_out, pos, q, kk, *dc, d, True, None),
+        }),
     ]
     if has_vllm:
         c = torch.ops._C
@@ -88,9 +110,17 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
             "silu_and_mul": lambda: c.silu_and_mul(g_out, g),
             "gelu_and_mul": lambda: c.gelu_and_mul(g_out, g),
             "rotary_embedding": lambda: c.rotary_embedding(pos, qi, ki, d, cache, True),
+            # vLLM runs ApplyRotaryEmb natively on CPU; its rotary kernel does the same math
+            # with positions 0..T-1 (in place, no key)
+            "apply_rotary_emb": lambda: c.rotary_embedding(seq_pos, qr, None, d, cache, True),
         }
+        seq_pos, qr = torch.arange(tokens), q.clone()
         for name, _, fns in result:
-            fns["vLLM kernel"] = extra[name]
+            if name in extra:  # vLLM has no CPU kernel for dual_chunk_rotary_embedding
+                fns["vLLM kernel"] = extra[name]
+    from ops_cpu_activation import activation_cases
+
+    result += activation_cases(tokens, inter, dtype, has_vllm)
     return result
 
 
@@ -101,6 +131,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=0)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     parser.add_argument("--ops", default="", help="comma-separated subset of ops")
+    parser.add_argument("--vllm-lib", default="", help="vLLM kernel library (.so) to load "
+                        "when vllm is not importable, e.g. .../vllm/_C_AVX512.abi3.so")
     args = parser.parse_args()
     tokens, hidden, inter = (4096, 4096, 11008) if args.full else (1024, 4096, 4096)
     dtype = getattr(torch, args.dtype)
@@ -112,6 +144,9 @@ def main() -> None:
     if not ok:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
     has_vllm = load_vllm() is not None
+    if not has_vllm and args.vllm_lib and os.path.exists(args.vllm_lib):
+        torch.ops.load_library(args.vllm_lib)
+        has_vllm = True
     src = torch.randn(32 * 1024 * 1024)
     dst = torch.empty_like(src)
     gbps = 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src), 10) / 1e6
@@ -119,7 +154,7 @@ def main() -> None:
           f"{torch.get_num_threads()} threads; large copy {gbps:.1f} GB/s (read + write); "
           f"vLLM {'loaded' if has_vllm else 'not installed'}")
     wanted = set(filter(None, args.ops.split(",")))
-    header = f"{'op':20s} {'contender':26s} {'ms':>9s} {'cpp speedup':>12s}"
+    header = f"{'op':28s} {'contender':26s} {'ms':>9s} {'cpp speedup':>12s}"
     print(header)
     print("-" * len(header))
     for name, nargs, fns in cases(tokens, hidden, inter, dtype, has_vllm):
@@ -138,7 +173,7 @@ def main() -> None:
         rows = list(interleaved_ms(contenders, iters).items())
         cpp_ms = dict(rows)["cpp"]
         for label, ms in rows:
-            print(f"{name:20s} {label:26s} {ms:9.3f} {ms / cpp_ms:11.2f}x")
+            print(f"{name:28s} {label:26s} {ms:9.3f} {ms / cpp_ms:11.2f}x")
         print()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opmux.core.custom_op import CustomOp, custom_op_counts, set_custom_ops
+from opmux.core.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
 from opmux.core.errors import (
     BuildError,
     ConfigError,
@@ -12,6 +12,7 @@ from opmux.core.errors import (
     OpmuxError,
     PlatformError,
     PluginLoadError,
+    ProviderOutputError,
     ProviderUnavailableError,
     RegistrationError,
     SignatureMismatchError,
@@ -20,8 +21,8 @@ from opmux.core.errors import (
 )
 from opmux.core.forward_context import collect_layers, forward_context, get_forward_context
 from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
-from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, load_plugins, plugin_report
-from opmux.core.registry import OpRegistry, get_op, global_registry, list_ops, register_op
+from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, plugin_report
+from opmux.core.registry import OpRegistry, get_op, list_ops, register_op
 from opmux.core.runners import (
     get_runner,
     register_runner,
@@ -29,7 +30,8 @@ from opmux.core.runners import (
     release_runner,
     runner_scope,
 )
-from opmux.core.torch_lib import direct_register_custom_op
+from opmux.core.runtime import direct_register_custom_op, global_registry, load_plugins
+from opmux.core.switches import enable_output_checks
 from opmux.platforms import current_platform
 from opmux.platforms.base import Platform
 
@@ -47,6 +49,7 @@ __all__ = [
     "PlatformError",
     "PluginLoadError",
     "PluginRecord",
+    "ProviderOutputError",
     "ProviderUnavailableError",
     "RegistrationError",
     "SignatureMismatchError",
@@ -56,6 +59,7 @@ __all__ = [
     "current_platform",
     "custom_op_counts",
     "direct_register_custom_op",
+    "enable_output_checks",
     "enable_torch_wrap",
     "forward_context",
     "get_forward_context",
@@ -71,6 +75,7 @@ __all__ = [
     "register_runner_op",
     "release_runner",
     "runner_scope",
+    "set_compile_mode",
     "set_custom_ops",
     "torch_wrap_enabled",
 ]
@@ -88,4 +93,8 @@ def __getattr__(name: str) -> Any:
         import opmux.ops as ops
 
         return ops
+    if name == "distributed":
+        import opmux.distributed as distributed
+
+        return distributed
     raise AttributeError(f"module 'opmux' has no attribute {name!r}")

@@ -2,8 +2,10 @@
 
 Test isolation: every test that defines ops gets its own :class:`opmux.OpRegistry`
 (``registry``) and a namespace no other test uses (``ns``); the registry's torch
-libraries are destroyed afterwards, so tests never depend on order. Tests that load
-plugins use ``fresh_plugins``, which resets the plugin manager and the cached platform.
+libraries are destroyed afterwards, so tests never depend on order. Tests that touch
+process-wide state (plugins, platform, priorities of the global registry, switches,
+runners, ...) use ``fresh_plugins``, which calls the one reset,
+:func:`opmux.core.runtime.reset_for_tests`, before and after the test.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import pytest
 
 import opmux
 from opmux.core import custom_op as _custom_op
-from opmux.core import plugins as _plugins
-from opmux.platforms import _reset_for_tests as _reset_platform
+from opmux.core.runtime import reset_for_tests
 
 _counter = itertools.count()
 
@@ -56,15 +57,15 @@ def registry() -> Iterator[opmux.OpRegistry]:
 
 @pytest.fixture
 def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A fresh plugin manager and platform cache, restored afterwards."""
-    for var in ("OPMUX_PLUGINS", "OPMUX_STRICT_PLUGINS", "OPMUX_PRIORITY", "OPMUX_PLATFORM"):
+    """Every piece of global state reset before the test and again after it (the global
+    registry starts up anew on its next use), with no ``OPMUX_*`` start-up variable set."""
+    for var in ("OPMUX_PLUGINS", "OPMUX_STRICT_PLUGINS", "OPMUX_PRIORITY", "OPMUX_PLATFORM",
+                "OPMUX_CHECK_OUTPUTS"):
         monkeypatch.delenv(var, raising=False)
-    saved = _plugins._STATE[0]
-    _plugins._reset_for_tests()
-    _reset_platform()
+    reset_for_tests()
     yield
-    _plugins._STATE[0] = saved
-    _reset_platform()
+    monkeypatch.undo()  # the reset after the test sees the real environment
+    reset_for_tests()
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ DOCTEST_MODULES = [
     "opmux.core.runners",
     "opmux.core.forward_context",
     "opmux.layers.moe",
+    "opmux.layers.rotary",
     "opmux.ops.cache",
     "opmux.testing",
     "opmux.cli.table",

@@ -25,6 +25,27 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "advance_step_flashattn(int num_seqs, int num_queries, int block_size, "
       "Tensor(a!) input_tokens, Tensor sampled_token_ids, Tensor(b!) input_positions, "
       "Tensor(c!) seq_lens, Tensor(d!) slot_mapping, Tensor block_tables) -> ()");
+  m.def("fatrelu_and_mul_out(Tensor(a!) out, Tensor x, float threshold) -> ()");
+  m.def("mul_and_silu_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("swigluoai_and_mul_out(Tensor(a!) out, Tensor x, float alpha, float limit) -> ()");
+  m.def(
+      "gelu_and_mul_sparse_out(Tensor(a!) out, Tensor x, float std_multiplier, "
+      "str approximate) -> ()");
+  m.def("gelu_new_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("gelu_fast_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("quick_gelu_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def("relu2_out(Tensor(a!) out, Tensor x) -> ()");
+  m.def(
+      "xielu_out(Tensor(a!) out, Tensor x, Tensor alpha_p, Tensor alpha_n, float beta, "
+      "float eps) -> ()");
+  m.def(
+      "apply_rotary_emb_out(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin, "
+      "bool is_neox) -> ()");
+  m.def(
+      "dual_chunk_rotary_embedding_out(Tensor(a!) query_out, Tensor(b!) key_out, "
+      "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
+      "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
+      "bool is_neox, Tensor? offsets) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -36,4 +57,15 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("reshape_and_cache", &opmux_cpu::reshape_and_cache);
   m.impl("paged_attention_out", &opmux_cpu::paged_attention_out);
   m.impl("advance_step_flashattn", &opmux_cpu::advance_step_flashattn);
+  m.impl("fatrelu_and_mul_out", &opmux_cpu::fatrelu_and_mul_out);
+  m.impl("mul_and_silu_out", &opmux_cpu::mul_and_silu_out);
+  m.impl("swigluoai_and_mul_out", &opmux_cpu::swigluoai_and_mul_out);
+  m.impl("gelu_and_mul_sparse_out", &opmux_cpu::gelu_and_mul_sparse_out);
+  m.impl("gelu_new_out", &opmux_cpu::gelu_new_out);
+  m.impl("gelu_fast_out", &opmux_cpu::gelu_fast_out);
+  m.impl("quick_gelu_out", &opmux_cpu::quick_gelu_out);
+  m.impl("relu2_out", &opmux_cpu::relu2_out);
+  m.impl("xielu_out", &opmux_cpu::xielu_out);
+  m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
+  m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
 }

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 
 namespace opmux_cpu {
@@ -35,5 +36,27 @@ void advance_step_flashattn(int64_t num_seqs, int64_t num_queries, int64_t block
                             at::Tensor& input_tokens, const at::Tensor& sampled_token_ids,
                             at::Tensor& input_positions, at::Tensor& seq_lens,
                             at::Tensor& slot_mapping, const at::Tensor& block_tables);
+
+// vLLM's other activation rows (activation_more.cpp).
+void fatrelu_and_mul_out(at::Tensor& out, const at::Tensor& x, double threshold);
+void mul_and_silu_out(at::Tensor& out, const at::Tensor& x);
+void swigluoai_and_mul_out(at::Tensor& out, const at::Tensor& x, double alpha, double limit);
+void gelu_and_mul_sparse_out(at::Tensor& out, const at::Tensor& x, double std_multiplier,
+                             const std::string& approximate);
+void gelu_new_out(at::Tensor& out, const at::Tensor& x);
+void gelu_fast_out(at::Tensor& out, const at::Tensor& x);
+void quick_gelu_out(at::Tensor& out, const at::Tensor& x);
+void relu2_out(at::Tensor& out, const at::Tensor& x);
+void xielu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& alpha_p,
+               const at::Tensor& alpha_n, double beta, double eps);
+void apply_rotary_emb_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& cos,
+                          const at::Tensor& sin, bool is_neox);
+
+void dual_chunk_rotary_embedding_out(
+    at::Tensor& query_out, at::Tensor& key_out, const at::Tensor& positions,
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& q_cache,
+    const at::Tensor& qc_cache, const at::Tensor& k_cache, const at::Tensor& qc_no_clamp_cache,
+    const at::Tensor& q_inter_cache, int64_t head_size, bool is_neox,
+    const std::optional<at::Tensor>& offsets);
 
 }  // namespace opmux_cpu

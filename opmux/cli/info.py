@@ -40,6 +40,7 @@ def _versions() -> dict[str, str | None]:
 def info_data() -> dict[str, Any]:
     """Everything ``opmux info`` shows, as plain data."""
     import opmux
+    from opmux.core.custom_op import custom_op_settings
     from opmux.platforms import detections
 
     opmux.load_plugins()
@@ -62,6 +63,7 @@ def info_data() -> dict[str, Any]:
         "plugins": [r.as_dict() for r in opmux.plugin_report()],
         "ops": ops,
         "custom_ops": opmux.custom_op_counts(),
+        "custom_op_settings": custom_op_settings(),
         "versions": _versions(),
     }
 
@@ -94,12 +96,14 @@ def run(ns: argparse.Namespace) -> int:
                          "yes" if pr["supported"] else f"no: {pr['reason'] or ''}".strip(),
                          pr["rank"] or "-", op["priority_source"]))
     print(format_table(rows, ("op", "provider", "key", "supported", "rank", "priority from")))
-    counts = data["custom_ops"]
-    if counts["enabled"] or counts["disabled"]:
-        print()
-        names = sorted(set(counts["enabled"]) | set(counts["disabled"]))
-        print(format_table([(n, counts["enabled"].get(n, 0), counts["disabled"].get(n, 0))
-                            for n in names], ("custom op layer", "enabled", "disabled")))
+    counts, cfg = data["custom_ops"], data["custom_op_settings"]
+    print(f"\ncustom ops: base {cfg['base']} ({cfg['source']}), overrides "
+          f"{cfg['overrides'] or '-'}, compile mode {cfg['compile_mode']}")
+    names = sorted(set(counts["enabled"]) | set(counts["disabled"]) | set(cfg["layers"]))
+    print(format_table([(n, "yes" if cfg["layers"].get(n, False) else "no",
+                         counts["enabled"].get(n, 0), counts["disabled"].get(n, 0))
+                        for n in names],
+                       ("custom op layer", "enabled now", "built enabled", "built disabled")))
     print()
     print("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in data["versions"].items()))
     return 0

@@ -1,26 +1,112 @@
-"""Parsing of opmux's configuration strings (environment variables and API arguments)."""
+"""All of opmux's configuration: every environment variable, read through one function each.
+
+Nothing else in opmux reads ``os.environ`` for its own settings: each variable below has
+exactly one accessor here, documented once (the README's configuration table mirrors
+this module). Accessors read the environment on every call (cheap; never on the dispatch
+hot path), so a fixed configuration takes effect on the next start-up attempt. A
+malformed value raises :class:`~opmux.ConfigError` naming the variable and the value.
+
+=============================  =============================  ==============================
+variable                       accessor                       meaning
+=============================  =============================  ==============================
+``OPMUX_PLATFORM``             :func:`platform_override`      force a platform by name
+``OPMUX_PRIORITY``             :func:`priority_overrides`     per-op provider order
+``OPMUX_PLUGINS``              :func:`plugin_allow_list`      only these plugins load
+``OPMUX_STRICT_PLUGINS``       :func:`strict_plugins`         a plugin failure is fatal
+``OPMUX_CUSTOM_OPS``           :func:`custom_ops_spec`        CustomOp layer enablement
+``OPMUX_CHECK_OUTPUTS``        :func:`check_outputs`          check provider outputs (debug)
+``OPMUX_CACHE_DIR``            :func:`cache_dir`              native build cache root
+``OPMUX_DEBUG``                :func:`debug`                  CLI errors show tracebacks
+``OPMUX_ASCEND_SOC_VERSION``   :func:`ascend_soc_version`     AscendC target SoC
+``ASCEND_HOME_PATH`` /         :func:`cann_home`              CANN toolkit folder
+``ASCEND_TOOLKIT_HOME``
+``PJRT_DEVICE``                :func:`pjrt_device`            torch_xla device (xla platform)
+``TRITON_INTERPRET``           :func:`triton_interpret`       Triton's CPU interpreter
+``CXX``                        :func:`cxx`                    C++ compiler of native builds
+=============================  =============================  ==============================
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
+from typing import Final
 
 from opmux.core.errors import ConfigError
 
-__all__ = ["ENV_CUSTOM_OPS", "ENV_PLUGINS", "ENV_PRIORITY", "ENV_STRICT_PLUGINS",
-           "parse_custom_ops", "parse_plugin_allow_list", "parse_priority", "strict_plugins"]
+__all__ = [
+    "ENV_ASCEND_SOC_VERSION",
+    "ENV_CACHE_DIR",
+    "ENV_CHECK_OUTPUTS",
+    "ENV_CUSTOM_OPS",
+    "ENV_DEBUG",
+    "ENV_PLATFORM",
+    "ENV_PLUGINS",
+    "ENV_PRIORITY",
+    "ENV_STRICT_PLUGINS",
+    "ascend_soc_version",
+    "cache_dir",
+    "cann_home",
+    "check_outputs",
+    "custom_ops_spec",
+    "cxx",
+    "debug",
+    "parse_bool",
+    "parse_custom_ops",
+    "parse_plugin_allow_list",
+    "parse_priority",
+    "pjrt_device",
+    "platform_override",
+    "plugin_allow_list",
+    "priority_overrides",
+    "strict_plugins",
+    "triton_interpret",
+]
 
-ENV_PRIORITY = "OPMUX_PRIORITY"
+ENV_PLATFORM: Final = "OPMUX_PLATFORM"
+"""``"cuda"``: use this platform (built-in or a plugin's) instead of detecting one."""
+ENV_PRIORITY: Final = "OPMUX_PRIORITY"
 """``"rms_norm=cpp,native;paged_attention=triton,native"``: per-op provider order."""
-ENV_PLUGINS = "OPMUX_PLUGINS"
-"""``"cpu,cuda"``: only these plugins load (unset: all)."""
-ENV_STRICT_PLUGINS = "OPMUX_STRICT_PLUGINS"
-"""``1``: a plugin failure raises instead of being recorded and skipped."""
-ENV_CUSTOM_OPS = "OPMUX_CUSTOM_OPS"
+ENV_PLUGINS: Final = "OPMUX_PLUGINS"
+"""``"cpu,cuda"``: only these plugins load (unset or empty: all)."""
+ENV_STRICT_PLUGINS: Final = "OPMUX_STRICT_PLUGINS"
+"""``1``/``true``: a plugin failure raises instead of being recorded and skipped."""
+ENV_CUSTOM_OPS: Final = "OPMUX_CUSTOM_OPS"
 """``"all,-rms_norm"`` / ``"none,+rms_norm"``: which CustomOp layers use their platform path."""
+ENV_CHECK_OUTPUTS: Final = "OPMUX_CHECK_OUTPUTS"
+"""``1``: check every provider's outputs against the op's fake and its inputs for mutation."""
+ENV_CACHE_DIR: Final = "OPMUX_CACHE_DIR"
+"""Root folder of the native build caches (default ``~/.cache/opmux``)."""
+ENV_DEBUG: Final = "OPMUX_DEBUG"
+"""``1``: the ``opmux`` CLI re-raises errors with their traceback."""
+ENV_ASCEND_SOC_VERSION: Final = "OPMUX_ASCEND_SOC_VERSION"
+"""The Ascend SoC the AscendC kernels are compiled for (default ``Ascend910B1``)."""
 
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 _OPNAME = re.compile(r"^([a-z_][a-z0-9_]*::)?[a-z_][a-z0-9_]*$")
+_PLUGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+# ----------------------------------------------------------------- parsers (pure)
+def parse_bool(text: str | None, *, source: str) -> bool:
+    """``1/true/yes/on`` → True, ``0/false/no/off`` or unset/empty → False (any case).
+
+    :raises ConfigError: for anything else (``"2"`` is not silently false).
+    """
+    value = (text or "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{source}={text!r} is not a boolean; use 1/true/yes/on or "
+                      f"0/false/no/off (or leave it unset)")
 
 
 def parse_priority(text: str, *, source: str = ENV_PRIORITY) -> dict[str, list[str]]:
@@ -48,19 +134,22 @@ def parse_priority(text: str, *, source: str = ENV_PRIORITY) -> dict[str, list[s
 
 
 def parse_plugin_allow_list(text: str | None) -> frozenset[str] | None:
-    """``None`` (all allowed) for unset/empty, else the set of plugin names."""
+    """``None`` (all allowed) for unset/empty, else the set of plugin names.
+
+    :raises ConfigError: a value that names no plugin at all (``",,,"``: it would
+        silently disable every plugin) or a malformed name (``"cpu;cuda"``).
+    """
     if text is None or not text.strip():
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if not re.match(r"^[A-Za-z0-9_.\-]+$", n)]
+    if not names:
+        raise ConfigError(f"{ENV_PLUGINS}={text!r} names no plugin; unset it to load every "
+                          f"plugin, or list names separated by commas (cpu,cuda)")
+    bad = [n for n in names if not _PLUGIN_NAME.match(n)]
     if bad:
-        raise ConfigError(f"{ENV_PLUGINS}: bad plugin name(s) {bad}; expected a,b,c")
+        raise ConfigError(f"{ENV_PLUGINS}={text!r}: bad plugin name(s) {bad}; expected names "
+                          f"separated by commas, e.g. cpu,cuda")
     return frozenset(names)
-
-
-def strict_plugins() -> bool:
-    """Whether ``OPMUX_STRICT_PLUGINS`` asks for plugin failures to be fatal."""
-    return os.environ.get(ENV_STRICT_PLUGINS, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def parse_custom_ops(text: str, *, source: str = "custom ops") -> tuple[bool, dict[str, bool]]:
@@ -87,3 +176,80 @@ def parse_custom_ops(text: str, *, source: str = "custom ops") -> tuple[bool, di
             raise ConfigError(
                 f"{source}: element {item!r} of {text!r} is not 'all', 'none', '+name' or '-name'")
     return (True if default is None else default), overrides
+
+
+# --------------------------------------------------------------------- accessors
+def platform_override() -> str | None:
+    """``OPMUX_PLATFORM``: the forced platform name, or ``None`` (detect)."""
+    value = (_env(ENV_PLATFORM) or "").strip()
+    return value or None
+
+
+def priority_overrides() -> dict[str, list[str]]:
+    """``OPMUX_PRIORITY`` parsed: ``{op: [provider, ...]}`` (empty when unset)."""
+    return parse_priority(_env(ENV_PRIORITY) or "")
+
+
+def priority_text() -> str:
+    """``OPMUX_PRIORITY`` as written (for messages)."""
+    return _env(ENV_PRIORITY) or ""
+
+
+def plugin_allow_list() -> frozenset[str] | None:
+    """``OPMUX_PLUGINS`` parsed: the allowed plugin names, or ``None`` (all)."""
+    return parse_plugin_allow_list(_env(ENV_PLUGINS))
+
+
+def strict_plugins() -> bool:
+    """``OPMUX_STRICT_PLUGINS``: whether a plugin failure is fatal."""
+    return parse_bool(_env(ENV_STRICT_PLUGINS), source=ENV_STRICT_PLUGINS)
+
+
+def custom_ops_spec() -> str:
+    """``OPMUX_CUSTOM_OPS`` as written (empty when unset); see :func:`parse_custom_ops`."""
+    return _env(ENV_CUSTOM_OPS) or ""
+
+
+def check_outputs() -> bool:
+    """``OPMUX_CHECK_OUTPUTS``: whether provider outputs are checked (a debug mode)."""
+    return parse_bool(_env(ENV_CHECK_OUTPUTS), source=ENV_CHECK_OUTPUTS)
+
+
+def cache_dir() -> Path:
+    """``OPMUX_CACHE_DIR`` (``~`` expanded), default ``~/.cache/opmux``."""
+    value = (_env(ENV_CACHE_DIR) or "").strip()
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "opmux"
+
+
+def debug() -> bool:
+    """``OPMUX_DEBUG``: whether the CLI shows tracebacks (any non-false value)."""
+    return (_env(ENV_DEBUG) or "").strip().lower() not in _FALSE
+
+
+def ascend_soc_version() -> str:
+    """``OPMUX_ASCEND_SOC_VERSION``, default ``"Ascend910B1"``."""
+    return (_env(ENV_ASCEND_SOC_VERSION) or "").strip() or "Ascend910B1"
+
+
+def cann_home() -> Path | None:
+    """The CANN toolkit folder from ``ASCEND_HOME_PATH`` / ``ASCEND_TOOLKIT_HOME``, if it exists."""
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+        value = _env(var)
+        if value and os.path.isdir(value):
+            return Path(value)
+    return None
+
+
+def pjrt_device() -> str | None:
+    """``PJRT_DEVICE`` (torch_xla's device selector), or ``None`` when unset/empty."""
+    return _env("PJRT_DEVICE") or None
+
+
+def triton_interpret() -> bool:
+    """``TRITON_INTERPRET``: whether Triton runs kernels in its CPU interpreter."""
+    return (_env("TRITON_INTERPRET") or "0").strip().lower() in _TRUE
+
+
+def cxx(default: str = "c++") -> str:
+    """``CXX``: the C++ compiler native builds use (``default`` when unset)."""
+    return _env("CXX") or default

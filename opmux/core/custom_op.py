@@ -3,56 +3,195 @@
 A layer subclasses :class:`CustomOp`, implements ``forward_native`` and may override
 ``forward_cuda`` / ``forward_hip`` / ``forward_xla`` / ``forward_npu`` / ``forward_cpu``.
 The method is chosen once, at construction, from the current platform and the enablement
-string (``opmux.set_custom_ops("all,-rms_norm")`` or ``OPMUX_CUSTOM_OPS``): a disabled
-layer always runs ``forward_native``. The default, with nothing configured, is ``all``.
+setting: a disabled layer always runs ``forward_native``.
+
+Enablement follows vLLM's ``CompilationConfig.custom_ops``:
+
+- forms: a string ``"all,-rms_norm"`` or a list ``["none", "+rms_norm"]``
+  (:func:`set_custom_ops`, or the ``OPMUX_CUSTOM_OPS`` environment variable, string form);
+  elements are ``all``, ``none``, ``+name`` and ``-name``; at most one of ``all``/``none``;
+  ``+all``/``-all`` are errors, and so is naming one layer with both ``+`` and ``-``.
+- without ``all``/``none`` the base is the compile-mode default: ``none`` when the caller
+  declares it compiles with Inductor (:func:`set_compile_mode` ``("inductor")`` or
+  ``OPMUX_COMPILE_MODE=inductor``), so that Inductor fuses the native code of the layers;
+  ``all`` otherwise (eager, or another ``torch.compile`` backend).
+- a layer is enabled iff ``(base is all or +name given) and -name not given``.
+- names must be registered layer names. :func:`set_custom_ops` checks them when it is
+  called, against the layers registered at that moment (opmux's own table is imported
+  first, so every in-tree row is known; register out-of-tree layers before naming them);
+  ``OPMUX_CUSTOM_OPS`` is checked when it is first resolved (the first layer built after
+  it changed). An unknown name raises :class:`~opmux.ConfigError` listing the known ones.
+  vLLM only warns here; a typo that silently keeps a slow path is worse than an error.
+
+``_reset_for_tests`` clears the overrides, the counts and out-of-tree replacements.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Final, TypeVar
 
 import torch
 
-from opmux.core.config import ENV_CUSTOM_OPS, parse_custom_ops
-from opmux.core.errors import RegistrationError
+from opmux.core.config import ENV_CUSTOM_OPS
+from opmux.core.errors import ConfigError, RegistrationError
 from opmux.core.torch_lib import validate_name
 
-__all__ = ["CustomOp", "custom_op_counts", "set_custom_ops"]
+__all__ = ["ENV_COMPILE_MODE", "CustomOp", "compile_mode", "custom_op_counts",
+           "custom_op_settings", "set_compile_mode", "set_custom_ops"]
 
 _C = TypeVar("_C", bound=type["CustomOp"])
 
+ENV_COMPILE_MODE: Final = "OPMUX_COMPILE_MODE"
+"""``inductor`` (layers default to disabled), ``none`` (eager) or another backend name."""
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+#: ``(base or None, {name: enabled})``: a parsed enablement setting.
+_Parsed = tuple[bool | None, dict[str, bool]]
+
 _config_lock = threading.Lock()
-_config: list[tuple[bool, dict[str, bool]] | None] = [None]
+#: [explicit setting from set_custom_ops or None, compile mode from set_compile_mode or None]
+_config: list[Any] = [None, None]
+#: (env text, parsed) of the last OPMUX_CUSTOM_OPS value resolved (checked once per value).
+_env_cache: list[tuple[str, _Parsed] | None] = [None]
 _counts: dict[str, Counter[str]] = {"enabled": Counter(), "disabled": Counter()}
 
 
-def set_custom_ops(spec: str | None) -> None:
-    """Set which CustomOp layers are enabled: ``"all,-name"`` or ``"none,+name"``.
+def _known_names() -> list[str]:
+    import opmux.layers  # noqa: F401  (registers opmux's own layer table)
 
-    ``None`` returns to ``OPMUX_CUSTOM_OPS`` (or ``all``). Applies to layers built
-    afterwards.
+    return sorted(set(CustomOp.op_registry) | set(CustomOp.op_registry_oot))
 
-    :raises ConfigError: on a malformed string (nothing changes).
+
+def _parse(spec: object, source: str, check_names: bool) -> _Parsed:
+    """Parse vLLM's string or list form into ``(base, overrides)``; ``base`` None = default."""
+    if isinstance(spec, str):
+        items = [i.strip() for i in spec.split(",")]
+    elif isinstance(spec, Sequence) and all(isinstance(i, str) for i in spec):
+        items = [i.strip() for i in spec]
+    else:
+        raise ConfigError(f"{source}: expected a string like 'all,-rms_norm' or a list of "
+                          f"strings like ['none', '+rms_norm'], got {type(spec).__name__} "
+                          f"{spec!r}")
+    base: bool | None = None
+    overrides: dict[str, bool] = {}
+    for item in filter(None, items):
+        if item in ("all", "none"):
+            if base is not None:
+                raise ConfigError(f"{source}: {spec!r} gives 'all'/'none' more than once; "
+                                  f"use exactly one base mode")
+            base = item == "all"
+        elif item[0] in "+-" and item[1:] in ("all", "none"):
+            raise ConfigError(f"{source}: element {item!r} of {spec!r}: 'all' and 'none' take "
+                              f"no sign; write 'all' or 'none'")
+        elif item[0] in "+-" and _NAME.match(item[1:]):
+            want = item[0] == "+"
+            if overrides.get(item[1:], want) != want:
+                raise ConfigError(f"{source}: {spec!r} both enables and disables "
+                                  f"{item[1:]!r}; keep one of '+{item[1:]}' / '-{item[1:]}'")
+            overrides[item[1:]] = want
+        else:
+            raise ConfigError(f"{source}: element {item!r} of {spec!r} is not 'all', 'none', "
+                              f"'+name' or '-name'")
+    if check_names and overrides:
+        known = _known_names()
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ConfigError(f"{source}: unknown custom op layer name(s) {unknown}; known "
+                              f"layers: {known}")
+    return base, overrides
+
+
+def set_custom_ops(spec: str | Sequence[str] | None) -> None:
+    """Set which CustomOp layers use their platform path; applies to layers built afterwards.
+
+    :param spec: ``"all,-rms_norm"``, ``["none", "+rms_norm"]``, or ``None`` to return to
+        ``OPMUX_CUSTOM_OPS`` (and, without a base mode, the compile-mode default).
+    :raises ConfigError: malformed setting or unknown layer name (nothing changes).
     """
-    parsed = None if spec is None else parse_custom_ops(spec, source="set_custom_ops")
+    parsed = None if spec is None else _parse(spec, "set_custom_ops", check_names=True)
     with _config_lock:
         _config[0] = parsed
 
 
+def set_compile_mode(mode: str | None) -> None:
+    """Declare how the caller compiles the model; it sets the enablement default.
+
+    :param mode: ``"inductor"`` (layers default to disabled, as vLLM does with Inductor),
+        ``"none"`` (eager) or another ``torch.compile`` backend name (layers default to
+        enabled); ``None`` returns to ``OPMUX_COMPILE_MODE`` (unset: ``none``).
+    :raises ConfigError: ``mode`` is not a backend-like name.
+    """
+    if mode is not None:
+        _check_mode(mode, "set_compile_mode")
+    with _config_lock:
+        _config[1] = mode
+
+
+def _check_mode(mode: object, source: str) -> str:
+    if not isinstance(mode, str) or not _NAME.match(mode):
+        raise ConfigError(f"{source}: expected 'inductor', 'none' or a torch.compile backend "
+                          f"name, got {mode!r}")
+    return mode
+
+
+def compile_mode() -> str:
+    """The declared compile mode: :func:`set_compile_mode`, else ``OPMUX_COMPILE_MODE``."""
+    mode = _config[1]
+    if mode is not None:
+        return str(mode)
+    env = _env_compile_mode()
+    return _check_mode(env, ENV_COMPILE_MODE) if env else "none"
+
+
+def _env_custom_ops() -> str:
+    """``OPMUX_CUSTOM_OPS`` (empty when unset)."""
+    return os.environ.get(ENV_CUSTOM_OPS, "")
+
+
+def _env_compile_mode() -> str:
+    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset)."""
+    return os.environ.get(ENV_COMPILE_MODE, "").strip().lower()
+
+
 def _current_config() -> tuple[bool, dict[str, bool]]:
-    cfg = _config[0]
-    if cfg is not None:
-        return cfg
-    return parse_custom_ops(os.environ.get(ENV_CUSTOM_OPS, ""), source=ENV_CUSTOM_OPS)
+    parsed: _Parsed | None = _config[0]
+    if parsed is None:
+        text = _env_custom_ops()
+        cached = _env_cache[0]
+        if cached is None or cached[0] != text:
+            cached = (text, _parse(text, ENV_CUSTOM_OPS, check_names=True))
+            _env_cache[0] = cached
+        parsed = cached[1]
+    base, overrides = parsed
+    if base is None:
+        base = compile_mode() != "inductor"
+    return base, overrides
 
 
 def custom_op_counts() -> dict[str, dict[str, int]]:
     """How many layers of each CustomOp name were built enabled / disabled."""
     return {k: dict(v) for k, v in _counts.items()}
+
+
+def custom_op_settings() -> dict[str, Any]:
+    """The resolved enablement: base mode, overrides, compile mode, where they came from and
+    ``layers``, whether each registered layer name is enabled now."""
+    base, overrides = _current_config()
+    explicit = _config[0] is not None
+    return {
+        "layers": {n: overrides.get(n, base) for n in _known_names()},
+        "base": "all" if base else "none",
+        "overrides": {k: overrides[k] for k in sorted(overrides)},
+        "compile_mode": compile_mode(),
+        "source": "set_custom_ops" if explicit else (
+            ENV_CUSTOM_OPS if _env_custom_ops().strip() else "default"),
+    }
 
 
 class CustomOp(torch.nn.Module):
@@ -178,9 +317,11 @@ _PLATFORM_METHOD: dict[str, str] = {
 
 
 def _reset_for_tests() -> None:
-    """Clear the enablement override, the counts and out-of-tree replacements."""
+    """Clear the enablement and compile-mode overrides, the counts and out-of-tree layers."""
     with _config_lock:
         _config[0] = None
+        _config[1] = None
+        _env_cache[0] = None
     for counter in _counts.values():
         counter.clear()
     CustomOp.op_registry_oot.clear()

@@ -14,6 +14,7 @@ __all__ = [
     "OpmuxError",
     "PlatformError",
     "PluginLoadError",
+    "ProviderOutputError",
     "ProviderUnavailableError",
     "RegistrationError",
     "SignatureMismatchError",
@@ -79,6 +80,20 @@ class ProviderUnavailableError(OpmuxError, RuntimeError):
     """A provider was asked for but cannot run here (not supported, not built)."""
 
 
+class ProviderOutputError(OpmuxError, RuntimeError):
+    """A provider broke its contract on a call (wrong output metadata, or it changed an
+    input it does not declare in ``mutates_args``); raised only while output checks are on.
+
+    :ivar op: qualified name of the op.
+    :ivar provider: the provider that misbehaved.
+    """
+
+    def __init__(self, message: str, *, op: str, provider: str):
+        super().__init__(message)
+        self.op = op
+        self.provider = provider
+
+
 class BuildError(OpmuxError, RuntimeError):
     """Compiling a native extension failed; the message carries the compiler's output."""
 
@@ -113,6 +128,7 @@ for _cls in (
     ConfigError,
     OpInputError,
     ProviderUnavailableError,
+    ProviderOutputError,
     BuildError,
     PlatformError,
     PluginLoadError,

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import OpmuxError
+from opmux.core.state import register_reset
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +86,12 @@ class ForwardContext:
 
 _CURRENT: Final[contextvars.ContextVar[ForwardContext | None]] = contextvars.ContextVar(
     "opmux_forward_context", default=None)
+
+
+@register_reset
+def _reset_for_tests() -> None:
+    """Leave any forward context the calling context still has open (tests)."""
+    _CURRENT.set(None)
 
 
 @contextlib.contextmanager

@@ -7,10 +7,17 @@ that kernel walks the key's *chain* (the supported providers of that key, in pri
 order), runs the first whose ``supports_args`` accepts the arguments, and falls back to
 native. Chains are recomputed when priorities or providers change, never per call.
 
-Priorities are **global** (shared by all threads): ``set_priority`` is a scoped
-override that restores the previous value on exit; concurrent scoped overrides of the
-same op from several threads are not isolated from each other. Each chain is swapped in
+Priorities are **global** (shared by all threads). ``set_priority`` is a scoped
+override: every open scope is an entry on the op's scope stack and the newest entry
+wins; a scope removes its own entry on exit, so overlapping scopes from several threads,
+closed in any order, all unwind to the priority in force before the first one. Priorities
+are set outside ``torch.compile``-d code (a context manager inside a fullgraph region is
+not traceable); selection happens when the compiled graph runs. Each chain is swapped in
 one attribute assignment, so a call always sees either the old or the new chain.
+
+A ``supports_args`` predicate that raises counts as declining the call (the next
+provider, ultimately native, runs and validates the arguments itself); ``explain`` shows
+the exception as the reason.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import torch
 
+from opmux.core import switches
 from opmux.core.errors import RegistrationError, SignatureMismatchError
+from opmux.core.output_checks import checked
+from opmux.core.switches import _WRAP, enable_torch_wrap, torch_wrap_enabled
 from opmux.core.torch_lib import infer_schema, validate_dispatch_key, validate_name
 
 if TYPE_CHECKING:
@@ -52,43 +61,6 @@ DEVICE_TYPE_TO_KEY: Final[dict[str, str]] = {
     "npu": "PrivateUse1",
     "privateuseone": "PrivateUse1",
 }
-
-#: The torch-wrap switch; a one-element list so the hot path reads it without a lookup
-#: of a module global that a ``global`` statement rebinds.
-_WRAP: list[bool] = [True]
-_WRAP_LOCK = threading.Lock()
-_ALL_OPS: weakref.WeakSet[Op] = weakref.WeakSet()
-
-
-def torch_wrap_enabled() -> bool:
-    """Whether op calls go through the torch dispatcher (the default)."""
-    return _WRAP[0]
-
-
-@contextlib.contextmanager
-def enable_torch_wrap(enabled: bool = True) -> Iterator[None]:
-    """Route op calls through the torch dispatcher (``True``) or bypass it (``False``).
-
-    With the wrap off, calling an op maps the device type of its first tensor argument
-    to a dispatch key and runs the same provider selection in Python: a plain call of
-    the chosen provider. Under ``torch.compile`` the dispatcher is always used. The
-    switch is process-wide; the previous value is restored on exit.
-    """
-    with _WRAP_LOCK:
-        previous = _WRAP[0]
-        _set_wrap(bool(enabled))
-    try:
-        yield
-    finally:
-        with _WRAP_LOCK:
-            _set_wrap(previous)
-
-
-def _set_wrap(enabled: bool) -> None:
-    _WRAP[0] = enabled
-    for op in list(_ALL_OPS):
-        op._install_call(enabled)
-
 
 @final
 class OpImpl:
@@ -140,14 +112,14 @@ class _KeyChain:
         #: the first provider's function when it takes every call (no ``supports_args``)
         self.direct: Callable[..., Any] | None = None
 
-    def set(self, chain: tuple[OpImpl, ...]) -> None:
+    def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> None:
         # readers see either the old or the new selection, never a mix: clear the shortcut,
         # publish the pairs, then the new shortcut
         self.direct = None
-        self.pairs = tuple((impl.supports_args, impl.fn) for impl in chain)
+        self.pairs = tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
         self.chain = chain
         if chain and chain[0].supports_args is None:
-            self.direct = chain[0].fn
+            self.direct = fns[0]
 
 
 _LAYERS: Final = ("code", "env", "plugins", "platform")
@@ -163,7 +135,8 @@ class Op:
     """
 
     def __init__(self, registry: OpRegistry, name: str, namespace: str, native: Callable[..., Any],
-                 schema: str, mutates_args: tuple[str, ...]) -> None:
+                 schema: str, mutates_args: tuple[str, ...],
+                 platform_key: Callable[[], str]) -> None:
         self.name = name
         self.namespace = namespace
         self.qualname = f"{namespace}::{name}"
@@ -174,18 +147,22 @@ class Op:
         self.__doc__ = native.__doc__
         self.__wrapped__ = native
         self._registry = registry
+        #: the dispatch key of this process's platform (providers' default key)
+        self._platform_key = platform_key
         self._lock = threading.RLock()
         self._native_impl = OpImpl(self.qualname, NATIVE, _NATIVE_KEY, native, True, None)
         self._impls: dict[str, OpImpl] = {NATIVE: self._native_impl}
         self._chains: dict[str, _KeyChain] = {}
         self._layers: dict[str, list[str] | None] = dict.fromkeys(_LAYERS)
+        #: open ``set_priority`` scopes, oldest first: ``(token, providers)``
+        self._scopes: list[tuple[object, list[str]]] = []
         self._fake: Callable[..., Any] = native
         self.torch_op: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
         self._eager = self._build_eager()
         # a class of its own, so __call__ can be the OpOverload itself (see _install_call)
         self.__class__ = type("Op", (type(self),), {"__module__": "opmux"})
         self._install_call(_WRAP[0])
-        _ALL_OPS.add(self)
+        switches._track(self)
 
     # ------------------------------------------------------------------ calling
     # Each Op gets its own subclass whose ``__call__`` forwards straight to the
@@ -237,7 +214,13 @@ class Op:
                 if direct is not None:
                     return direct(*args, **kwargs)
                 for pred, fn in holder.pairs:
-                    if pred is None or pred(*args, **kwargs):
+                    if pred is None:
+                        return fn(*args, **kwargs)
+                    try:
+                        ok = pred(*args, **kwargs)
+                    except Exception:  # a predicate that raises declines (see module doc)
+                        continue
+                    if ok:
                         return fn(*args, **kwargs)
             return native(*args, **kwargs)
 
@@ -256,7 +239,13 @@ class Op:
             if direct is not None:
                 return direct(*args)
             for pred, fn in holder.pairs:
-                if pred is None or pred(*args):
+                if pred is None:
+                    return fn(*args)
+                try:
+                    ok = pred(*args)
+                except Exception:  # a predicate that raises declines (see module doc)
+                    continue
+                if ok:
                     return fn(*args)
             return native(*args)
 
@@ -293,8 +282,7 @@ class Op:
         holder = self._chains.get(_key_of(args, kwargs))
         if holder is not None:
             for impl in holder.chain:
-                pred = impl.supports_args
-                if pred is None or pred(*args, **kwargs):
+                if impl.supports_args is None or _pred_verdict(impl, args, kwargs) is True:
                     return impl
         return self._native_impl
 
@@ -319,8 +307,12 @@ class Op:
                 verdict = f"skipped: unsupported ({impl.reason or 'supported=False'})"
             elif impl.dispatch_key != key:
                 verdict = f"skipped: serves dispatch key {impl.dispatch_key}, not {key}"
-            elif impl.supports_args is not None and not _safe_pred(impl, args, kwargs):
-                verdict = "skipped: supports_args rejected these arguments"
+            elif impl.supports_args is not None and (
+                    got := _pred_verdict(impl, args, kwargs)) is not True:
+                verdict = ("skipped: supports_args rejected these arguments" if got is False
+                           else f"skipped: supports_args raised {got} (counts as declining)")
+            elif order.index(name) > order.index(NATIVE):
+                verdict = "skipped: native comes first in the priority list"
             else:
                 verdict = "not reached (an earlier provider was chosen)"
             lines.append(f"  {name:<12} [{impl.dispatch_key}] {verdict}")
@@ -328,15 +320,22 @@ class Op:
 
     @property
     def impls(self) -> dict[str, OpImpl]:
-        """``{provider: OpImpl}``, native included (a copy)."""
+        """``{provider: OpImpl}``, native included (a copy; start-up runs first)."""
+        self._registry._ensure_loaded()
         return dict(self._impls)
 
     def supported_providers(self) -> list[str]:
         """Names of the providers that are supported here, in registration order."""
+        self._registry._ensure_loaded()
         return [name for name, impl in self._impls.items() if impl.supported]
 
     def priority(self) -> list[str]:
-        """The effective priority list (strongest source wins), native last."""
+        """The effective priority list (strongest source wins); native is appended when
+        missing, and providers listed after native never run."""
+        scopes = self._scopes
+        if scopes:
+            scoped = scopes[-1][1]
+            return scoped if NATIVE in scoped else [*scoped, NATIVE]
         for layer in _LAYERS:
             value = self._layers[layer]
             if value is not None:
@@ -344,7 +343,9 @@ class Op:
         return [*(p for p in self._impls if p != NATIVE), NATIVE]
 
     def priority_source(self) -> str:
-        """Which source the effective priority comes from."""
+        """Which source the effective priority comes from (a scope counts as ``code``)."""
+        if self._scopes:
+            return "code"
         for layer in _LAYERS:
             if self._layers[layer] is not None:
                 return layer
@@ -362,46 +363,73 @@ class Op:
 
     @contextlib.contextmanager
     def set_priority(self, providers: Sequence[str]) -> Iterator[None]:
-        """Scoped :meth:`set_default_priority`; the previous priority returns on exit."""
+        """Scoped priority: the newest open scope wins; on exit this scope's entry leaves.
+
+        Scopes may overlap across threads and close in any order: once all have closed,
+        the priority is the one in force before the first opened. Use it outside
+        ``torch.compile``-d functions (selection happens when the graph runs).
+        """
         self._registry._ensure_loaded()
+        token = object()
         with self._lock:
-            previous = self._layers["code"]
-            self._set_layer("code", providers)
+            names = self._check_providers(providers, strict=True)
+            assert names is not None
+            self._scopes.append((token, names))
+            self._rebuild_chains()
         try:
             yield
         finally:
             with self._lock:
-                self._layers["code"] = previous
+                self._scopes[:] = [entry for entry in self._scopes if entry[0] is not token]
                 self._rebuild_chains()
+
+    def _check_providers(self, providers: Sequence[str], *, strict: bool) -> list[str] | None:
+        """Validated, de-duplicated provider list (``None``: a default with no opinion)."""
+        if isinstance(providers, (str, bytes)) or not isinstance(providers, Sequence):
+            raise RegistrationError(
+                f"op {self.qualname!r}: a priority is a list of provider names, got "
+                f"{providers!r}" + (f"; did you mean [{providers!r}]?"
+                                     if isinstance(providers, str) else ""),
+                op=self.qualname)
+        names = list(providers)
+        unknown = [p for p in names if p not in self._impls]
+        if unknown and strict:
+            raise RegistrationError(
+                f"op {self.qualname!r}: unknown provider(s) {unknown} in priority "
+                f"{names}; registered providers: {sorted(self._impls)}",
+                op=self.qualname, provider=str(unknown[0]),
+            )
+        kept = [p for p in dict.fromkeys(names) if p in self._impls]
+        # a default naming none of our providers is no opinion, not "native only"
+        return None if not strict and not any(p != NATIVE for p in kept) else kept
 
     def _set_layer(self, layer: str, providers: Sequence[str] | None, *,
                    strict: bool = True) -> None:
         with self._lock:
-            if providers is None:
-                self._layers[layer] = None
-            else:
-                names = list(providers)
-                unknown = [p for p in names if p not in self._impls]
-                if unknown and strict:
-                    raise RegistrationError(
-                        f"op {self.qualname!r}: unknown provider(s) {unknown} in priority "
-                        f"{names}; registered providers: {sorted(self._impls)}",
-                        op=self.qualname, provider=unknown[0],
-                    )
-                kept = [p for p in dict.fromkeys(names) if p in self._impls]
-                # a default naming none of our providers is no opinion, not "native only"
-                no_opinion = not strict and not any(p != NATIVE for p in kept)
-                self._layers[layer] = None if no_opinion else kept
+            self._layers[layer] = (None if providers is None
+                                   else self._check_providers(providers, strict=strict))
+            self._rebuild_chains()
+
+    def _reset_priorities(self) -> None:
+        """Forget every priority layer and open scope (tests; see runtime.reset_for_tests)."""
+        with self._lock:
+            self._layers = dict.fromkeys(_LAYERS)
+            self._scopes.clear()
             self._rebuild_chains()
 
     def _rebuild_chains(self) -> None:
-        order = self.priority()
-        for key, holder in self._chains.items():
-            holder.set(tuple(
-                impl for name in order
-                if (impl := self._impls.get(name)) is not None
-                and impl.provider != NATIVE and impl.dispatch_key == key and impl.supported
-            ))
+        check = switches.output_checks_enabled()
+        with self._lock:
+            order = self.priority()
+            # providers after native never run: native wins where it is listed first
+            order = order[:order.index(NATIVE)]
+            for key, holder in self._chains.items():
+                chain = tuple(
+                    impl for name in order
+                    if (impl := self._impls.get(name)) is not None
+                    and impl.dispatch_key == key and impl.supported
+                )
+                holder.set(chain, tuple(checked(self, i) if check else i.fn for i in chain))
 
     # ---------------------------------------------------------- registration
     def register_impl(
@@ -434,9 +462,7 @@ class Op:
                 op=self.qualname, provider=provider,
             )
         if dispatch_key is None:
-            from opmux.platforms import current_platform
-
-            dispatch_key = current_platform().dispatch_key
+            dispatch_key = self._platform_key()
         validate_dispatch_key(dispatch_key, op=self.qualname, provider=provider)
         if supports_args is not None:
             self._check_predicate(provider, supports_args)
@@ -540,9 +566,13 @@ def _fmt(params: list[tuple[str, Any]]) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-def _safe_pred(impl: OpImpl, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _pred_verdict(impl: OpImpl, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool | str:
+    """``supports_args``'s answer, or ``"<Exception>: message"`` when it raised (declines)."""
     assert impl.supports_args is not None
-    return bool(impl.supports_args(*args, **kwargs))
+    try:
+        return bool(impl.supports_args(*args, **kwargs))
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _key_of(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> str:

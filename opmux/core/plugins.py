@@ -5,39 +5,51 @@ is small: it defines hook implementations (marked with :data:`hookimpl`) and imp
 heavy backends inside ``opmux_register``. Loading happens once per process, lazily on
 the first op call (or explicitly with :func:`load_plugins`), in spawned workers too.
 
-A plugin that fails to import, raises in a hook, or registers something invalid is
-recorded as ``failed`` with its traceback, everything it registered is rolled back, and
-the others load; ``OPMUX_STRICT_PLUGINS=1`` makes the failure raise instead.
+Every hook is isolated the same way: a plugin that fails to import, raises in (or returns
+garbage from) ``opmux_plugin_info``, ``opmux_platforms``, ``opmux_register`` or
+``opmux_default_priority``, or registers something invalid, is recorded as ``failed`` with
+its traceback, everything it registered is rolled back (its providers leave their ops; an
+op it defined leaves the registry but stays defined in torch with its native kernel,
+since torch cannot undefine one op of a shared library), and the others load. With
+``OPMUX_STRICT_PLUGINS=1`` the failure is still recorded and rolled back, and start-up
+raises :class:`~opmux.PluginLoadError`, on every call, until the plugin or the setting is
+fixed.
+
+**Priority merge rule** (independent of plugin names and install order): each loaded
+plugin's ``opmux_default_priority`` answer for an op is first reduced to the providers
+the op has (``native`` dropped). A plugin whose ``opmux_plugin_info()["platforms"]``
+names the current platform is *specific*; one that serves it only through ``"*"`` is
+*generic*. Specific answers come first, then generic ones add the providers not yet
+listed. Within one tier, answers must agree exactly; if they differ, the tier gives no
+opinion for that op (the next tier, the platform default and ``OPMUX_PRIORITY`` decide)
+and the conflict is recorded on each plugin's :attr:`PluginRecord.conflicts`. Set the
+winner explicitly with ``OPMUX_PRIORITY`` or :meth:`~opmux.Op.set_default_priority`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import inspect
-import os
 import threading
 import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 
-from opmux.core.config import (
-    ENV_PLUGINS,
-    ENV_PRIORITY,
-    parse_plugin_allow_list,
-    parse_priority,
-    strict_plugins,
-)
+from opmux.core import config
+from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
 from opmux.core.errors import ConfigError, PluginLoadError, UnknownOpError
+from opmux.core.op import NATIVE
 
 if TYPE_CHECKING:
+    from opmux.core.op import Op
     from opmux.core.registry import OpRegistry
     from opmux.platforms.base import Platform
 
-__all__ = ["PLUGIN_GROUP", "PluginRecord", "hookimpl", "hookspec", "load_plugins",
-           "plugin_report"]
+__all__ = ["PLUGIN_GROUP", "PluginRecord", "hookimpl", "hookspec", "plugin_report"]
 
 PROJECT: Final = "opmux"
 PLUGIN_GROUP: Final = "opmux.plugins"
@@ -79,7 +91,8 @@ class PluginRecord:
 
     #: entry-point name.
     name: str
-    #: ``"loaded"``, ``"skipped"``, ``"failed"`` or ``"discovered"`` (not yet activated).
+    #: ``"loaded"``, ``"skipped"``, ``"failed"``, ``"discovered"`` (not yet activated) or
+    #: ``"missing"`` (named in ``OPMUX_PLUGINS`` but not installed).
     status: str
     #: why it was skipped or failed (empty when loaded).
     reason: str = ""
@@ -93,6 +106,9 @@ class PluginRecord:
     providers: list[str] = field(default_factory=list)
     #: the traceback of a failure.
     traceback: str = ""
+    #: ops whose default priority this plugin's answer could not set, and why (see the
+    #: merge rule in :mod:`opmux.core.plugins`).
+    conflicts: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,8 +122,12 @@ class _State:
         self.records: dict[str, PluginRecord] = {}
         self.modules: dict[str, ModuleType] = {}
         self.platforms: dict[str, list[type[Platform]]] = {}
+        #: what each activated plugin registered: ``(providers, ops)`` for rollback
+        self.journals: dict[str, tuple[list[tuple[Op, str]], list[Op]]] = {}
+        #: each loaded plugin's default-priority answers: ``{plugin: {qualname: [...]}}``
+        self.answers: dict[str, dict[str, list[str]]] = {}
         self.discovered = False
-        self.loaded = False
+        self.activated = False
 
 
 _STATE: list[_State] = [_State()]
@@ -118,35 +138,68 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
     return sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name)
 
 
-def _fail(state: _State, rec: PluginRecord, reason: str, exc: BaseException) -> None:
+def _fail(state: _State, rec: PluginRecord, reason: str, exc: BaseException,
+          registry: OpRegistry | None = None) -> None:
+    """Record a failure and undo the plugin: hooks unregistered, registrations rolled back."""
     rec.status, rec.reason = "failed", reason
+    rec.providers = []
     rec.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     module = state.modules.pop(rec.name, None)
     state.platforms.pop(rec.name, None)
+    state.answers.pop(rec.name, None)
+    journal = state.journals.pop(rec.name, None)
+    if journal is not None and registry is not None:
+        registry._rollback(*journal)
     if module is not None and state.pm.is_registered(module):
         state.pm.unregister(module)
-    if strict_plugins():
-        raise PluginLoadError(f"plugin {rec.name!r} failed: {reason} (strict mode: "
-                              f"unset OPMUX_STRICT_PLUGINS to skip failing plugins)",
-                              plugin=rec.name) from exc
+
+
+def _check_strict(state: _State) -> None:
+    """Raise :class:`PluginLoadError` if strict mode is on and a plugin failed."""
+    failed = sorted((r for r in state.records.values() if r.status == "failed"),
+                    key=lambda r: r.name)
+    if failed and config.strict_plugins():
+        first = failed[0]
+        others = f" (also failed: {', '.join(r.name for r in failed[1:])})" if failed[1:] else ""
+        raise PluginLoadError(
+            f"plugin {first.name!r} failed: {first.reason}{others} (strict mode: fix the "
+            f"plugin, or unset {ENV_STRICT_PLUGINS} to skip failing plugins)",
+            plugin=first.name)
 
 
 def _discover(state: _State) -> None:
-    """Import each allowed entry module, validate its hooks, read its info and platforms."""
+    """Import each allowed entry module, validate its hooks, read its info and platforms.
+
+    :raises ConfigError: ``OPMUX_PLUGINS`` is malformed (nothing is marked discovered,
+        so the next attempt reads it again).
+    """
     if state.discovered:
         return
+    allow = config.plugin_allow_list()
+    config.strict_plugins()  # a malformed value is fatal before anything loads
+    entry_points = _entry_points()
     state.discovered = True
-    allow = parse_plugin_allow_list(os.environ.get(ENV_PLUGINS))
-    for ep in _entry_points():
+    if allow is not None:
+        missing = sorted(allow - {ep.name for ep in entry_points})
+        for name in missing:
+            state.records[name] = PluginRecord(
+                name, "missing", reason=f"named in {ENV_PLUGINS} but no installed plugin has "
+                                        f"this name")
+        if missing:
+            warnings.warn(f"{ENV_PLUGINS} names plugin(s) {missing} that are not installed; "
+                          f"installed: {sorted(ep.name for ep in entry_points)}",
+                          RuntimeWarning, stacklevel=2)
+    for ep in entry_points:
         dist = getattr(ep, "dist", None)
         rec = PluginRecord(ep.name, "discovered", value=ep.value,
                            dist=f"{dist.name} {dist.version}" if dist is not None else "")
+        if ep.name in state.records:
+            state.records[f"{ep.name} ({ep.value})"] = rec
+            rec.status, rec.reason = "skipped", "another entry point has the same name"
+            continue
         state.records[ep.name] = rec
         if allow is not None and ep.name not in allow:
             rec.status, rec.reason = "skipped", f"not in {ENV_PLUGINS}={','.join(sorted(allow))}"
-            continue
-        if ep.name in state.modules:
-            rec.status, rec.reason = "skipped", "another entry point has the same name"
             continue
         try:
             module = ep.load()
@@ -163,12 +216,20 @@ def _discover(state: _State) -> None:
                     f"opmux_plugin_info() must return {{'name': str, 'platforms': [str, ...]}}, "
                     f"got {info!r}")
             rec.platforms = list(info["platforms"])
-            extra = _call_own(module, "opmux_platforms") if hasattr(
-                module, "opmux_platforms") else None
+        except Exception as exc:
+            _fail(state, rec, f"opmux_plugin_info: {type(exc).__name__}: {exc}", exc)
+            continue
+        try:
+            extra = _call_own(module, "opmux_platforms")
+            if extra is not None and (not isinstance(extra, (list, tuple)) or not all(
+                    isinstance(c, type) and isinstance(getattr(c, "name", None), str)
+                    for c in extra)):
+                raise TypeError(f"opmux_platforms() must return a list of Platform classes, "
+                                f"got {extra!r}")
             if extra:
                 state.platforms[ep.name] = list(extra)
         except Exception as exc:
-            _fail(state, rec, f"{type(exc).__name__}: {exc}", exc)
+            _fail(state, rec, f"opmux_platforms: {type(exc).__name__}: {exc}", exc)
 
 
 def _call_own(module: ModuleType, hook: str, **kwargs: Any) -> Any:
@@ -182,77 +243,128 @@ def _call_own(module: ModuleType, hook: str, **kwargs: Any) -> Any:
     return fn(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
-def _discovered_platforms() -> list[type[Platform]]:
+def discovered_platforms() -> list[type[Platform]]:
+    """The out-of-tree platform classes of the installed plugins (discovering them)."""
     state = _STATE[0]
     with state.lock:
         _discover(state)
         return [cls for classes in state.platforms.values() for cls in classes]
 
 
-def _load_into(registry: OpRegistry) -> None:
-    """Activate every discovered plugin for the current platform (the global loader)."""
-    from opmux.platforms import current_platform
+def _activate(state: _State, registry: OpRegistry, platform: Platform) -> None:
+    """Run ``opmux_register``, then ``opmux_default_priority``, of every plugin (once).
 
-    state = _STATE[0]
-    with state.lock:
-        if state.loaded:
-            return
-        _discover(state)
-        platform = current_platform()
-        registry.list_ops()  # the catalog exists before plugins look ops up
-        for name, module in list(state.modules.items()):
-            rec = state.records[name]
-            if "*" not in rec.platforms and platform.name not in rec.platforms:
-                rec.status = "skipped"
-                rec.reason = (f"platform mismatch: serves {rec.platforms}, current platform is "
-                              f"{platform.name!r}")
-                state.pm.unregister(module)
-                del state.modules[name]
-                continue
-            registry._begin_journal()
-            try:
-                _call_own(module, "opmux_register", registry=registry, platform=platform)
-            except Exception as exc:
-                registry._end_journal(rollback=True)
-                _fail(state, rec, f"opmux_register raised {type(exc).__name__}: {exc}", exc)
-                continue
-            rec.providers = registry._end_journal(rollback=False)
-            rec.status = "loaded"
-        state.loaded = True
-        _apply_priorities(state, registry, platform)
+    Each plugin's registrations are journaled; a failure in either hook rolls that
+    plugin back and records it, and the others are unaffected.
+    """
+    if state.activated:
+        return
+    state.activated = True
+    for name, module in list(state.modules.items()):
+        rec = state.records[name]
+        if "*" not in rec.platforms and platform.name not in rec.platforms:
+            rec.status = "skipped"
+            rec.reason = (f"platform mismatch: serves {rec.platforms}, current platform is "
+                          f"{platform.name!r}")
+            state.pm.unregister(module)
+            del state.modules[name]
+            continue
+        registry._begin_journal()
+        try:
+            _call_own(module, "opmux_register", registry=registry, platform=platform)
+        except Exception as exc:
+            registry._end_journal(rollback=True)
+            _fail(state, rec, f"opmux_register raised {type(exc).__name__}: {exc}", exc)
+            continue
+        journal = registry._end_journal(rollback=False)
+        state.journals[name] = journal
+        rec.providers = [f"{op.qualname}:{provider}" for op, provider in journal[0]]
+        rec.status = "loaded"
+    ops = registry.list_ops()
+    for name, module in list(state.modules.items()):
+        if not hasattr(module, "opmux_default_priority"):
+            continue
+        rec = state.records[name]
+        answers: dict[str, list[str]] = {}
+        try:
+            for op in ops:
+                result = _call_own(module, "opmux_default_priority", op_name=_asked_name(op),
+                                   platform=platform)
+                if result is None:
+                    continue
+                if isinstance(result, (str, bytes)) or not isinstance(result, (list, tuple)) \
+                        or not all(isinstance(p, str) for p in result):
+                    raise TypeError(f"opmux_default_priority({_asked_name(op)!r}) must return "
+                                    f"a list of provider names or None, got {result!r}")
+                answers[op.qualname] = list(result)
+        except Exception as exc:
+            _fail(state, rec, f"opmux_default_priority raised {type(exc).__name__}: {exc}",
+                  exc, registry)
+            continue
+        state.answers[name] = answers
+
+
+def _asked_name(op: Op) -> str:
+    # catalog ops are asked for by bare name, ops of other namespaces by qualname
+    return op.name if op.namespace == "opmux" else op.qualname
+
+
+def _merged_priority(state: _State, op: Op, platform: Platform) -> list[str] | None:
+    """The plugins' default priority for ``op`` under the merge rule (module docstring)."""
+    tiers: tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]] = ({}, {})
+    for name, answers in state.answers.items():
+        answer = answers.get(op.qualname)
+        if not answer:
+            continue
+        known = tuple(p for p in dict.fromkeys(answer) if p != NATIVE and p in op._impls)
+        if known:
+            specific = platform.name in state.records[name].platforms
+            tiers[0 if specific else 1][name] = known
+    merged: list[str] = []
+    for tier, label in zip(tiers, ("platform-specific", "generic"), strict=True):
+        distinct = set(tier.values())
+        if len(distinct) > 1:
+            detail = "; ".join(f"{n}: {list(tier[n])}" for n in sorted(tier))
+            for n in tier:
+                state.records[n].conflicts.append(
+                    f"{op.qualname}: {label} plugins disagree ({detail}); none of them sets "
+                    f"this op's default (use OPMUX_PRIORITY or set_default_priority)")
+            continue
+        for agreed in distinct:
+            merged.extend(p for p in agreed if p not in merged)
+    return merged or None
 
 
 def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -> None:
-    """Compose priority defaults: platform → plugins → ``OPMUX_PRIORITY`` (code wins later)."""
-    for op in registry.list_ops():
-        # catalog ops are asked for by bare name, ops of other namespaces by qualname
-        name = op.name if op.namespace == "opmux" else op.qualname
-        op._set_layer("platform", platform.default_priority(name) or None, strict=False)
-        merged: list[str] = []
-        for result in state.pm.hook.opmux_default_priority(op_name=name, platform=platform):
-            if result:
-                merged.extend(p for p in result if p != "native" and p not in merged)
-        op._set_layer("plugins", merged or None, strict=False)
-    text = os.environ.get(ENV_PRIORITY, "")
-    for op_name, providers in parse_priority(text).items():
+    """Compose priority defaults: platform → plugins (merge rule) → ``OPMUX_PRIORITY``.
+
+    :raises ConfigError: ``OPMUX_PRIORITY`` is malformed or names unknown ops/providers.
+    """
+    env = config.priority_overrides()  # parsed first: a malformed value changes nothing
+    for rec in state.records.values():
+        rec.conflicts.clear()
+    ops = registry.list_ops()
+    for op in ops:
+        op._set_layer("platform", platform.default_priority(_asked_name(op)) or None,
+                      strict=False)
+        op._set_layer("plugins", _merged_priority(state, op, platform), strict=False)
+    resolved: list[tuple[Op, list[str]]] = []
+    text = config.priority_text()
+    for op_name, providers in env.items():
         try:
             op = registry.get_op(op_name)
         except UnknownOpError as exc:
-            raise ConfigError(f"{ENV_PRIORITY}: unknown op {op_name!r} in {text!r}; known ops: "
-                              f"{sorted(o.name for o in registry.list_ops())}") from exc
+            raise ConfigError(f"{config.ENV_PRIORITY}: unknown op {op_name!r} in {text!r}; "
+                              f"known ops: {sorted(o.name for o in ops)}") from exc
         unknown = [p for p in providers if p not in op._impls]
         if unknown:
-            raise ConfigError(f"{ENV_PRIORITY}: op {op_name!r}: unknown provider(s) {unknown}; "
-                              f"registered: {sorted(op._impls)}")
+            raise ConfigError(f"{config.ENV_PRIORITY}: op {op_name!r}: unknown provider(s) "
+                              f"{unknown}; registered: {sorted(op._impls)}")
+        resolved.append((op, providers))
+    for op in ops:
+        op._set_layer("env", None)
+    for op, providers in resolved:
         op._set_layer("env", providers)
-
-
-def load_plugins() -> list[PluginRecord]:
-    """Load plugins into the global registry (idempotent, thread-safe); return the report."""
-    from opmux.core.registry import global_registry
-
-    global_registry()._ensure_loaded()
-    return plugin_report()
 
 
 def plugin_report() -> list[PluginRecord]:
@@ -262,11 +374,7 @@ def plugin_report() -> list[PluginRecord]:
         return [PluginRecord(**r.as_dict()) for r in state.records.values()]
 
 
-def plugin_manager() -> pluggy.PluginManager:
-    """The pluggy manager (for ``enable_tracing`` and other pluggy tooling)."""
-    return _STATE[0].pm
-
-
 def _reset_for_tests() -> None:
-    """Forget loaded plugins and start from a fresh plugin manager."""
+    """Forget loaded plugins and start from a fresh plugin manager (the registrations of
+    the global registry are rolled back first by :func:`opmux.core.runtime.reset_for_tests`)."""
     _STATE[0] = _State()

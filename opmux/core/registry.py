@@ -1,11 +1,16 @@
-"""The op registry: owns the torch libraries, the ops, and lazy plugin loading.
+"""The op registry: owns the torch libraries and the ops, and runs its start-up lazily.
 
-The process has one global registry (:func:`global_registry`); tests build their own
-with a unique namespace (see ``tests/conftest.py``) or call :func:`_reset_for_tests`.
+An :class:`OpRegistry` knows nothing of the catalog, plugins or platforms: whoever builds
+it passes the hooks (a ``loader`` run before the first op call, a ``catalog`` hook run
+before the default namespace is used, the ``platform_key`` providers default to). The
+process-wide registry is built and owned by :mod:`opmux.core.runtime`, which installs it
+here so that :func:`register_op` (used by the catalog modules) and :func:`get_op` reach
+it; tests build their own with a unique namespace (see ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -15,7 +20,8 @@ import torch
 
 from opmux.core.errors import RegistrationError, UnknownOpError
 from opmux.core.op import Op
-from opmux.core.torch_lib import infer_schema, validate_name
+from opmux.core.torch_lib import infer_schema, validate_name, validate_namespace
+from opmux.platforms import current_platform
 
 __all__ = ["OpRegistry", "get_op", "global_registry", "list_ops", "register_op"]
 
@@ -23,18 +29,32 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 DEFAULT_NAMESPACE = "opmux"
 
 
+def _current_platform_key() -> str:
+    return current_platform().dispatch_key
+
+
 class OpRegistry:
     """Ops by qualified name, plus the :class:`torch.library.Library` of each namespace.
 
-    :param loader: called once, on first use of any op, to load plugins (the global
-        registry loads entry-point plugins; a test registry usually has none).
+    :param loader: run on first use of any op until it succeeds (the global registry's
+        start-up loads plugins; a test registry usually has none). An error it raises
+        reaches the caller, and the next use runs it again: a fatal configuration stays
+        fatal until fixed.
+    :param catalog: run before ops of ``namespace="opmux"`` are looked up or defined (the
+        global registry imports the op catalog, so catalog names are taken first).
+    :param platform_key: the dispatch key providers register on when they name none
+        (default: the current platform's).
     """
 
-    def __init__(self, *, loader: Callable[[OpRegistry], None] | None = None) -> None:
+    def __init__(self, *, loader: Callable[[OpRegistry], None] | None = None,
+                 catalog: Callable[[], None] | None = None,
+                 platform_key: Callable[[], str] | None = None) -> None:
         self._ops: dict[str, Op] = {}
         self._libs: dict[str, torch.library.Library] = {}
         self._lock = threading.RLock()
         self._loader = loader
+        self._catalog = catalog
+        self._platform_key = platform_key or _current_platform_key
         #: one-element list read on the hot path: has the loader run?
         self._loaded: list[bool] = [loader is None]
         self._loading_thread: int | None = None
@@ -47,7 +67,7 @@ class OpRegistry:
         with self._lock:
             lib = self._libs.get(namespace)
             if lib is None:
-                validate_name("namespace", namespace)
+                validate_namespace(namespace)
                 lib = torch.library.Library(namespace, "FRAGMENT")
                 self._libs[namespace] = lib
             return lib
@@ -65,20 +85,17 @@ class OpRegistry:
                     tags: Sequence[torch.Tag] = ()) -> Op:
         """Define ``namespace::name`` from the native function ``fn``; see :func:`register_op`."""
         op_name = validate_name("op", name if name is not None else fn.__name__)
-        validate_name("namespace", namespace)
+        validate_namespace(namespace)
         qualname = f"{namespace}::{op_name}"
         mutates = tuple(mutates_args)
         schema = infer_schema(fn, op=qualname, mutates_args=mutates)
+        if namespace == DEFAULT_NAMESPACE:
+            self._load_catalog()  # catalog names are reserved: they are taken first
         with self._lock:
-            if qualname in self._ops or hasattr(getattr(torch.ops, namespace), op_name):
-                raise RegistrationError(
-                    f"op {qualname!r} is already defined; choose another name or namespace "
-                    f"(tests: use the fresh-registry fixture, which gives a unique namespace)",
-                    op=qualname,
-                )
+            self.check_undefined(namespace, op_name)
             lib = self.library(namespace)
             lib.define(op_name + schema, tags=tuple(tags))
-            op = Op(self, op_name, namespace, fn, schema, mutates)
+            op = Op(self, op_name, namespace, fn, schema, mutates, self._platform_key)
             lib.impl(op_name, op._native_kernel(), "CompositeExplicitAutograd")
             # The default fake is native itself, run by a Meta kernel (cheaper to register
             # than torch.library.register_fake, which inspects its caller's frame); both
@@ -89,13 +106,34 @@ class OpRegistry:
                 self._op_journal.append(op)
             return op
 
+    def check_undefined(self, namespace: str, op_name: str) -> None:
+        """Raise :class:`~opmux.RegistrationError` if ``namespace::op_name`` exists."""
+        qualname = f"{namespace}::{op_name}"
+        owner = self._ops.get(qualname)
+        if owner is not None or hasattr(getattr(torch.ops, namespace), op_name):
+            where = ""
+            if owner is not None:
+                module = inspect.getmodule(owner.native)
+                where = f" (by {module.__name__})" if module is not None else ""
+            reserved = (" Catalog op names are reserved in namespace 'opmux'."
+                        if namespace == DEFAULT_NAMESPACE else "")
+            raise RegistrationError(
+                f"op {qualname!r} is already defined{where}; choose another name or "
+                f"namespace.{reserved} (tests: use the fresh-registry fixture, which gives "
+                f"a unique namespace)",
+                op=qualname,
+            )
+
+    def _load_catalog(self) -> None:
+        if self._catalog is not None:
+            self._catalog()
+
     def get_op(self, name: str) -> Op:
         """The op called ``name`` (``"rms_norm"`` means ``"opmux::rms_norm"``)."""
         qualname = name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
         op = self._ops.get(qualname)
-        if op is None and self is _GLOBAL[0] and qualname.startswith("opmux::"):
-            import opmux.ops  # noqa: F401  (the catalog registers itself on import)
-
+        if op is None and qualname.startswith(f"{DEFAULT_NAMESPACE}::"):
+            self._load_catalog()
             op = self._ops.get(qualname)
         if op is None:
             raise UnknownOpError(
@@ -105,9 +143,7 @@ class OpRegistry:
 
     def list_ops(self) -> list[Op]:
         """Every registered op, sorted by qualified name."""
-        if self is _GLOBAL[0]:
-            import opmux.ops  # noqa: F401
-
+        self._load_catalog()
         return [self._ops[k] for k in sorted(self._ops)]
 
     def _forget_op(self, op: Op) -> None:
@@ -131,9 +167,11 @@ class OpRegistry:
                     # try to trace plugin loading (registration is not traceable).
                     loader = torch._dynamo.disable(loader)
                 loader(self)
+                # only a start-up that succeeded counts: a fatal error is raised again on
+                # the next call, until the configuration is fixed (#11)
+                self._loaded[0] = True
             finally:
                 self._loading_thread = None
-                self._loaded[0] = True
 
     def _journal_impl(self, op: Op, provider: str) -> None:
         if self._journal is not None:
@@ -143,16 +181,28 @@ class OpRegistry:
         self._journal = []
         self._op_journal = []
 
-    def _end_journal(self, *, rollback: bool) -> list[str]:
+    def _end_journal(self, *, rollback: bool) -> tuple[list[tuple[Op, str]], list[Op]]:
+        """Stop recording; return (and with ``rollback``, undo) what was registered."""
         journal, ops = self._journal or [], self._op_journal or []
         self._journal = self._op_journal = None
         if rollback:
-            for op, provider in reversed(journal):
-                if provider in op._impls:
-                    op.unregister_impl(provider)
+            self._rollback(journal, ops)
+        return journal, ops
+
+    def _rollback(self, journal: list[tuple[Op, str]], ops: list[Op], *,
+                  forget_ops: bool = True) -> None:
+        """Unregister journaled providers and (``forget_ops``) forget journaled ops.
+
+        torch cannot undefine one op of a shared library: a forgotten op stays defined in
+        torch with its native kernel only (calling it runs native), but it leaves the
+        registry, so ``get_op`` no longer finds it.
+        """
+        for op, provider in reversed(journal):
+            if provider in op._impls:
+                op.unregister_impl(provider)
+        if forget_ops:
             for op in ops:
                 self._forget_op(op)
-        return [f"{op.qualname}:{provider}" for op, provider in journal]
 
     def _reset_for_tests(self) -> None:
         """Drop every op and destroy this registry's torch libraries."""
@@ -164,17 +214,16 @@ class OpRegistry:
             self._loaded[0] = self._loader is None
 
 
-def _load_global(registry: OpRegistry) -> None:
-    from opmux.core.plugins import _load_into
-
-    _load_into(registry)
+#: the process-wide registry, installed by :mod:`opmux.core.runtime` (which owns it)
+_GLOBAL: list[OpRegistry] = []
 
 
-_GLOBAL: list[OpRegistry] = [OpRegistry(loader=_load_global)]
+def _install_global(registry: OpRegistry) -> None:
+    _GLOBAL[:] = [registry]
 
 
 def global_registry() -> OpRegistry:
-    """The process-wide registry plugins register into."""
+    """The process-wide registry plugins register into (owned by :mod:`opmux.core.runtime`)."""
     return _GLOBAL[0]
 
 
@@ -214,7 +263,7 @@ def register_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = N
     :param tags: :class:`torch.Tag` values for the schema.
     :param registry: where to register (default: the global registry).
     """
-    reg = registry if registry is not None else _GLOBAL[0]
+    reg = registry if registry is not None else global_registry()
 
     def decorator(f: Callable[..., Any]) -> Op:
         return reg.register_op(f, name=name, namespace=namespace, mutates_args=mutates_args,
@@ -227,9 +276,9 @@ def register_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = N
 
 def get_op(name: str) -> Op:
     """The op ``name`` from the global registry (the catalog is imported on demand)."""
-    return _GLOBAL[0].get_op(name)
+    return global_registry().get_op(name)
 
 
 def list_ops() -> list[Op]:
     """Every op of the global registry, the catalog included."""
-    return _GLOBAL[0].list_ops()
+    return global_registry().list_ops()

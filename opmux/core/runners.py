@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import RegistrationError, SignatureMismatchError, UnknownRunnerError
+from opmux.core.state import register_reset
 
 if TYPE_CHECKING:
     from opmux.core.op import Op
@@ -258,6 +259,7 @@ def runner_scope(obj: object, *, weak: bool = False) -> contextlib.AbstractConte
     return _GLOBAL.scope(obj, weak=weak)
 
 
+@register_reset
 def _reset_for_tests() -> None:
     """Clear the global runner registry."""
     _GLOBAL._reset_for_tests()

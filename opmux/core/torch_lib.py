@@ -15,13 +15,22 @@ import torch
 
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 
-__all__ = ["direct_register_custom_op", "infer_schema", "validate_dispatch_key", "validate_name"]
+__all__ = ["TORCH_NAMESPACES", "define_custom_op", "infer_schema", "validate_dispatch_key",
+           "validate_name", "validate_namespace"]
 
 _NAME_RE: re.Pattern[str] = re.compile(r"^[a-z_][a-z0-9_]*$")
 """Op, provider and namespace names: lower-case identifiers."""
 
 _NON_BACKEND_PREFIXES: tuple[str, ...] = ("Composite", "Autograd", "Undefined", "Meta")
 """Dispatch keys a provider may not claim: these are not device backends."""
+
+TORCH_NAMESPACES: frozenset[str] = frozenset({
+    "aten", "prim", "prims", "torch", "quantized", "_quantized", "sparse", "_nested",
+    "inductor", "higher_order", "rngprims", "debugprims", "profiler", "c10d",
+    "_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor",
+    "_export", "_inductor_test", "_test", "onednn", "mkldnn", "mkl", "xnnpack",
+})
+"""torch's own operator namespaces: opmux never defines or overrides ops there."""
 
 
 def validate_name(kind: str, name: object, *, op: str | None = None) -> str:
@@ -38,6 +47,20 @@ def validate_name(kind: str, name: object, *, op: str | None = None) -> str:
             op=op,
         )
     return name
+
+
+def validate_namespace(namespace: object) -> str:
+    """Check a namespace name: a lower-case identifier that is not one of torch's own.
+
+    :raises RegistrationError: bad name, or a namespace in :data:`TORCH_NAMESPACES`.
+    """
+    validate_name("namespace", namespace)
+    assert isinstance(namespace, str)
+    if namespace in TORCH_NAMESPACES:
+        raise RegistrationError(
+            f"namespace {namespace!r} belongs to torch; define opmux ops in a namespace of "
+            f"your own (e.g. 'opmux' or your project's name)")
+    return namespace
 
 
 def validate_dispatch_key(key: object, *, op: str, provider: str) -> str:
@@ -85,44 +108,38 @@ def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str]
         ) from exc
 
 
-def direct_register_custom_op(
+def define_custom_op(
+    lib: torch.library.Library,
     op_name: str,
     op_func: Callable[..., Any],
+    dispatch_key: str,
+    *,
     mutates_args: Sequence[str] | None = None,
     fake_impl: Callable[..., Any] | None = None,
-    target_lib: torch.library.Library | None = None,
-    dispatch_key: str | None = None,
     tags: Sequence[torch.Tag] = (),
 ) -> None:
-    """Register ``op_func`` as a torch op with the least overhead: define + one impl.
+    """Define ``lib.ns::op_name`` from ``op_func`` with one kernel; validate before defining.
 
-    The engine-style helper: the schema is inferred from ``op_func``, the op is defined
-    in ``target_lib`` (default: opmux's own ``opmux`` library, kept alive by the global
-    registry) and ``op_func`` becomes the kernel for ``dispatch_key`` (default: the
-    current platform's key). ``fake_impl`` gives shapes for ``torch.compile``.
+    Everything that can be refused (name, namespace, schema, dispatch key, an existing
+    op of that name) is checked first, so a refused call leaves nothing defined and a
+    corrected retry works. :func:`opmux.direct_register_custom_op` fills the defaults.
 
-    :param op_name: name inside the library's namespace, e.g. ``"my_attention"``.
-    :param mutates_args: names of the Tensor arguments written in place.
-    :raises RegistrationError: on a bad name or a name already defined.
+    :raises RegistrationError: bad name or namespace, unknown key, name already defined.
+    :raises SignatureMismatchError: ``op_func`` cannot be lowered to a schema.
     """
     validate_name("op", op_name)
-    schema = infer_schema(op_func, op=op_name, mutates_args=mutates_args or (),
+    ns = validate_namespace(lib.ns)
+    qualname = f"{ns}::{op_name}"
+    schema = infer_schema(op_func, op=qualname, mutates_args=mutates_args or (),
                           what="function")
-    if target_lib is None:
-        from opmux.core.registry import global_registry
-
-        target_lib = global_registry().library("opmux")
-    if dispatch_key is None:
-        from opmux.platforms import current_platform
-
-        dispatch_key = current_platform().dispatch_key
-    ns = target_lib.ns
+    validate_dispatch_key(dispatch_key, op=qualname, provider=getattr(
+        op_func, "__name__", "op_func"))
     if hasattr(getattr(torch.ops, ns), op_name):
         raise RegistrationError(
-            f"op '{ns}::{op_name}' is already defined; choose another name or namespace",
-            op=f"{ns}::{op_name}",
+            f"op {qualname!r} is already defined; choose another name or namespace",
+            op=qualname,
         )
-    target_lib.define(op_name + schema, tags=tuple(tags))
-    target_lib.impl(op_name, op_func, dispatch_key)
+    lib.define(op_name + schema, tags=tuple(tags))
+    lib.impl(op_name, op_func, dispatch_key)
     if fake_impl is not None:
-        torch.library.register_fake(f"{ns}::{op_name}", fake_impl, lib=target_lib)
+        torch.library.register_fake(qualname, fake_impl, lib=lib)

@@ -1,5 +1,71 @@
-"""Layers built on opmux ops: :class:`~opmux.layers.moe.FusedMoE`."""
+"""Layers built on opmux ops: the rows of vLLM's CustomOp table, one module per family."""
 
+from opmux.layers.activation import (
+    XIELU,
+    FastGELU,
+    FatreluAndMul,
+    GeluAndMul,
+    GeluAndMulSparse,
+    MulAndSilu,
+    NewGELU,
+    QuickGELU,
+    ReLUSquaredActivation,
+    SiluAndMul,
+    SwigluOAIAndMul,
+)
+from opmux.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from opmux.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from opmux.layers.logits import LogitsProcessor
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
+from opmux.layers.rotary import (
+    ApplyRotaryEmb,
+    DualChunkRotaryEmbedding,
+    DynamicNTKScalingRotaryEmbedding,
+    LinearScalingRotaryEmbedding,
+    Llama3RotaryEmbedding,
+    RotaryEmbedding,
+    RotaryEmbeddingBase,
+    YaRNScalingRotaryEmbedding,
+    get_rope,
+    reset_rope_cache,
+)
 
-__all__ = ["FusedMoE", "SharedExpertsMLP"]
+__all__ = [
+    "ApplyRotaryEmb",
+    "ColumnParallelLinear",
+    "DualChunkRotaryEmbedding",
+    "DynamicNTKScalingRotaryEmbedding",
+    "FastGELU",
+    "FatreluAndMul",
+    "FusedMoE",
+    "GeluAndMul",
+    "GeluAndMulSparse",
+    "LinearScalingRotaryEmbedding",
+    "Llama3RotaryEmbedding",
+    "LogitsProcessor",
+    "MergedColumnParallelLinear",
+    "MulAndSilu",
+    "NewGELU",
+    "ParallelLMHead",
+    "QKVParallelLinear",
+    "QuickGELU",
+    "ReLUSquaredActivation",
+    "ReplicatedLinear",
+    "RotaryEmbedding",
+    "RotaryEmbeddingBase",
+    "RowParallelLinear",
+    "SharedExpertsMLP",
+    "SiluAndMul",
+    "SwigluOAIAndMul",
+    "VocabParallelEmbedding",
+    "XIELU",
+    "YaRNScalingRotaryEmbedding",
+    "get_rope",
+    "reset_rope_cache",
+]

@@ -12,6 +12,14 @@ shapes reach the compiler. ``forward_native`` (the layer disabled with
 The layer returns ``(shared_output, fused_output)`` as engines do; ``shared_output`` is
 ``None`` without shared experts.
 
+Tensor parallelism (#15): each TP rank of :mod:`opmux.distributed` holds every expert
+with a ``1/tp`` slice of its intermediate dimension (``w13_weight [E, 2I/tp, d]``: this
+rank's gate rows, then its up rows; ``w2_weight [E, d, I/tp]``), and the shared experts
+likewise; each rank computes partial sums that are all-reduced through the catalog op
+:func:`~opmux.ops.communication.all_reduce_` (``reduce_results=True``, outside the layer
+op, so a compiled graph shows the collective). The router is replicated.
+:meth:`FusedMoE.weight_loader` takes full checkpoint tensors and keeps this rank's slice.
+
 >>> import torch, opmux
 >>> from opmux.core.forward_context import forward_context
 >>> from opmux.layers.moe import FusedMoE
@@ -30,8 +38,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.custom_op import CustomOp
-from opmux.core.errors import ConfigError
+from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
+from opmux.distributed import divide
+from opmux.layers._tensor_parallel import copy_checked, narrow_full, tp_coords
+from opmux.ops.communication import all_reduce_
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 
 __all__ = ["FusedMoE", "SharedExpertsMLP", "moe_forward", "moe_forward_shared"]
@@ -87,7 +98,12 @@ class FusedMoE(CustomOp):
     :param use_correction_bias: add an ``e_score_correction_bias`` parameter (DeepSeek-V3).
     :param routed_scaling_factor: multiplies the routing weights (grouped routing only).
     :param shared_intermediate_size: width of the shared-experts MLP; ``0``: none.
+    :param reduce_results: all-reduce the TP ranks' partial outputs (default); otherwise
+        each rank returns its partial sums (the caller reduces).
+    :param disable_tp: do not shard (every rank holds the full experts).
     :raises ConfigError: inconsistent sizes or routing options.
+    :raises opmux.distributed.ParallelSizeError: the TP size does not divide
+        ``intermediate_size`` or ``shared_intermediate_size``.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
@@ -96,10 +112,19 @@ class FusedMoE(CustomOp):
                  scoring_func: str = "softmax", use_correction_bias: bool = False,
                  routed_scaling_factor: float = 1.0, shared_intermediate_size: int = 0,
                  dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, reduce_results: bool = True,
+                 disable_tp: bool = False) -> None:
         super().__init__()
         _check_config(num_experts, top_k, hidden_size, intermediate_size, layer_name,
                       num_expert_group, topk_group, scoring_func, use_correction_bias)
+        self.tp_rank, self.tp_size, self.tp_group_name = tp_coords(disable_tp)
+        self.reduce_results = reduce_results
+        where = f"FusedMoE(layer_name={layer_name!r})"
+        #: this rank's slice of the expert intermediate size
+        self.intermediate_size_per_partition = divide(
+            intermediate_size, self.tp_size, f"{where} intermediate_size")
+        shared_per_partition = divide(shared_intermediate_size, self.tp_size,
+                                      f"{where} shared_intermediate_size")
         self.num_experts = num_experts
         self.top_k = top_k
         self.hidden_size = hidden_size
@@ -113,19 +138,22 @@ class FusedMoE(CustomOp):
         factory: dict[str, Any] = {"dtype": dtype, "device": device}
         #: router, ``[E, d]``.
         self.gate_weight = torch.nn.Parameter(torch.empty(num_experts, hidden_size, **factory))
-        #: routed experts' gate and up projections, ``[E, 2I, d]``.
+        inter = self.intermediate_size_per_partition
+        #: routed experts' gate and up projections, ``[E, 2I/tp, d]``.
         self.w13_weight = torch.nn.Parameter(
-            torch.empty(num_experts, 2 * intermediate_size, hidden_size, **factory))
-        #: routed experts' down projections, ``[E, d, I]``.
+            torch.empty(num_experts, 2 * inter, hidden_size, **factory))
+        #: routed experts' down projections, ``[E, d, I/tp]``.
         self.w2_weight = torch.nn.Parameter(
-            torch.empty(num_experts, hidden_size, intermediate_size, **factory))
+            torch.empty(num_experts, hidden_size, inter, **factory))
         self.e_score_correction_bias: Optional[torch.nn.Parameter] = (
             torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32, device=device))
             if use_correction_bias else None)
         self.shared_experts: Optional[SharedExpertsMLP] = (
-            SharedExpertsMLP(hidden_size, shared_intermediate_size, **factory)
+            SharedExpertsMLP(hidden_size, shared_per_partition, **factory)
             if shared_intermediate_size else None)
         self.reset_parameters()
+        for param in self.parameters():
+            param.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def reset_parameters(self) -> None:
         """Normal init scaled by fan-in (router, experts, shared experts)."""
@@ -135,6 +163,69 @@ class FusedMoE(CustomOp):
             self.w2_weight.normal_(0.0, self.intermediate_size ** -0.5)
         if self.shared_experts is not None:
             self.shared_experts.reset_parameters()
+
+    # ----------------------------------------------------------- weight loading
+    def weight_loader(self, param: torch.nn.Parameter, loaded_weight: Tensor,
+                      weight_name: str = "", shard_id: Optional[str] = None,
+                      expert_id: Optional[int] = None) -> None:
+        """Load a FULL checkpoint tensor into ``param``, keeping this rank's slice.
+
+        * ``w13_weight``: with ``expert_id`` and ``shard_id`` ``"w1"`` (gate) or ``"w3"``
+          (up), one expert's ``[I, d]`` projection; with neither, all experts stacked
+          ``[E, 2I, d]`` (gate rows first).
+        * ``w2_weight``: with ``expert_id`` (``shard_id`` ``"w2"`` or ``None``), one
+          expert's ``[d, I]``; with neither, ``[E, d, I]``.
+        * shared experts: ``gate_up_weight [2I_s, d]`` and ``down_weight [d, I_s]`` in full.
+        * the router (``gate_weight``) and ``e_score_correction_bias``: copied whole.
+
+        ``weight_name`` is accepted for vLLM's call convention and not used.
+
+        :raises opmux.OpInputError: a shape that is not the full tensor, or a bad
+            ``shard_id`` / ``expert_id``.
+        """
+        name = "FusedMoE"
+        rank, inter = self.tp_rank, self.intermediate_size_per_partition
+        shared = self.shared_experts
+        if param is self.w13_weight or (shared is not None and param is shared.gate_up_weight):
+            per = inter if param is self.w13_weight else shared.intermediate_size  # type: ignore[union-attr]
+            if param is self.w13_weight and expert_id is not None:
+                half = {"w1": 0, "w3": 1}.get(shard_id or "")
+                if half is None:
+                    raise OpInputError(f"{name}.weight_loader: argument 'shard_id': expected "
+                                       f"'w1' or 'w3' for w13_weight, got {shard_id!r}",
+                                       op=name, argument="shard_id")
+                src = narrow_full(name, loaded_weight, 0, per * self.tp_size, rank * per, per)
+                copy_checked(name, param.data[self._expert(expert_id)]
+                             .narrow(0, half * per, per), src)
+                return
+            dim = param.dim() - 2  # the 2I dimension
+            full = narrow_full(name, loaded_weight, dim, 2 * per * self.tp_size, 0,
+                               2 * per * self.tp_size)
+            gate, up = full.chunk(2, dim)
+            copy_checked(name, param.data, torch.cat(
+                [gate.narrow(dim, rank * per, per), up.narrow(dim, rank * per, per)], dim))
+            return
+        if param is self.w2_weight or (shared is not None and param is shared.down_weight):
+            per = inter if param is self.w2_weight else shared.intermediate_size  # type: ignore[union-attr]
+            dst = param.data
+            if param is self.w2_weight and expert_id is not None:
+                if shard_id not in (None, "w2"):
+                    raise OpInputError(f"{name}.weight_loader: argument 'shard_id': expected "
+                                       f"'w2' for w2_weight, got {shard_id!r}",
+                                       op=name, argument="shard_id")
+                dst = dst[self._expert(expert_id)]
+            src = narrow_full(name, loaded_weight, loaded_weight.dim() - 1,
+                              per * self.tp_size, rank * per, per)
+            copy_checked(name, dst, src)
+            return
+        copy_checked(name, param.data, loaded_weight)
+
+    def _expert(self, expert_id: int) -> int:
+        if not 0 <= expert_id < self.num_experts:
+            raise OpInputError(f"FusedMoE.weight_loader: argument 'expert_id': expected an "
+                               f"expert in [0, {self.num_experts}), got {expert_id}",
+                               op="FusedMoE", argument="expert_id")
+        return expert_id
 
     # ------------------------------------------------------------------ compute
     def route(self, router_logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -158,12 +249,18 @@ class FusedMoE(CustomOp):
         x = hidden_states.reshape(-1, self.hidden_size)
         return x, F.linear(x, self.gate_weight)
 
+    def _reduce(self, t: Tensor) -> Tensor:
+        if self.reduce_results and self.tp_size > 1:
+            all_reduce_(t, self.tp_group_name)  # the experts' fresh partial sums: no copy
+        return t
+
     def forward_native(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
         """The computation in line (ops still dispatch to their providers)."""
         x, logits = self._flatten(hidden_states)
         shared, fused = self.forward_impl(x, logits)
         shape = hidden_states.shape
-        return (None if shared is None else shared.view(shape)), fused.view(shape)
+        return (None if shared is None else self._reduce(shared).view(shape),
+                self._reduce(fused).view(shape))
 
     def forward_layer_op(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
         """Through the layer op: one opaque node resolved by ``layer_name`` at run time."""
@@ -171,9 +268,9 @@ class FusedMoE(CustomOp):
         shape = hidden_states.shape
         if self.shared_experts is None:
             fused = moe_forward(self.layer_name, x, logits)
-            return None, fused.view(shape)
+            return None, self._reduce(fused).view(shape)
         shared, fused = moe_forward_shared(self.layer_name, x, logits)
-        return shared.view(shape), fused.view(shape)
+        return self._reduce(shared).view(shape), self._reduce(fused).view(shape)
 
     def forward_cuda(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
         return self.forward_layer_op(hidden_states)
@@ -195,7 +292,7 @@ class FusedMoE(CustomOp):
         return (f"layer_name={self.layer_name!r}, experts={self.num_experts}, "
                 f"top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size}, routing={routing}, "
-                f"shared_intermediate={shared}")
+                f"shared_intermediate={shared}, tp_size={self.tp_size}")
 
 
 def _check_config(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,

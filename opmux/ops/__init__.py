@@ -8,24 +8,53 @@ helpers that the references use live in :mod:`opmux.ops._checks`, for providers 
 from __future__ import annotations
 
 from opmux.ops import moe
-from opmux.ops.activation import gelu_and_mul, silu_and_mul
+from opmux.ops.activation import (
+    fatrelu_and_mul,
+    gelu_and_mul,
+    gelu_and_mul_sparse,
+    gelu_fast,
+    gelu_new,
+    mul_and_silu,
+    quick_gelu,
+    relu2,
+    silu_and_mul,
+    swigluoai_and_mul,
+    xielu,
+)
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
+from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
 from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
+from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
 
 __all__ = [
     "advance_step_flashattn",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_",
+    "apply_rotary_emb",
+    "dual_chunk_rotary_embedding",
+    "fatrelu_and_mul",
     "fused_add_rms_norm",
     "fused_moe",
     "gelu_and_mul",
+    "gelu_and_mul_sparse",
+    "gelu_fast",
+    "gelu_new",
     "grouped_topk",
     "moe",
+    "mul_and_silu",
     "paged_attention",
+    "quick_gelu",
+    "reduce_scatter",
+    "relu2",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "swigluoai_and_mul",
     "topk_softmax",
+    "xielu",
 ]

@@ -2,18 +2,21 @@
 
 Each built-in platform has one cheap detector in :data:`BUILTIN_DETECTORS` (tests
 monkeypatch this dict). Out-of-tree platforms come from plugins' ``opmux_platforms``
-hook. :func:`current_platform` resolves once, lazily, and caches; ``OPMUX_PLATFORM``
-forces a platform by name.
+hook, through the source that :mod:`opmux.core.runtime` installs with
+:func:`_set_oot_source` (this package imports nothing of the plugin machinery).
+:func:`current_platform` resolves once, lazily, and caches only a success: an unknown
+``OPMUX_PLATFORM`` or two claiming platforms raise on every call until fixed.
+``OPMUX_PLATFORM`` forces a platform by name.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 
+from opmux.core import config
 from opmux.core.errors import PlatformError
+from opmux.core.state import register_reset
 from opmux.platforms.ascend import AscendPlatform, detect_ascend
 from opmux.platforms.base import Detection, Platform
 from opmux.platforms.builtin import (
@@ -57,7 +60,12 @@ BUILTIN_PLATFORMS: dict[str, type[Platform]] = {
 _lock = threading.Lock()
 _current: list[Platform | None] = [None]
 _detections: list[Detection] = []
-_resolved_at: list[str | None] = [None]
+#: where out-of-tree platform classes come from (installed by opmux.core.runtime)
+_oot_source: list[Callable[[], Sequence[type[Platform]]]] = [tuple]
+
+
+def _set_oot_source(source: Callable[[], Sequence[type[Platform]]]) -> None:
+    _oot_source[0] = source
 
 
 def _run_detector(name: str, detector: Callable[[], Detection]) -> Detection:
@@ -76,12 +84,13 @@ def resolve_platform(oot: Sequence[type[Platform]] = ()) -> tuple[Platform, list
     by_name: dict[str, type[Platform]] = dict(BUILTIN_PLATFORMS)
     for cls in oot:
         by_name[cls.name] = cls
-    forced = os.environ.get("OPMUX_PLATFORM", "").strip()
+    forced = config.platform_override()
     if forced:
         forced_cls = by_name.get(forced)
         if forced_cls is None:
             raise PlatformError(
-                f"OPMUX_PLATFORM={forced!r} names no known platform; valid: {sorted(by_name)}"
+                f"{config.ENV_PLATFORM}={forced!r} names no known platform; valid: "
+                f"{sorted(by_name)}"
             )
         return forced_cls(), [Detection(
             forced, f"{forced_cls.__module__}.{forced_cls.__qualname__}",
@@ -124,14 +133,11 @@ def current_platform() -> Platform:
     cached = _current[0]
     if cached is not None:
         return cached
-    from opmux.core.plugins import _discovered_platforms
-
-    oot = _discovered_platforms()
+    oot = _oot_source[0]()
     with _lock:
         if _current[0] is None:
             platform, found = resolve_platform(oot)
             _detections[:] = found
-            _resolved_at[0] = "".join(traceback.format_stack(limit=6)[:-1])
             _current[0] = platform
         result = _current[0]
     assert result is not None
@@ -144,9 +150,9 @@ def detections() -> list[Detection]:
     return list(_detections)
 
 
+@register_reset
 def _reset_for_tests() -> None:
     """Forget the cached platform so the next call resolves again."""
     with _lock:
         _current[0] = None
         _detections.clear()
-        _resolved_at[0] = None

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
+from opmux.core.config import cann_home
 from opmux.platforms.base import Detection, Platform
 
 __all__ = ["AscendPlatform", "detect_ascend"]
-
-
-def _cann_home() -> str | None:
-    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
-        value = os.environ.get(var)
-        if value and os.path.isdir(value):
-            return value
-    return None
 
 
 class AscendPlatform(Platform):
@@ -35,7 +27,7 @@ class AscendPlatform(Platform):
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info["cann"] = _cann_home()
+        info["cann"] = str(home) if (home := cann_home()) is not None else None
         info["torch_npu"] = importlib.util.find_spec("torch_npu") is not None
         info["mindspore"] = importlib.util.find_spec("mindspore") is not None
         return info
@@ -63,9 +55,9 @@ def detect_ascend() -> Detection:
     else:
         reasons.append("torch_npu is not installed")
     if importlib.util.find_spec("mindspore") is not None:
-        if _cann_home() is not None:
+        if cann_home() is not None:
             return Detection("ascend", "opmux.platforms.ascend.AscendPlatform",
-                             f"MindSpore installed with the CANN toolkit at {_cann_home()}")
+                             f"MindSpore installed with the CANN toolkit at {cann_home()}")
         reasons.append("MindSpore installed but no CANN toolkit (ASCEND_HOME_PATH unset)")
     else:
         reasons.append("MindSpore is not installed")

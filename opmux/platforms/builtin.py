@@ -8,11 +8,11 @@ machine, and always the reason. Optional stacks are probed with
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 import torch
 
+from opmux.core import config
 from opmux.platforms.base import Detection, Platform
 
 __all__ = ["CpuPlatform", "CudaPlatform", "RocmPlatform", "XlaPlatform"]
@@ -82,11 +82,11 @@ class XlaPlatform(Platform):
     @classmethod
     def is_available(cls) -> bool:
         return importlib.util.find_spec("torch_xla") is not None and bool(
-            os.environ.get("PJRT_DEVICE"))
+            config.pjrt_device())
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
-        info["pjrt_device"] = os.environ.get("PJRT_DEVICE")
+        info["pjrt_device"] = config.pjrt_device()
         return info
 
 
@@ -112,7 +112,7 @@ def detect_rocm() -> Detection:
 def detect_xla() -> Detection:
     if importlib.util.find_spec("torch_xla") is None:
         return Detection("xla", None, "torch_xla is not installed")
-    device = os.environ.get("PJRT_DEVICE")
+    device = config.pjrt_device()
     if not device:
         return Detection("xla", None, "torch_xla is installed but PJRT_DEVICE is not set")
     return Detection("xla", "opmux.platforms.builtin.XlaPlatform",

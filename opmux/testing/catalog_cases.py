@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from opmux.ops.rotary import make_cos_sin_cache
+from opmux.ops.rotary_more import make_dual_chunk_caches
 from opmux.testing.cases import Case, register_cases
 from opmux.testing.paged_batches import paged_batch
 
@@ -123,6 +124,68 @@ def rotary_embedding_cases() -> Iterator[Case]:
                                   make_cos_sin_cache(32, 32), 32, True))
 
 
+def apply_rotary_emb_cases() -> Iterator[Case]:
+    """Cases of ``apply_rotary_emb``: neox/gptj, fp32 compute on/off, 3-d and 4-d ``x``, fp32
+    tables with half-precision ``x``, a transposed ``x`` and tables sliced from a cache."""
+    specs: list[tuple[str, torch.dtype, tuple[int, ...], torch.dtype]] = []
+    for tag, dt in DTYPES:
+        specs.append((f"{tag}", dt, (7, 4, 64), dt))
+    specs += [("bf16-fp32-tables", torch.bfloat16, (2, 5, 3, 32), torch.float32),
+              ("fp16-fp32-tables-4d", torch.float16, (3, 4, 2, 16), torch.float32),
+              ("fp32-4d-d128", torch.float32, (2, 6, 2, 128), torch.float32),
+              ("fp32-one-position", torch.float32, (1, 3, 8), torch.float32),
+              ("fp32-empty", torch.float32, (0, 2, 16), torch.float32)]
+    for name, dt, shape, table_dt in specs:
+        g = _gen(name)
+        x = _randn(g, shape, dt, scale=2.0)
+        seq, half = shape[-3], shape[-1] // 2
+        angles = torch.rand(seq, half, generator=g) * 6.3
+        for style, neox in (("neox", True), ("gptj", False)):
+            for fp32 in (False, True):
+                yield Case(f"{name}-{style}{'-fp32-compute' if fp32 else ''}",
+                           (x, angles.cos().to(table_dt), angles.sin().to(table_dt), neox, fp32))
+    g = _gen("fp32-strided")
+    base = _randn(g, (4, 9, 32), torch.float32)  # [H, S, D] seen as a transposed [S, H, D]
+    cache = make_cos_sin_cache(16, 32)[3:12]
+    cos, sin = cache[:, :16], cache[:, 16:]  # row stride 32: views into one cache
+    for style, neox in (("neox", True), ("gptj", False)):
+        yield Case(f"fp32-strided-{style}", (base.transpose(0, 1), cos, sin, neox, False))
+
+
+def dual_chunk_rotary_embedding_cases() -> Iterator[Case]:
+    """Cases of ``dual_chunk_rotary_embedding``: neox/gptj, partial rot, offsets, GQA,
+    positions across several chunks, int32 positions, a strided query, one and no token."""
+    specs: list[tuple[str, torch.dtype, int, int, int, int, int, bool, bool]] = []
+    for tag, dt in DTYPES:
+        for style, neox in (("neox", True), ("gptj", False)):
+            # name, dtype, T, H, Hkv, D, rot, is_neox, offsets
+            specs.append((f"{tag}-{style}", dt, 11, 4, 2, 64, 64, neox, False))
+    specs += [("fp32-neox-partial-rot-offsets", torch.float32, 9, 2, 1, 64, 32, True, True),
+              ("fp32-gptj-partial-rot", torch.float32, 6, 2, 2, 64, 16, False, False),
+              ("bf16-neox-offsets", torch.bfloat16, 8, 2, 2, 32, 32, True, True),
+              ("fp32-one-token", torch.float32, 1, 2, 1, 32, 32, False, False),
+              ("fp32-empty", torch.float32, 0, 2, 2, 32, 32, True, False)]
+    chunk_size, local_size, max_pos = 24, 8, 96
+    for name, dt, t, h, hkv, d, rot, neox, with_offsets in specs:
+        g = _gen(name)
+        caches = make_dual_chunk_caches(chunk_size, local_size, max_pos, rot, dtype=dt)
+        hi = max_pos - 20 if with_offsets else max_pos
+        positions = torch.randint(0, hi, (t,), generator=g, dtype=torch.int64)
+        if t > 1:
+            positions[0], positions[-1] = 0, hi - 1
+        offsets = (torch.randint(0, 20, (t,), generator=g, dtype=torch.int64)
+                   if with_offsets else None)
+        query = _randn(g, (t, h * d), dt)
+        key = _randn(g, (t, hkv * d), dt)
+        yield Case(name, (positions, query, key, *caches, d, neox, offsets))
+    g = _gen("fp32-strided-int32")
+    qkv = _randn(g, (7, (4 + 2 + 2) * 32), torch.float32)  # query and key sliced from qkv
+    positions = torch.randint(0, max_pos, (7,), generator=g, dtype=torch.int32)
+    yield Case("fp32-strided-int32", (positions, qkv[:, :128], qkv[:, 128:192],
+                                      *make_dual_chunk_caches(chunk_size, local_size, max_pos,
+                                                              32), 32, True, None))
+
+
 # ---------------------------------------------------------------------------------- cache
 def reshape_and_cache_cases() -> Iterator[Case]:
     """Cases of ``reshape_and_cache``: padding slots (-1), several block sizes, empty."""
@@ -225,6 +288,8 @@ def register_catalog_cases() -> None:
         "reshape_and_cache": reshape_and_cache_cases,
         "advance_step_flashattn": advance_step_flashattn_cases,
         "paged_attention": paged_attention_cases,
+        "apply_rotary_emb": apply_rotary_emb_cases,
+        "dual_chunk_rotary_embedding": dual_chunk_rotary_embedding_cases,
     }
     for name, fn in generators.items():
         register_cases(name, fn, replace=True)
@@ -233,6 +298,12 @@ def register_catalog_cases() -> None:
 
     register_moe_cases()
     register_xla_cases()
+    from opmux.testing.communication_cases import register_communication_cases
+
+    register_communication_cases()
+    from opmux.testing.activation_cases import register_activation_cases
+
+    register_activation_cases()
 
 
 register_catalog_cases()

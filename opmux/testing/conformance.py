@@ -10,7 +10,9 @@ For each case the provider's implementation (``op.impls[provider]``, called dire
 on the device under test and native runs on fresh copies of the same inputs (on the CPU
 by default). Outputs and every mutated argument are compared: floating tensors within the
 dtype's tolerance (``|got - want| <= atol + rtol * |want|``, NaN where the reference has
-NaN), everything else exactly.
+NaN), everything else exactly. The provider call runs with the output checks of
+:mod:`opmux.core.output_checks` on: a result that disagrees with the op's fake (dtype,
+shape, device, structure) or a change to an argument outside ``mutates_args`` is an error.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
-from opmux.core.errors import ProviderUnavailableError
+from opmux.core.errors import ProviderOutputError, ProviderUnavailableError
 from opmux.core.op import NATIVE, Op
+from opmux.core.output_checks import checked
 from opmux.testing.cases import Case, cases_for, has_cases
 
 if TYPE_CHECKING:
@@ -234,7 +237,10 @@ def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device
     ref_args, ref_kwargs = case.materialize(reference_device or device)
     start = time.perf_counter()
     try:
-        got = impl.fn(*args, **kwargs)
+        got = checked(the_op, impl)(*args, **kwargs)
+    except ProviderOutputError as exc:
+        result.status, result.message = "fail", str(exc)
+        return result
     except Exception as exc:
         result.status = "error"
         result.message = f"provider raised {type(exc).__name__}: {exc}"

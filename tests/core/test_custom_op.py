@@ -57,15 +57,113 @@ def test_enablement_strings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert counts["enabled"]["mark_b"] == 1 and counts["disabled"]["mark_b"] == 3
 
 
+def test_list_form_and_whitespace() -> None:
+    mark = _layer_classes("f")
+    opmux.set_custom_ops(["none", "+mark_f"])
+    assert mark()(torch.zeros(1)).item() == 10.0
+    opmux.set_custom_ops([" all ", "-mark_f"])
+    assert mark()(torch.zeros(1)).item() == 1.0
+    opmux.set_custom_ops(("none",))
+    assert not mark.enabled()
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     ("all,none", "exactly one"),
     ("all,all", "exactly one"),
+    (["none", "all"], "exactly one"),
     ("all,rms_norm", "element 'rms_norm'"),
     ("+Bad", "element '\\+Bad'"),
+    ("+all", "'all' and 'none' take no sign"),
+    ("none,-all", "'all' and 'none' take no sign"),
+    (["+none"], "'all' and 'none' take no sign"),
+    ("all,+silu_and_mul,-silu_and_mul", "both enables and disables 'silu_and_mul'"),
+    ("-gelu_neww", r"unknown custom op layer name\(s\) \['gelu_neww'\]; known layers: "
+                   r"\[.*'gelu_new',.*'silu_and_mul'"),
+    (42, "expected a string like 'all,-rms_norm' or a list of strings.*got int 42"),
+    (["all", 3], "got list"),
+    (b"all", "got bytes"),
 ])
-def test_bad_enablement_strings(spec: str, message: str) -> None:
+def test_bad_enablement_settings(spec: object, message: str) -> None:
+    from opmux.layers import NewGELU
+
+    opmux.set_custom_ops("none")
     with pytest.raises(opmux.ConfigError, match=message):
-        opmux.set_custom_ops(spec)
+        opmux.set_custom_ops(spec)  # type: ignore[arg-type]
+    assert not NewGELU.enabled()  # nothing changed
+
+
+def test_unknown_names_list_the_known_layers_sorted() -> None:
+    _layer_classes("h")
+    with pytest.raises(opmux.ConfigError) as info:
+        opmux.set_custom_ops("all,-nope,-also_nope")
+    message = str(info.value)
+    assert "['also_nope', 'nope']" in message
+    listed = message.split("known layers: ")[1]
+    names = [n.strip(" '[]") for n in listed.split(",")]
+    assert names == sorted(names) and "mark_h" in names and "xielu" in names
+
+
+def test_env_setting_is_checked_when_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    mark = _layer_classes("i")
+    monkeypatch.setenv("OPMUX_CUSTOM_OPS", "none,+mark_i")
+    assert mark()(torch.zeros(1)).item() == 10.0
+    monkeypatch.setenv("OPMUX_CUSTOM_OPS", "none,+mark_typo")
+    with pytest.raises(opmux.ConfigError, match="OPMUX_CUSTOM_OPS: unknown custom op layer"):
+        mark()
+
+
+def test_compile_mode_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    mark = _layer_classes("j")
+    monkeypatch.delenv("OPMUX_COMPILE_MODE", raising=False)
+    assert mark.enabled()  # eager: all
+    opmux.set_compile_mode("inductor")  # as vLLM with Inductor: none
+    assert not mark.enabled()
+    assert mark()(torch.zeros(1)).item() == 1.0
+    opmux.set_custom_ops("+mark_j")  # no base mode: the compile-mode default, plus mark_j
+    assert mark.enabled()
+    opmux.set_custom_ops("all")  # an explicit base wins
+    assert mark.enabled()
+    opmux.set_custom_ops(None)
+    opmux.set_compile_mode("aot_eager")  # another backend: all
+    assert mark.enabled()
+    opmux.set_compile_mode(None)
+    monkeypatch.setenv("OPMUX_COMPILE_MODE", "inductor")
+    assert not mark.enabled()
+    monkeypatch.setenv("OPMUX_CUSTOM_OPS", "-mark_j")
+    assert not mark.enabled()
+    monkeypatch.setenv("OPMUX_COMPILE_MODE", "none")
+    assert not mark.enabled() and mark.enabled() is False
+    monkeypatch.setenv("OPMUX_CUSTOM_OPS", "")
+    assert mark.enabled()
+    from opmux.core.custom_op import compile_mode
+
+    monkeypatch.setenv("OPMUX_COMPILE_MODE", "not a mode")
+    with pytest.raises(opmux.ConfigError, match="OPMUX_COMPILE_MODE: expected 'inductor'"):
+        compile_mode()
+    with pytest.raises(opmux.ConfigError, match="set_compile_mode: expected"):
+        opmux.set_compile_mode("Inductor!")
+
+
+def test_settings_and_info_report_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    from opmux import cli
+    from opmux.core.custom_op import custom_op_settings
+
+    _layer_classes("k")
+    opmux.set_custom_ops("none,+gelu_new")
+    settings = custom_op_settings()
+    assert settings["base"] == "none" and settings["overrides"] == {"gelu_new": True}
+    assert settings["source"] == "set_custom_ops" and settings["compile_mode"] == "none"
+    assert settings["layers"]["gelu_new"] and not settings["layers"]["silu_and_mul"]
+    from opmux.layers import NewGELU
+
+    NewGELU()
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "custom ops: base none (set_custom_ops), overrides {'gelu_new': True}" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+            if line.startswith(("gelu_new ", "silu_and_mul ", "fused_moe "))}
+    assert rows["gelu_new"] == ["yes", "1", "0"]
+    assert rows["silu_and_mul"] == ["no", "0", "0"] and rows["fused_moe"][0] == "no"
 
 
 def test_register_oot_replaces_the_in_tree_class() -> None:
@@ -93,11 +191,6 @@ def test_custom_op_layer_compiles_fullgraph() -> None:
     explained = torch._dynamo.explain(layer)(torch.zeros(2))
     assert explained.graph_break_count == 0
     torch._dynamo.reset()
-
-
-def test_parse_custom_ops_default() -> None:
-    assert config.parse_custom_ops("") == (True, {})
-    assert config.parse_custom_ops("none,+a,-b") == (False, {"a": True, "b": False})
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -155,3 +156,96 @@ def test_sixteen_threads_dispatch_while_priorities_change(add: opmux.Op) -> None
         t.join(timeout=120)
     assert not errors
     assert seen <= {10.0, 20.0} and seen  # never native (1.0), never anything else
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_overlapping_scopes_from_threads_unwind_in_any_exit_order(add: opmux.Op,
+                                                                  seed: int) -> None:
+    add.set_default_priority(["p20", "p10"])
+    before = add.priority()
+    n = 6
+    entered = threading.Barrier(n)
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    turn = threading.Condition()
+    position = [0]
+    errors: list[BaseException] = []
+
+    def scope(i: int) -> None:
+        try:
+            with add.set_priority(["p10"] if i % 2 else ["native"]):
+                entered.wait(timeout=30)  # every scope is open before any closes
+                with turn:  # then close in the shuffled order
+                    turn.wait_for(lambda: order[position[0]] == i, timeout=30)
+            with turn:
+                position[0] += 1
+                turn.notify_all()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=scope, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert add.priority() == before
+    assert add(torch.zeros(1)).item() == 20.0
+
+
+def test_nested_scopes_closed_out_of_order_in_one_thread(add: opmux.Op) -> None:
+    add.set_default_priority(["p10"])
+    outer, inner = add.set_priority(["p20"]), add.set_priority(["native"])
+    outer.__enter__()
+    inner.__enter__()
+    assert add(torch.zeros(1)).item() == 1.0
+    outer.__exit__(None, None, None)  # the outer closes first: the newer scope still rules
+    assert add(torch.zeros(1)).item() == 1.0
+    inner.__exit__(None, None, None)
+    assert add(torch.zeros(1)).item() == 10.0 and add.priority_source() == "code"
+
+
+@pytest.mark.parametrize("wrap", [True, False])
+def test_native_listed_first_wins(add: opmux.Op, wrap: bool) -> None:
+    add.set_default_priority(["native", "p10"])
+    with opmux.enable_torch_wrap(wrap):
+        assert add(torch.zeros(1)).item() == 1.0
+    assert add.dispatch(torch.zeros(1)).provider == "native"
+    assert add.priority() == ["native", "p10"]
+    assert "native comes first" in add.explain(torch.zeros(1))
+    add.set_default_priority(["p10", "native", "p20"])
+    assert add(torch.zeros(1)).item() == 10.0
+
+
+@pytest.mark.parametrize("wrap", [True, False])
+def test_a_raising_supports_args_declines(registry: opmux.OpRegistry, ns: str,
+                                          wrap: bool) -> None:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def fragile(x: torch.Tensor) -> bool:
+        return bool(x.shape[1] == 4)  # IndexError on 1-D input
+
+    @double.register_impl("fragile", dispatch_key="CPU", supports_args=fragile)
+    def _fragile(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 100
+
+    with opmux.enable_torch_wrap(wrap):
+        assert double(torch.ones(2, 4))[0, 0].item() == 102.0
+        assert double(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]  # declined: native ran
+    assert double.dispatch(torch.ones(3)).provider == "native"
+    text = double.explain(torch.ones(3))
+    assert "runs 'native'" in text
+    assert "supports_args raised IndexError" in text and "counts as declining" in text
+
+
+@pytest.mark.parametrize("bad", ["p10", b"p10", 42])
+def test_a_priority_is_a_list_not_a_string(add: opmux.Op, bad: object) -> None:
+    with pytest.raises(opmux.RegistrationError, match="a priority is a list of provider names"):
+        add.set_default_priority(bad)  # type: ignore[arg-type]
+    with pytest.raises(opmux.RegistrationError, match=r"did you mean \['p10'\]"):
+        add.set_default_priority("p10")
+    with pytest.raises(opmux.RegistrationError), add.set_priority("p10"):
+        pass
+    assert add.priority() == ["p10", "p20", "native"]

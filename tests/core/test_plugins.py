@@ -2,81 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
-import types
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
+from fake_plugins import FakePlugins
+from fake_plugins import provider as _provider
+from fake_plugins import report as _report
 
 import opmux
-from opmux.core import plugins
-
-
-@pytest.fixture
-def reg_op(registry: opmux.OpRegistry, ns: str) -> opmux.Op:
-    @opmux.register_op(namespace=ns, registry=registry)
-    def inc(x: torch.Tensor) -> torch.Tensor:
-        return x + 1
-
-    return inc
-
-
-class FakePlugins:
-    """Builds plugin modules in ``sys.modules`` and serves them as entry points."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.eps: list[importlib.metadata.EntryPoint] = []
-        self.monkeypatch = monkeypatch
-        monkeypatch.setattr(plugins, "_entry_points", lambda: list(self.eps))
-
-    def add(self, name: str, *, platforms: list[str] | None = None,
-            register: Callable[..., None] | None = None, info: Any = None,
-            module_value: str | None = None, extra: dict[str, Any] | None = None) -> None:
-        modname = f"_opmux_test_plugin_{name}"
-        if module_value is None:
-            mod = types.ModuleType(modname)
-
-            @opmux.hookimpl
-            def opmux_plugin_info() -> Any:
-                return info if info is not None else {"name": name,
-                                                      "platforms": platforms or ["*"]}
-
-            mod.opmux_plugin_info = opmux_plugin_info  # type: ignore[attr-defined]
-            if register is not None:
-                mod.opmux_register = opmux.hookimpl(register)  # type: ignore[attr-defined]
-            for key, value in (extra or {}).items():
-                setattr(mod, key, value)
-            self.monkeypatch.setitem(sys.modules, modname, mod)
-        self.eps.append(importlib.metadata.EntryPoint(
-            name, module_value or modname, plugins.PLUGIN_GROUP))
-
-
-@pytest.fixture
-def fake(fresh_plugins: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePlugins]:
-    yield FakePlugins(monkeypatch)
-
-
-def _provider(op: opmux.Op, name: str, delta: float) -> Callable[..., None]:
-    def register(registry: opmux.OpRegistry, platform: opmux.Platform) -> None:
-        def impl(x: torch.Tensor) -> torch.Tensor:
-            return x + delta
-
-        registry.get_op(op.qualname).register_impl(name, dispatch_key="CPU")(impl)
-
-    return register
-
-
-def _report() -> dict[str, opmux.PluginRecord]:
-    return {r.name: r for r in opmux.plugin_report()}
+from opmux.core import plugins, runtime
 
 
 def test_good_plugin_loads_and_serves(fake: FakePlugins, registry: opmux.OpRegistry,
                                       reg_op: opmux.Op) -> None:
     fake.add("good", register=_provider(reg_op, "good", 10))
-    plugins._load_into(registry)
+    runtime._start(registry)
     rec = _report()["good"]
     assert rec.status == "loaded" and rec.providers == [f"{reg_op.qualname}:good"]
     assert reg_op(torch.zeros(1)).item() == 10.0
@@ -96,7 +38,7 @@ def test_broken_plugins_are_isolated_and_rolled_back(
     fake.add("good", register=_provider(reg_op, "good", 10))
     fake.add("z_dup", register=lambda registry, platform: (
         _provider(reg_op, "good", 30)(registry, platform)))
-    plugins._load_into(registry)
+    runtime._start(registry)
     rep = _report()
     assert rep["good"].status == "loaded", rep["good"].reason
     assert rep["a_import"].status == "failed"
@@ -117,7 +59,7 @@ def test_strict_mode_makes_failures_fatal(fake: FakePlugins, registry: opmux.OpR
     monkeypatch.setenv("OPMUX_STRICT_PLUGINS", "1")
     fake.add("broken", module_value="_opmux_no_such_module_xyz")
     with pytest.raises(opmux.PluginLoadError, match="plugin 'broken' failed") as info:
-        plugins._load_into(registry)
+        runtime._start(registry)
     assert info.value.plugin == "broken"
 
 
@@ -126,7 +68,7 @@ def test_allow_list(fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux
     monkeypatch.setenv("OPMUX_PLUGINS", "good")
     fake.add("good", register=_provider(reg_op, "good", 10))
     fake.add("other", register=_provider(reg_op, "other", 20))
-    plugins._load_into(registry)
+    runtime._start(registry)
     rep = _report()
     assert rep["good"].status == "loaded"
     assert rep["other"].status == "skipped" and "OPMUX_PLUGINS" in rep["other"].reason
@@ -139,7 +81,7 @@ def test_platform_mismatch_is_skipped_before_register(
         raise AssertionError("a plugin for another platform must not register")
 
     fake.add("gpu_only", platforms=["cuda"], register=must_not_run)
-    plugins._load_into(registry)
+    runtime._start(registry)
     rec = _report()["gpu_only"]
     assert rec.status == "skipped" and "platform mismatch" in rec.reason
 
@@ -152,8 +94,8 @@ def test_loading_is_idempotent(fake: FakePlugins, registry: opmux.OpRegistry,
         calls.append(1)
 
     fake.add("counted", register=register)
-    plugins._load_into(registry)
-    plugins._load_into(registry)
+    runtime._start(registry)
+    runtime._start(registry)
     assert calls == [1]
 
 
@@ -171,7 +113,7 @@ def test_plugin_default_priority_and_env_priority_compose(
     fake.add("ab", register=register,
              extra={"opmux_default_priority": opmux.hookimpl(prefer_b)})
     monkeypatch.setenv("OPMUX_PRIORITY", f"{reg_op.qualname}=a,native")
-    plugins._load_into(registry)
+    runtime._start(registry)
     assert reg_op.priority() == ["a", "native"] and reg_op.priority_source() == "env"
     reg_op._set_layer("env", None)
     assert reg_op.priority_source() == "plugins" and reg_op(torch.zeros(1)).item() == 20.0
@@ -189,7 +131,7 @@ def test_bad_env_priority_says_which_part(fake: FakePlugins, registry: opmux.OpR
                                           value: str, message: str) -> None:
     monkeypatch.setenv("OPMUX_PRIORITY", value.format(op=reg_op.qualname))
     with pytest.raises(opmux.ConfigError, match=message):
-        plugins._load_into(registry)
+        runtime._start(registry)
 
 
 def test_oot_platforms(fake: FakePlugins, monkeypatch: pytest.MonkeyPatch) -> None:

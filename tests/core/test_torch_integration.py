@@ -49,6 +49,27 @@ def test_fullgraph_compile_has_no_graph_breaks(
     torch._dynamo.reset()
 
 
+def test_priorities_are_set_outside_the_compiled_region(
+        three_ops: tuple[opmux.Op, opmux.Op, opmux.Op]) -> None:
+    double = three_ops[0]
+    compiled = torch.compile(lambda x: double(x) + 1, fullgraph=True, backend="eager")
+    x = torch.ones(2)
+    assert compiled(x).tolist() == [13.0, 13.0]  # cpu_mark: 2 + 10, then + 1
+    with double.set_priority(["native"]):  # around the compiled call: applies at run time
+        assert compiled(x).tolist() == [3.0, 3.0]
+    assert compiled(x).tolist() == [13.0, 13.0]
+
+    def scoped_inside(x: torch.Tensor) -> torch.Tensor:
+        with double.set_priority(["native"]):
+            return double(x)
+
+    # the documented rule: a priority scope inside a fullgraph region is not traceable
+    # (torch's message varies by version: "Unsupported context manager", ...)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(scoped_inside, fullgraph=True, backend="eager")(x)
+    torch._dynamo.reset()
+
+
 def test_opcheck_passes(three_ops: tuple[opmux.Op, opmux.Op, opmux.Op]) -> None:
     double, shift, split_sum = three_ops
     x = torch.randn(3, 5)
@@ -152,3 +173,71 @@ def test_direct_register_custom_op_default_key_is_the_platform_key(ns: str) -> N
 
     opmux.direct_register_custom_op(name, plus, mutates_args=[])
     assert getattr(torch.ops.opmux, name)(torch.zeros(1)).item() == 5.0
+
+
+@pytest.mark.parametrize("key", ["GPU", "CompositeExplicitAutograd", "cpu"])
+def test_direct_register_custom_op_validates_before_defining(ns: str, key: str) -> None:
+    lib = torch.library.Library(ns, "FRAGMENT")
+    try:
+        def quad(x: torch.Tensor) -> torch.Tensor:
+            return x * 4
+
+        with pytest.raises(opmux.RegistrationError, match=f"dispatch key '{key}'"):
+            opmux.direct_register_custom_op("quad", quad, target_lib=lib, dispatch_key=key)
+        assert not hasattr(getattr(torch.ops, ns), "quad")  # nothing defined
+        opmux.direct_register_custom_op("quad", quad, target_lib=lib, dispatch_key="CPU")
+        assert getattr(torch.ops, ns).quad(torch.ones(1)).item() == 4.0  # the retry works
+    finally:
+        lib._destroy()
+
+
+@pytest.mark.parametrize("namespace", ["aten", "prims", "torch"])
+def test_torch_namespaces_are_refused(registry: opmux.OpRegistry, namespace: str) -> None:
+    def relu2(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    with pytest.raises(opmux.RegistrationError, match=f"namespace '{namespace}' belongs to torch"):
+        opmux.register_op(namespace=namespace, registry=registry)(relu2)
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    try:
+        with pytest.raises(opmux.RegistrationError, match="belongs to torch"):
+            opmux.direct_register_custom_op("opmux_relu2", relu2, target_lib=lib,
+                                            dispatch_key="CPU")
+    finally:
+        lib._destroy()
+
+
+_CLAIM_CATALOG_NAME = """
+import json, torch, opmux
+errors = []
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x
+for attempt in (lambda: opmux.direct_register_custom_op("rms_norm", rms_norm),
+                lambda: opmux.register_op(rms_norm)):
+    try:
+        attempt()
+    except opmux.RegistrationError as exc:
+        errors.append(str(exc))
+opmux.load_plugins()
+x, w = torch.randn(2, 8), torch.ones(8)
+print(json.dumps({"errors": errors, "ops": len(opmux.list_ops()),
+                  "ok": bool(torch.allclose(opmux.ops.rms_norm(x, w),
+                                            opmux.get_op("rms_norm").native(x, w), atol=1e-5)),
+                  "module": opmux.get_op("rms_norm").native.__module__}))
+"""
+
+
+def test_catalog_names_are_reserved_before_the_catalog_loads() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPMUX_")}
+    out = json.loads(subprocess.run([sys.executable, "-c", _CLAIM_CATALOG_NAME], env=env,
+                                    check=True, capture_output=True, text=True).stdout)
+    assert len(out["errors"]) == 2
+    for message in out["errors"]:
+        assert "'opmux::rms_norm' is already defined (by opmux.ops.layernorm)" in message
+        assert "reserved in namespace 'opmux'" in message
+    assert out["ok"] and out["ops"] >= 11 and out["module"] == "opmux.ops.layernorm"

@@ -26,6 +26,9 @@ __all__ = ["SERVED_OPS", "opmux_default_priority", "opmux_plugin_info", "opmux_r
 SERVED_OPS = frozenset({
     "advance_step_flashattn", "fused_add_rms_norm", "gelu_and_mul", "paged_attention",
     "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "fatrelu_and_mul", "gelu_and_mul_sparse", "gelu_fast", "gelu_new", "mul_and_silu",
+    "quick_gelu", "relu2", "swigluoai_and_mul", "xielu",
+    "apply_rotary_emb", "dual_chunk_rotary_embedding",
 })
 
 

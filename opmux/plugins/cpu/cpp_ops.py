@@ -17,7 +17,7 @@ from torch import Tensor
 
 from opmux.core.errors import OpInputError
 
-from . import _build
+from . import _build, cpp_activation
 
 if TYPE_CHECKING:
     from opmux.plugins._registration import RegistryLike
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 __all__ = [
     "OPS",
     "advance_step_flashattn",
+    "apply_rotary_emb",
+    "dual_chunk_rotary_embedding",
     "fused_add_rms_norm",
     "gelu_and_mul",
     "paged_attention",
@@ -205,6 +207,67 @@ def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tok
             and block_tables.dtype == torch.int32)
 
 
+# ----------------------------------------------------------------------------- more rotary
+def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = True,
+                     enable_fp32_compute: bool = False) -> Tensor:
+    # the kernel computes in fp32 either way; without fp32 compute native rounds the tables
+    # to x's dtype first, so they are handed over in x's dtype (a [S, D/2] copy at most)
+    if not enable_fp32_compute and cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    elif cos.dtype not in (x.dtype, torch.float32):
+        cos, sin = cos.float(), sin.float()
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    try:
+        _K.apply_rotary_emb_out(out, x, cos, sin, is_neox_style)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+    return out
+
+
+def _apply_rotary_emb_ok(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = True,
+                         enable_fp32_compute: bool = False) -> bool:
+    return (_cpu_float(x) and x.is_contiguous() and x.dim() >= 3
+            and cos.is_cpu and sin.is_cpu and cos.dtype in _FLOATS and sin.dtype == cos.dtype
+            and cos.dim() == 2 and sin.dim() == 2 and cos.stride(1) == 1
+            and sin.stride(1) == 1)
+
+
+def dual_chunk_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
+                                cos_sin_q_cache: Tensor, cos_sin_qc_cache: Tensor,
+                                cos_sin_k_cache: Tensor, cos_sin_qc_no_clamp_cache: Tensor,
+                                cos_sin_q_inter_cache: Tensor, head_size: int,
+                                is_neox_style: bool = True, offsets: Optional[Tensor] = None
+                                ) -> tuple[Tensor, Tensor]:
+    tokens = positions.shape[0]
+    query_out = query.new_empty((tokens, 5 * query.shape[-1]))
+    key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
+    try:
+        _K.dual_chunk_rotary_embedding_out(
+            query_out, key_out, positions, query, key, cos_sin_q_cache, cos_sin_qc_cache,
+            cos_sin_k_cache, cos_sin_qc_no_clamp_cache, cos_sin_q_inter_cache, head_size,
+            is_neox_style, offsets)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+    return query_out, key_out
+
+
+def _dual_chunk_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_q_cache: Tensor,
+                   cos_sin_qc_cache: Tensor, cos_sin_k_cache: Tensor,
+                   cos_sin_qc_no_clamp_cache: Tensor, cos_sin_q_inter_cache: Tensor,
+                   head_size: int, is_neox_style: bool = True,
+                   offsets: Optional[Tensor] = None) -> bool:
+    caches = (cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache, cos_sin_qc_no_clamp_cache,
+              cos_sin_q_inter_cache)
+    return (_cpu_float(query) and key.dtype == query.dtype and key.is_cpu
+            and query.dim() == 2 and key.dim() == 2
+            and query.stride(1) == 1 and key.stride(1) == 1
+            and positions.dtype == torch.int64 and positions.is_cpu
+            and positions.is_contiguous()
+            and (offsets is None or (offsets.dtype == torch.int64 and offsets.is_contiguous()))
+            and all(c.dtype == query.dtype and c.is_cpu and c.is_contiguous() and c.dim() == 2
+                    for c in caches))
+
+
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     "rms_norm": (rms_norm, _rms_norm_ok),
     "fused_add_rms_norm": (fused_add_rms_norm, _fused_add_rms_norm_ok),
@@ -214,6 +277,9 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     "reshape_and_cache": (reshape_and_cache, _reshape_and_cache_ok),
     "paged_attention": (paged_attention, _paged_attention_ok),
     "advance_step_flashattn": (advance_step_flashattn, _advance_step_ok),
+    **cpp_activation.OPS,
+    "apply_rotary_emb": (apply_rotary_emb, _apply_rotary_emb_ok),
+    "dual_chunk_rotary_embedding": (dual_chunk_rotary_embedding, _dual_chunk_ok),
 }
 """Op name -> (impl, supports_args) of every op this provider serves."""
 

@@ -34,6 +34,8 @@ DEFAULT_PRIORITY: Final[dict[str, tuple[str, ...]]] = {
     "reshape_and_cache": ("cuda_c", "triton", "native"),
     "paged_attention": ("triton", "native"),
     "advance_step_flashattn": ("cuda_c", "triton", "native"),
+    "apply_rotary_emb": ("triton", "native"),
+    "dual_chunk_rotary_embedding": ("triton", "native"),
 }
 """Op name -> provider order on the CUDA and ROCm platforms."""
 

@@ -30,6 +30,17 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "reshape_and_cache": ("triton_cache", "reshape_and_cache_supports"),
     "paged_attention": ("triton_attention", "paged_attention_supports"),
     "advance_step_flashattn": ("triton_cache", None),
+    "fatrelu_and_mul": ("triton_activation_more", "fatrelu_and_mul_supports"),
+    "mul_and_silu": ("triton_activation_more", "supports"),
+    "gelu_and_mul_sparse": ("triton_activation_more", "gelu_and_mul_sparse_supports"),
+    "swigluoai_and_mul": ("triton_activation_more", "swigluoai_and_mul_supports"),
+    "gelu_new": ("triton_activation_more", "supports"),
+    "gelu_fast": ("triton_activation_more", "supports"),
+    "quick_gelu": ("triton_activation_more", "supports"),
+    "relu2": ("triton_activation_more", "supports"),
+    "xielu": ("triton_activation_more", "xielu_supports"),
+    "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
+    "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 

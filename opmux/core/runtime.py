@@ -1,0 +1,155 @@
+"""Start-up: the one module that owns the global registry and brings a process up.
+
+The sequence runs lazily, on the first op call of the process (or :func:`load_plugins`),
+in spawned workers too, in this order::
+
+    discover plugins     opmux.core.plugins._discover   entry modules imported, their
+        |                                               opmux_plugin_info / opmux_platforms
+        v                                               read (OPMUX_PLUGINS applied)
+    detect platform      opmux.platforms                detectors + the plugins' platforms
+        |                                               (OPMUX_PLATFORM forces one)
+        v
+    load catalog         opmux.ops (via this module)    the native reference ops
+        |
+        v
+    register             opmux.core.plugins._activate   opmux_register, then
+        |                                               opmux_default_priority, per plugin,
+        v                                               each isolated and rolled back alone
+    apply priorities     opmux.core.plugins             platform → plugins (merge rule) →
+                         ._apply_priorities             OPMUX_PRIORITY; code wins later
+
+Every step is idempotent and only a completed start-up marks the registry loaded, so a
+fatal error (an unknown ``OPMUX_PLATFORM``, two platforms claiming the machine, a
+malformed ``OPMUX_PLUGINS``/``OPMUX_PRIORITY``/``OPMUX_STRICT_PLUGINS``, a failing plugin
+in strict mode) is raised again by every op call until the configuration is fixed.
+
+The module graph has no cycle: :mod:`opmux.core.registry` knows neither the catalog nor
+the plugins (this module hands it the ``loader`` and ``catalog`` hooks), and
+:mod:`opmux.platforms` gets the plugins' platform classes through the source installed
+here. :func:`reset_for_tests` resets every piece of global state (see
+:mod:`opmux.core.state`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from opmux.core import custom_op, plugins
+from opmux.core.plugins import PluginRecord, plugin_report
+from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, _install_global
+from opmux.core.state import register_reset, reset_for_tests
+from opmux.core.torch_lib import define_custom_op, validate_name
+from opmux.platforms import _set_oot_source, current_platform
+
+__all__ = ["direct_register_custom_op", "global_registry", "load_plugins", "register_reset",
+           "reset_for_tests"]
+
+_catalog_lock = threading.RLock()
+_catalog_loaded: list[bool] = [False]
+
+
+def _load_catalog() -> None:
+    """Import the op catalog once (its modules register into the global registry)."""
+    if _catalog_loaded[0]:
+        return
+    with _catalog_lock:
+        if _catalog_loaded[0]:
+            return
+        import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
+
+        _catalog_loaded[0] = True
+
+
+def _start(registry: OpRegistry) -> None:
+    """The start-up sequence of the module docstring, for ``registry``.
+
+    :raises ConfigError: a malformed ``OPMUX_*`` variable.
+    :raises PlatformError: ``OPMUX_PLATFORM`` unknown, or several platforms claim.
+    :raises PluginLoadError: a plugin failed and ``OPMUX_STRICT_PLUGINS`` is on.
+    """
+    state = plugins._STATE[0]
+    with state.lock:
+        plugins._discover(state)
+        platform = current_platform()
+        registry.list_ops()  # the catalog exists before plugins look ops up
+        plugins._activate(state, registry, platform)
+        plugins._check_strict(state)
+        plugins._apply_priorities(state, registry, platform)
+
+
+_GLOBAL = OpRegistry(loader=_start, catalog=_load_catalog)
+_install_global(_GLOBAL)
+_set_oot_source(plugins.discovered_platforms)
+
+
+def global_registry() -> OpRegistry:
+    """The process-wide registry: the catalog's ops and every plugin's providers."""
+    return _GLOBAL
+
+
+def load_plugins() -> list[PluginRecord]:
+    """Run start-up now (idempotent, thread-safe) and return the plugin report.
+
+    :raises OpmuxError: the fatal errors of start-up (see the module docstring), on every
+        call until fixed.
+    """
+    _GLOBAL._ensure_loaded()
+    return plugin_report()
+
+
+def direct_register_custom_op(
+    op_name: str,
+    op_func: Callable[..., Any],
+    mutates_args: Sequence[str] | None = None,
+    fake_impl: Callable[..., Any] | None = None,
+    target_lib: torch.library.Library | None = None,
+    dispatch_key: str | None = None,
+    tags: Sequence[torch.Tag] = (),
+) -> None:
+    """Register ``op_func`` as a torch op with the least overhead: define + one impl.
+
+    The engine-style helper: the schema is inferred from ``op_func``, the op is defined
+    in ``target_lib`` (default: opmux's own ``opmux`` library, kept alive by the global
+    registry) and ``op_func`` becomes the kernel for ``dispatch_key`` (default: the
+    current platform's key). ``fake_impl`` gives shapes for ``torch.compile``. Everything
+    is validated before the op is defined: a refused call leaves nothing behind and a
+    corrected retry works. Catalog op names are reserved in namespace ``opmux``.
+
+    :param op_name: name inside the library's namespace, e.g. ``"my_attention"``.
+    :param mutates_args: names of the Tensor arguments written in place.
+    :raises RegistrationError: a bad name, torch's own namespace, an unknown dispatch
+        key, or a name already defined (catalog names included).
+    """
+    lib = target_lib if target_lib is not None else _GLOBAL.library(DEFAULT_NAMESPACE)
+    if lib.ns == DEFAULT_NAMESPACE:
+        validate_name("op", op_name)
+        _load_catalog()
+        _GLOBAL.check_undefined(lib.ns, op_name)
+    key = dispatch_key if dispatch_key is not None else current_platform().dispatch_key
+    define_custom_op(lib, op_name, op_func, key, mutates_args=mutates_args,
+                     fake_impl=fake_impl, tags=tags)
+
+
+@register_reset
+def _reset_global_registry() -> None:
+    """Undo start-up: plugins' providers leave, priorities clear, start-up runs again.
+
+    Ops stay defined (torch cannot undefine one op of a shared library), catalog and
+    plugin-defined ones included; only what plugins registered on them is rolled back.
+    """
+    state = plugins._STATE[0]
+    with _GLOBAL._lock, state.lock:
+        for journal in state.journals.values():
+            _GLOBAL._rollback(*journal, forget_ops=False)
+        plugins._reset_for_tests()
+        for op in list(_GLOBAL._ops.values()):
+            op._reset_priorities()
+        _GLOBAL._loaded[0] = False
+
+
+# CustomOp enablement lives in a module that registers nothing itself yet
+register_reset(custom_op._reset_for_tests, name="opmux.core.custom_op._reset_for_tests")

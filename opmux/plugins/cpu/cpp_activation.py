@@ -1,0 +1,160 @@
+"""The ``cpp`` provider's impls of vLLM's other activation rows (``csrc/cpu/activation_more.cpp``).
+
+Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each impl allocates its output and calls the
+out-variant kernel; ``supports_args`` accepts CPU fp32/bf16/fp16 contiguous input (anything
+else falls through to native), and argument values native rejects are rejected here too
+(the impl runs native's checks first, so ``cpp`` never accepts what native refuses).
+"""
+
+# no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from opmux.core.errors import OpInputError
+from opmux.ops._activation_checks import (
+    check_elementwise,
+    check_fatrelu_and_mul,
+    check_gated,
+    check_gelu_and_mul_sparse,
+    check_swigluoai_and_mul,
+    check_xielu,
+)
+from opmux.ops.activation import sparsity_std_multiplier
+
+__all__ = [
+    "OPS",
+    "fatrelu_and_mul",
+    "gelu_and_mul_sparse",
+    "gelu_fast",
+    "gelu_new",
+    "mul_and_silu",
+    "quick_gelu",
+    "relu2",
+    "swigluoai_and_mul",
+    "xielu",
+]
+
+_PROVIDER = "cpp"
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_K = torch.ops.opmux_cpu
+
+
+def _ok(x: Tensor) -> bool:
+    return x.is_cpu and x.dtype in _FLOATS and x.is_contiguous()
+
+
+def _half(x: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def _run(kernel: Callable[..., None], *args: Any) -> None:
+    try:
+        kernel(*args)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+
+
+def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
+    check_fatrelu_and_mul(x, threshold, provider=_PROVIDER)
+    out = _half(x)
+    _run(_K.fatrelu_and_mul_out, out, x, threshold)
+    return out
+
+
+def _fatrelu_and_mul_ok(x: Tensor, threshold: float = 0.0) -> bool:
+    return _ok(x)
+
+
+def mul_and_silu(x: Tensor) -> Tensor:
+    check_gated("mul_and_silu", x, provider=_PROVIDER)
+    out = _half(x)
+    _run(_K.mul_and_silu_out, out, x)
+    return out
+
+
+def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
+                        approximate: str = "none") -> Tensor:
+    check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=_PROVIDER)
+    out = _half(x)
+    _run(_K.gelu_and_mul_sparse_out, out, x, sparsity_std_multiplier(float(activation_sparsity)),
+         approximate)
+    return out
+
+
+def _gelu_and_mul_sparse_ok(x: Tensor, activation_sparsity: float,
+                            approximate: str = "none") -> bool:
+    return _ok(x)
+
+
+def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+    check_swigluoai_and_mul(x, alpha, limit, provider=_PROVIDER)
+    out = _half(x)
+    _run(_K.swigluoai_and_mul_out, out, x, alpha, limit)
+    return out
+
+
+def _swigluoai_and_mul_ok(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool:
+    return _ok(x)
+
+
+def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
+    check_elementwise(op, x, provider=_PROVIDER)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _run(kernel, out, x)
+    return out
+
+
+def gelu_new(x: Tensor) -> Tensor:
+    return _unary("gelu_new", _K.gelu_new_out, x)
+
+
+def gelu_fast(x: Tensor) -> Tensor:
+    return _unary("gelu_fast", _K.gelu_fast_out, x)
+
+
+def quick_gelu(x: Tensor) -> Tensor:
+    return _unary("quick_gelu", _K.quick_gelu_out, x)
+
+
+def relu2(x: Tensor) -> Tensor:
+    return _unary("relu2", _K.relu2_out, x)
+
+
+def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> Tensor:
+    check_xielu(x, alpha_p, alpha_n, beta, eps, provider=_PROVIDER)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _run(_K.xielu_out, out, x, alpha_p, alpha_n, beta, eps)
+    return out
+
+
+def xielu_out_dtype(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> torch.dtype:
+    """The reference's result dtype: shape-[1] parameters take part in type promotion."""
+    dtype = x.dtype
+    for t in (alpha_p, alpha_n):
+        if t.dim() > 0:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _xielu_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> bool:
+    return (_ok(x) and alpha_p.dtype in _FLOATS and alpha_n.dtype == alpha_p.dtype
+            and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
+            and alpha_p.is_cpu and alpha_n.is_cpu
+            and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype)
+
+
+OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
+    "fatrelu_and_mul": (fatrelu_and_mul, _fatrelu_and_mul_ok),
+    "mul_and_silu": (mul_and_silu, _ok),
+    "gelu_and_mul_sparse": (gelu_and_mul_sparse, _gelu_and_mul_sparse_ok),
+    "swigluoai_and_mul": (swigluoai_and_mul, _swigluoai_and_mul_ok),
+    "gelu_new": (gelu_new, _ok),
+    "gelu_fast": (gelu_fast, _ok),
+    "quick_gelu": (quick_gelu, _ok),
+    "relu2": (relu2, _ok),
+    "xielu": (xielu, _xielu_ok),
+}
+"""Op name -> (impl, supports_args), merged into :data:`opmux.plugins.cpu.cpp_ops.OPS`."""

@@ -1,0 +1,184 @@
+"""Start-up in one module, one reset, one configuration module (#12 items 1, 4, 5)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from fake_plugins import FakePlugins
+
+import opmux
+from opmux.core import config, runners, runtime, switches
+from opmux.core.errors import ConfigError
+
+_ROOT = Path(opmux.__file__).parent
+
+
+def _imports(path: Path) -> set[str]:
+    """Every opmux module ``path`` imports, at any depth, type-checking imports excluded."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for b in node.body for n in ast.walk(b))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("opmux"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("opmux"))
+    return found
+
+
+def _module_graph() -> dict[str, set[str]]:
+    files = {f"opmux.core.{p.stem}": p for p in (_ROOT / "core").glob("*.py")}
+    files |= {f"opmux.platforms.{p.stem}": p for p in (_ROOT / "platforms").glob("*.py")}
+    files["opmux.platforms"] = files.pop("opmux.platforms.__init__")
+    files.pop("opmux.core.__init__", None)
+    names = set(files) | {"opmux.ops"}
+    return {name: {i for i in _imports(path) if i in names and i != name}
+            for name, path in files.items()}
+
+
+def test_core_and_platforms_have_no_import_cycle() -> None:
+    graph = _module_graph()
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    # only the runtime knows the catalog; the registry and op know no platform or plugin
+    assert {m for m, deps in graph.items() if "opmux.ops" in deps} == {"opmux.core.runtime"}
+    assert "opmux.core.plugins" not in graph["opmux.core.registry"]
+    assert not {d for d in graph["opmux.core.op"] if d.startswith("opmux.platforms")}
+    assert not {d for d in graph["opmux.platforms"] if d.startswith(("opmux.core.plugins",
+                                                                       "opmux.core.registry"))}
+
+
+def test_ops_get_the_platform_key_from_their_registry(ns: str) -> None:
+    reg = opmux.OpRegistry(platform_key=lambda: "XLA")
+    try:
+        @opmux.register_op(namespace=ns, registry=reg)
+        def ident(x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        @ident.register_impl("p")
+        def _p(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+        assert ident.impls["p"].dispatch_key == "XLA"
+    finally:
+        reg._reset_for_tests()
+
+
+def test_reset_for_tests_resets_every_piece_of_global_state(fake: FakePlugins) -> None:
+    silu = opmux.get_op("silu_and_mul")
+    fake.add("good", register=lambda registry, platform: registry.get_op(
+        "silu_and_mul").register_impl("good", dispatch_key="CPU")(_silu_plus))
+    opmux.load_plugins()
+    assert "good" in silu.impls
+    silu.set_default_priority(["native"])
+    scope = silu.set_priority(["good"])
+    scope.__enter__()
+    rid = opmux.register_runner(object())
+    switches.set_output_checks(True)
+    wrap = opmux.enable_torch_wrap(False)
+    wrap.__enter__()
+    assert opmux.current_platform().name == "cpu"
+
+    runtime.reset_for_tests()
+
+    assert opmux.torch_wrap_enabled() and not switches.output_checks_enabled()
+    assert "good" not in silu._impls  # rolled back (reading .impls would start up again)
+    assert silu.priority_source() == "registration order"
+    assert opmux.plugin_report() == []
+    with pytest.raises(opmux.UnknownRunnerError):
+        runners.get_runner(rid)
+    assert not opmux.global_registry()._loaded[0]
+    opmux.load_plugins()  # start-up runs again, from scratch
+    assert "good" in silu.impls and {r.name for r in opmux.plugin_report()} == {"good"}
+
+
+def _silu_plus(x: torch.Tensor) -> torch.Tensor:
+    return opmux.get_op("silu_and_mul").native(x) + 1
+
+
+def test_register_reset_hook_runs_every_resetter() -> None:
+    calls: list[str] = []
+    runtime.register_reset(lambda: calls.append("a"), name="test.a")
+    runtime.register_reset(lambda: calls.append("b"), name="test.a")  # same key: replaced
+    try:
+        runtime.reset_for_tests()
+        assert calls == ["b"]
+    finally:
+        from opmux.core import state
+
+        state._RESETS.pop("test.a")
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, False), ("", False), ("0", False), ("false", False), ("No", False),
+    ("1", True), ("TRUE", True), (" yes ", True), ("on", True),
+])
+def test_boolean_variables(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                           expected: bool) -> None:
+    for var, accessor in (("OPMUX_STRICT_PLUGINS", config.strict_plugins),
+                          ("OPMUX_CHECK_OUTPUTS", config.check_outputs)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+        assert accessor() is expected
+
+
+@pytest.mark.parametrize("value", ["2", "enabled", "-1"])
+def test_a_malformed_boolean_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("OPMUX_STRICT_PLUGINS", value)
+    with pytest.raises(ConfigError, match=f"OPMUX_STRICT_PLUGINS={value!r} is not a boolean"):
+        config.strict_plugins()
+
+
+def test_path_and_string_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("OPMUX_CACHE_DIR", raising=False)
+    assert config.cache_dir() == Path.home() / ".cache" / "opmux"
+    monkeypatch.setenv("OPMUX_CACHE_DIR", "~/somewhere")
+    assert config.cache_dir() == Path.home() / "somewhere"
+    monkeypatch.delenv("OPMUX_ASCEND_SOC_VERSION", raising=False)
+    assert config.ascend_soc_version() == "Ascend910B1"
+    monkeypatch.setenv("OPMUX_ASCEND_SOC_VERSION", "Ascend310P3")
+    assert config.ascend_soc_version() == "Ascend310P3"
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path))
+    assert config.cann_home() == tmp_path
+    monkeypatch.setenv("OPMUX_PLATFORM", " cuda ")
+    assert config.platform_override() == "cuda"
+    monkeypatch.setenv("OPMUX_PRIORITY", "rms_norm=cpp,native")
+    assert config.priority_overrides() == {"rms_norm": ["cpp", "native"]}
+    monkeypatch.setenv("OPMUX_PLUGINS", " cpu , cuda ")
+    assert config.plugin_allow_list() == frozenset({"cpu", "cuda"})
+
+
+def test_every_opmux_variable_in_the_tree_has_an_accessor() -> None:
+    import re
+
+    repo = _ROOT.parent
+    used: set[str] = set()
+    for path in [*repo.joinpath("opmux").rglob("*.py"), repo / "README.md"]:
+        used.update(re.findall(r"\bOPMUX_[A-Z_]+[A-Z]\b", path.read_text()))
+    # compile-time macros of the C++ sources, and the example plugin's own switch
+    used -= {"OPMUX_WITH_ASCENDC", "OPMUX_MS_EXTENSION_MODULE", "OPMUX_EXAMPLE_PLATFORM"}
+    documented = set(re.findall(r"``(OPMUX_[A-Z_]+)``", config.__doc__ or ""))
+    assert used <= documented, sorted(used - documented)
