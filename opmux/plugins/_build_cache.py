@@ -40,7 +40,7 @@ from typing import Final
 
 from opmux.core.errors import BuildError
 
-__all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "hash_key", "reset_statuses"]
+__all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "hash_key", "reset_statuses", "verify"]
 
 STAMP: Final = ".opmux-stamp.json"
 """Name of the stamp file written into an entry after a complete build."""
