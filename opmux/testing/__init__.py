@@ -26,19 +26,22 @@ if TYPE_CHECKING:
         tolerance,
     )
     from opmux.testing.views import StridedVariant, run_variant, strided_variants
+    from opmux.testing.paged_batches import PagedBatch, paged_batch
 
 __all__ = [
-    "TOLERANCES",
     "BadInput",
     "Case",
     "CaseGenerator",
     "CaseResult",
+    "PagedBatch",
     "ProviderReport",
     "StridedVariant",
+    "TOLERANCES",
     "bad_inputs_for",
     "cases_for",
     "check_provider",
     "has_cases",
+    "paged_batch",
     "register_bad_inputs",
     "register_cases",
     "run_case",
@@ -57,6 +60,7 @@ _HOME.update({name: "opmux.testing.bad_inputs" for name in
               ("BadInput", "bad_inputs_for", "register_bad_inputs")})
 _HOME.update({name: "opmux.testing.views" for name in
               ("StridedVariant", "run_variant", "strided_variants")})
+_HOME.update({name: "opmux.testing.paged_batches" for name in ("PagedBatch", "paged_batch")})
 
 
 def __getattr__(name: str) -> Any:

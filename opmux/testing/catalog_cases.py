@@ -15,6 +15,7 @@ import torch
 from opmux.ops.rotary import make_cos_sin_cache
 from opmux.ops.rotary_more import make_dual_chunk_caches
 from opmux.testing.cases import Case, register_cases
+from opmux.testing.paged_batches import paged_batch
 
 __all__ = ["attention_case", "register_catalog_cases"]
 
@@ -340,26 +341,10 @@ def attention_case(name: str, *, dtype: torch.dtype = torch.float32,
     :param kv_lens: cached tokens per sequence (``>= q_len``).
     :param pad_rows: extra query rows after the last sequence (padding, output zeros).
     """
-    g = _gen(name)
-    per_seq = [(n + block_size - 1) // block_size for n in kv_lens]
-    num_blocks = sum(per_seq) + spare_blocks
-    max_blocks = max(per_seq, default=0) + 1
-    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    tables = torch.randint(0, num_blocks, (len(kv_lens), max_blocks), generator=g,
-                           dtype=torch.int32)
-    start = 0
-    for i, n in enumerate(per_seq):
-        tables[i, :n] = perm[start:start + n]
-        start += n
-    key_cache = _randn(g, (num_blocks, block_size, kv_heads, head_size), dtype)
-    value_cache = _randn(g, (num_blocks, block_size, kv_heads, head_size), dtype)
-    total = sum(q_lens) + pad_rows
-    query = _randn(g, (total, heads, head_size), dtype)
-    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-    qsl[1:] = torch.tensor(list(q_lens), dtype=torch.int32).cumsum(0)
-    seq_lens = torch.tensor(list(kv_lens), dtype=torch.int32)
-    return Case(name, (query, key_cache, value_cache, tables, seq_lens, qsl,
-                       head_size ** -0.5, sliding_window, soft_cap))
+    batch = paged_batch(q_lens, kv_lens, heads=heads, kv_heads=kv_heads, head_size=head_size,
+                        block_size=block_size, dtype=dtype, pad_rows=pad_rows,
+                        spare_blocks=spare_blocks, generator=_gen(name))
+    return Case(name, batch.args(head_size ** -0.5, sliding_window, soft_cap))
 
 
 def paged_attention_cases() -> Iterator[Case]:

@@ -28,12 +28,15 @@ torch_npu the same bridge serves key ``PrivateUse1``.
 import importlib.util
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from opmux.plugins.ascend import _custom_ops
+
+if TYPE_CHECKING:
+    from opmux.plugins._registration import RegistryLike
 
 __all__ = ["PROVIDER", "advance_step_flashattn", "register", "supports_args", "to_mindspore"]
 
@@ -136,9 +139,9 @@ def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens
             and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())
 
 
-def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
-             ) -> tuple[bool, str]:
-    """Register provider ``mindspore`` for ``advance_step_flashattn``.
+def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool = False
+             ) -> list[str]:
+    """Register provider ``mindspore`` for ``advance_step_flashattn`` (the registration contract).
 
     Eager (the Ascend platform): the extension is built or loaded now, and a failed build
     registers the provider as unsupported with the build output as its reason. Lazy (other
@@ -146,11 +149,12 @@ def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
     MindSpore is installed and builds or loads the extension on its first call, where a
     failure raises :class:`opmux.BuildError` with the build output.
 
-    :param registry: the op registry (``get_op``).
+    :param registry: the op registry.
     :param dispatch_key: the torch dispatch key of the tensors it serves.
     :param lazy: defer the build (and the MindSpore import) to the first call.
-    :returns: the build status ``(ok, message)``.
+    :returns: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
     from opmux.plugins.ascend import _build
 
     if lazy:
@@ -158,8 +162,6 @@ def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
         ok, message = _build.build_status()
-    op = registry.get_op("advance_step_flashattn")
-    op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=ok,
-                     supports_args=supports_args,
-                     reason=None if ok else message)(advance_step_flashattn)
-    return ok, message
+    table = {"advance_step_flashattn": (advance_step_flashattn, supports_args)}
+    return register_table(registry, PROVIDER, dispatch_key, table, supported=ok,
+                          reason=None if ok else message)

@@ -11,7 +11,7 @@ and never raises; anything else falls through to the next provider in the priori
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch import Tensor
@@ -33,6 +33,9 @@ from opmux.ops._norm_quant_checks import (
 )
 
 from . import _build, cpp_activation
+
+if TYPE_CHECKING:
+    from opmux.plugins._registration import RegistryLike
 
 __all__ = [
     "OPS",
@@ -413,19 +416,18 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
 """Op name -> (impl, supports_args) of every op this provider serves."""
 
 
-def register(registry: Any) -> tuple[bool, str]:
-    """Register every impl as provider ``cpp`` on dispatch key ``CPU``.
+def register(registry: "RegistryLike", dispatch_key: str = "CPU") -> list[str]:
+    """Register every impl of :data:`OPS` as provider ``cpp`` (the registration contract).
 
     Builds (or loads from the cache) the kernels first: ``supported`` is the build outcome and,
     when the build failed, the compiler message becomes the provider's ``reason``.
 
-    :param registry: an object with ``get_op(name)`` (the global registry in production).
-    :returns: the build status ``(ok, message)``.
+    :param registry: the registry (the global one from the plugin hook; tests pass their own).
+    :param dispatch_key: the torch dispatch key served (the kernels take CPU tensors).
+    :returns: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
+
     ok, message = _build.build_status()
-    for name, (fn, pred) in OPS.items():
-        registry.get_op(name).register_impl(
-            PROVIDER, dispatch_key="CPU", supported=ok, supports_args=pred,
-            reason=None if ok else f"C++ CPU kernels unavailable: {message}",
-        )(fn)
-    return ok, message
+    return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
+                          reason=None if ok else f"C++ CPU kernels unavailable: {message}")

@@ -1,7 +1,8 @@
 """Provider ``cuda_c``: the CUDA C++ kernels of ``csrc/cuda``, built just in time.
 
 The sources are compiled with :func:`torch.utils.cpp_extension.load` (nvcc + ninja) into
-``$OPMUX_CACHE_DIR/cuda_c/<key>`` (default ``~/.cache/opmux``), where ``<key>`` hashes the
+``$OPMUX_CACHE_DIR/cuda_c/<key>`` (default ``~/.cache/opmux``; verified, atomically installed
+and rebuilt when damaged by :mod:`opmux.plugins._build_cache`), where ``<key>`` hashes the
 sources, the torch version and its CUDA version, and loaded as a plain library whose
 ``TORCH_LIBRARY(opmux_cuda, m)`` makes ``torch.ops.opmux_cuda.*`` available. The build runs
 when the provider is registered on a machine with a CUDA build of torch, nvcc and a visible
@@ -13,10 +14,7 @@ before anything is written (``advance_step_flashattn``, ``reshape_and_cache``) r
 and raise :class:`~opmux.core.errors.OpInputError`, the rest is checked in C++.
 """
 
-import hashlib
-import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,8 +28,10 @@ from opmux.plugins.cuda.validation import check, validate_advance_step, validate
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
+    from opmux.plugins._build_cache import BuildCache
 
 __all__ = [
+    "CACHE",
     "CUDA_CFLAGS",
     "PROVIDER",
     "advance_step_flashattn",
@@ -52,8 +52,16 @@ CUDA_CFLAGS: tuple[str, ...] = ("-O3", "--expt-relaxed-constexpr", "-std=c++20")
 """nvcc flags; part of the cache key."""
 
 _LIB_NAME = "opmux_cuda_kernels"
-_lock = threading.Lock()
-_built: list[str] = []
+
+
+def _make_cache() -> "BuildCache":
+    from opmux.plugins._build_cache import BuildCache
+
+    return BuildCache("cuda_c", f"{_LIB_NAME}.so", "opmux cuda_c kernels")
+
+
+CACHE = _make_cache()
+"""The cache entry, lock and per-process status of the CUDA C++ kernel library."""
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -70,19 +78,17 @@ def sources() -> list[Path]:
 
 
 def _key() -> str:
-    h = hashlib.sha256()
-    for path in sorted(source_dir().glob("*")):
-        if path.suffix in (".cu", ".cpp", ".h", ".cuh"):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-    for part in (torch.__version__, str(torch.version.cuda), " ".join(CUDA_CFLAGS)):
-        h.update(b"\0" + part.encode())
-    return h.hexdigest()[:16]
+    from opmux.plugins._build_cache import hash_key
+
+    root = source_dir()
+    inputs = [p for p in root.glob("*") if p.suffix in (".cu", ".cpp", ".h", ".cuh")]
+    return hash_key(root, inputs, (torch.__version__, str(torch.version.cuda),
+                                   " ".join(CUDA_CFLAGS)))
 
 
 def build_dir() -> Path:
     """``$OPMUX_CACHE_DIR/cuda_c/<key>``: where the current sources build."""
-    root = os.environ.get("OPMUX_CACHE_DIR") or str(Path.home() / ".cache" / "opmux")
-    return Path(root).expanduser() / "cuda_c" / _key()
+    return CACHE.entry(_key())
 
 
 def cuda_c_status() -> tuple[bool, str]:
@@ -105,34 +111,43 @@ def cuda_c_status() -> tuple[bool, str]:
     return True, f"CUDA {torch.version.cuda}, sources in {source_dir()}"
 
 
+def _compile(directory: Path, verbose: bool) -> Path:
+    """Compile the kernels into the empty folder ``directory``; return the library path."""
+    from torch.utils import cpp_extension
+
+    try:
+        path = cpp_extension.load(
+            name=_LIB_NAME, sources=[str(s) for s in sources()],
+            extra_cflags=["-O3", "-std=c++20"], extra_cuda_cflags=list(CUDA_CFLAGS),
+            build_directory=str(directory), verbose=verbose, is_python_module=False,
+        )
+    except Exception as exc:
+        raise BuildError(f"opmux cuda_c kernels failed to build in {directory}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    return Path(path)
+
+
+def _load(verbose: bool) -> str:
+    possible, reason = cuda_c_status()
+    if not possible:
+        raise BuildError(f"opmux cuda_c kernels cannot be built here: {reason}")
+    library = CACHE.ensure(_key(), lambda directory: _compile(directory, verbose))
+    torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+    return str(library)
+
+
 def build(verbose: bool = False) -> str:
-    """Compile (or find up to date) and load the kernels; idempotent within a process.
+    """Compile (or find verified in the cache) and load the kernels; once per process.
 
     :param verbose: print the compiler commands.
     :return: the path of the loaded library.
-    :raises BuildError: the toolchain is missing or the compiler failed.
+    :raises BuildError: the toolchain is missing, the compiler failed or the cache is not
+        writable.
     """
-    with _lock:
-        if _built:
-            return _built[0]
-        possible, reason = cuda_c_status()
-        if not possible:
-            raise BuildError(f"opmux cuda_c kernels cannot be built here: {reason}")
-        from torch.utils import cpp_extension
-
-        directory = build_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            path = cpp_extension.load(
-                name=_LIB_NAME, sources=[str(s) for s in sources()],
-                extra_cflags=["-O3", "-std=c++20"], extra_cuda_cflags=list(CUDA_CFLAGS),
-                build_directory=str(directory), verbose=verbose, is_python_module=False,
-            )
-        except Exception as exc:
-            raise BuildError(f"opmux cuda_c kernels failed to build in {directory}: "
-                             f"{type(exc).__name__}: {exc}") from exc
-        _built.append(str(path))
-        return str(path)
+    ok, message = CACHE.status(lambda: _load(verbose))
+    if not ok:
+        raise BuildError(message)
+    return message
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
@@ -211,19 +226,13 @@ def register(registry: "OpRegistry", dispatch_key: str = "CUDA") -> list[str]:
     :param dispatch_key: torch dispatch key served (``CUDA``).
     :return: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
+
     supported, reason = cuda_c_status()
     if supported:
         try:
             build()
         except BuildError as exc:
             supported, reason = False, str(exc)
-    known = {op.name: op for op in registry.list_ops()}
-    done = []
-    for op_name, (fn, predicate) in _IMPLS.items():
-        op = known.get(op_name)
-        if op is None:
-            continue
-        op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=supported,
-                         supports_args=predicate, reason=reason)(fn)
-        done.append(f"{op_name}:{PROVIDER}")
-    return done
+    return register_table(registry, PROVIDER, dispatch_key, _IMPLS, supported=supported,
+                          reason=reason)
