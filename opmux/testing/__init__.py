@@ -25,8 +25,8 @@ if TYPE_CHECKING:
         run_opcheck,
         tolerance,
     )
-    from opmux.testing.views import StridedVariant, run_variant, strided_variants
     from opmux.testing.paged_batches import PagedBatch, paged_batch
+    from opmux.testing.views import StridedVariant, run_variant, strided_variants
 
 __all__ = [
     "BadInput",
