@@ -8,11 +8,11 @@ exit non-zero with one line on stderr, no traceback (``OPMUX_DEBUG=1`` shows it)
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
 from opmux.cli import bench, build, check, explain, info
+from opmux.core import config
 
 __all__ = ["main"]
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(ns.run(ns))
     except (OpmuxError, ValueError, KeyError) as exc:
-        if os.environ.get("OPMUX_DEBUG"):
+        if config.debug():
             raise
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"opmux: error: {message}", file=sys.stderr)

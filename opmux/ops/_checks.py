@@ -168,10 +168,6 @@ def _shape(t: Tensor) -> str:
     return f"shape {list(t.shape)}"
 
 
-def _describe(t: Tensor) -> str:
-    return f"{t.dtype} tensor of shape {list(t.shape)} on {t.device}"
-
-
 def _type_name(value: object) -> str:
     return f"{type(value).__name__} {value!r}" if isinstance(value, (int, float, str)) \
         else type(value).__name__

@@ -38,7 +38,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
+from opmux.core import config
 from opmux.core.errors import BuildError
+from opmux.core.state import register_reset
 
 __all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "hash_key", "reset_statuses", "verify"]
 
@@ -49,23 +51,14 @@ _HASH_CHUNK: Final = 1 << 20
 _caches: list[BuildCache] = []
 
 
-def _cache_dir_setting() -> str:
-    """``$OPMUX_CACHE_DIR`` or the default; the one place the variable is read for builds."""
-    return os.environ.get("OPMUX_CACHE_DIR") or str(Path.home() / ".cache" / "opmux")
-
-
 def cache_root() -> Path:
     """The root of every native build cache (``$OPMUX_CACHE_DIR``, default ``~/.cache/opmux``)."""
-    return Path(_cache_dir_setting()).expanduser()
+    return config.cache_dir()
 
 
 def cann_home() -> Path | None:
-    """The CANN toolkit folder from ``ASCEND_HOME_PATH`` / ``ASCEND_TOOLKIT_HOME``, if it exists."""
-    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
-        value = os.environ.get(var)
-        if value and Path(value).is_dir():
-            return Path(value)
-    return None
+    """The CANN toolkit folder (:func:`opmux.core.config.cann_home`)."""
+    return config.cann_home()
 
 
 def hash_key(base: Path, files: Iterable[Path], parts: Iterable[str]) -> str:
@@ -253,6 +246,7 @@ class BuildCache:
         return self.cached_status
 
 
+@register_reset
 def reset_statuses() -> None:
     """Forget every cache's per-process status (tests; a loaded library stays loaded)."""
     for cache in _caches:

@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
+from opmux.core import config
 from opmux.core.errors import BuildError
 from opmux.plugins._build_cache import BuildCache, cann_home, hash_key
 
@@ -85,7 +86,7 @@ def _key(target: str) -> str:
     inputs = [path for sub in ("module", "ascendc") for path in (root / sub).rglob("*")
               if path.is_file() and "__pycache__" not in path.parts]
     return hash_key(root, inputs, (target, version("mindspore"), sys.implementation.cache_tag or "",
-                                   str(cann_home() or ""), os.environ.get("CXX", "g++")))
+                                   str(cann_home() or ""), config.cxx("g++")))
 
 
 def build_dir(target: str | None = None) -> Path:
@@ -133,7 +134,7 @@ def _build_ascendc(directory: Path, cann: Path) -> Path:
         raise BuildError("opmux ascend extension: cmake is required to build the AscendC "
                          "kernels (CANN toolkit found at " + str(cann) + ")")
     out = directory / "ascendc"
-    soc = os.environ.get("OPMUX_ASCEND_SOC_VERSION", "Ascend910B1")
+    soc = config.ascend_soc_version()
     _run(["cmake", "-S", str(source_root() / "ascendc"), "-B", str(out),
           f"-DASCEND_CANN_PACKAGE_PATH={cann}", f"-DSOC_VERSION={soc}",
           f"-DASCENDC_TARGET_NAME={ASCENDC_LIBRARY}"], "configuring the AscendC kernels")

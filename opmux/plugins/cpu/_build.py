@@ -19,11 +19,11 @@ A failed build (no compiler, no ninja, compile error, unwritable cache) never ra
 
 from __future__ import annotations
 
-import os
 import platform
 import warnings
 from pathlib import Path
 
+from opmux.core import config
 from opmux.core.errors import BuildError
 from opmux.plugins._build_cache import BuildCache, hash_key
 
@@ -71,7 +71,7 @@ def _key() -> str:
 
     root = source_dir()
     inputs = [p for p in root.glob("*") if p.suffix in (".cpp", ".h")]
-    return hash_key(root, inputs, (torch.__version__, os.environ.get("CXX", "c++"),
+    return hash_key(root, inputs, (torch.__version__, config.cxx(),
                                    " ".join(CFLAGS), " ".join(LDFLAGS), _cpu_flags()))
 
 
@@ -105,7 +105,7 @@ def _compile(directory: Path, verbose: bool) -> Path:
             notes = "".join(f"\nwarning: {w.message}" for w in caught)
             raise BuildError(
                 f"opmux cpu kernels failed to build in {directory} "
-                f"(CXX={os.environ.get('CXX', 'c++')!r}): {type(exc).__name__}: {exc}{notes}"
+                f"(CXX={config.cxx()!r}): {type(exc).__name__}: {exc}{notes}"
             ) from exc
     return Path(path)
 
