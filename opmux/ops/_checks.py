@@ -221,8 +221,21 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
 
 
 # ---------------------------------------------------------------------------------- cache
+def _no_overlap(op: str, provider: str, name: str, t: Tensor) -> None:
+    # a written tensor must not alias itself (an expanded, stride-0 view): the writes would
+    # race and their result depend on the order
+    if torch._debug_has_internal_overlap(t) == 1:
+        raise input_error(op, provider, name, "a tensor whose elements do not overlap "
+                          "(no stride-0 dimension of size > 1)",
+                          f"strides {list(t.stride())} for {_shape(t)}")
+
+
 def _check_cache_pair(op: str, provider: str, key_cache: Tensor,
                       value_cache: Tensor) -> tuple[int, int, int, int]:
+    """Shapes, dtypes and device of the paged caches: any strides (NHD/HND views, K and V as
+    two views of one buffer) are accepted. Returns ``(num_blocks, block_size, Hkv, D)``,
+    symbolic under ``torch.compile`` (never ``int()``-ed: that would specialise them).
+    """
     key_cache = _tensor(op, provider, "key_cache", key_cache)
     value_cache = _tensor(op, provider, "value_cache", value_cache)
     layout = "[num_blocks, block_size, Hkv, D]"
@@ -236,7 +249,11 @@ def _check_cache_pair(op: str, provider: str, key_cache: Tensor,
                           value_cache.dtype)
     _same_device(op, provider, key_cache, value_cache=value_cache)
     nb, bs, hkv, d = key_cache.shape
-    return int(nb), int(bs), int(hkv), int(d)
+    for dim, what, size in ((1, "block_size", bs), (2, "Hkv", hkv), (3, "D", d)):
+        if size <= 0:
+            raise input_error(op, provider, "key_cache", f"{layout} with a positive {what} "
+                              f"in dim {dim}", _shape(key_cache))
+    return nb, bs, hkv, d
 
 
 def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -245,8 +262,8 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
     """Validate ``reshape_and_cache``; reads ``slot_mapping`` (range) when ``read_data``."""
     op = "reshape_and_cache"
     nb, bs, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
-    for name in ("key_cache", "value_cache"):
-        _contiguous(op, provider, name, key_cache if name == "key_cache" else value_cache)
+    _no_overlap(op, provider, "key_cache", key_cache)
+    _no_overlap(op, provider, "value_cache", value_cache)
     key = _tensor(op, provider, "key", key)
     value = _tensor(op, provider, "value", value)
     slot_mapping = _tensor(op, provider, "slot_mapping", slot_mapping)
@@ -291,7 +308,8 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     if query.dtype != key_cache.dtype:
         raise input_error(op, provider, "query", f"the cache's dtype {key_cache.dtype}",
                           query.dtype)
-    num_tokens, heads, head_size = (int(s) for s in query.shape)
+    # sizes stay symbolic under torch.compile: int() would specialise them (#11 item 6)
+    num_tokens, heads, head_size = query.shape
     if head_size != d:
         raise input_error(op, provider, "query", f"head size {d} (the cache's D) in dim 2",
                           _shape(query))
@@ -305,7 +323,7 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                     ("query_start_loc", query_start_loc)):
         _dtype(op, provider, name, t, INDEX_DTYPES)
     _rank(op, provider, "block_tables", block_tables, 2, "[S, max_blocks]")
-    num_seqs, max_blocks = (int(s) for s in block_tables.shape)
+    num_seqs, max_blocks = block_tables.shape
     if seq_lens.dim() != 1 or seq_lens.shape[0] != num_seqs:
         raise input_error(op, provider, "seq_lens", f"shape [{num_seqs}] (block_tables' S)",
                           _shape(seq_lens))

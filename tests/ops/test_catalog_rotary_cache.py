@@ -96,9 +96,14 @@ def test_reshape_and_cache_errors_write_nothing() -> None:
         reshape_and_cache.native(key, key, kc, vc, torch.tensor([0, 1], dtype=torch.int32))
     with pytest.raises(opmux.OpInputError, match=r"'key' expected the cache's dtype"):
         reshape_and_cache.native(key.half(), key.half(), kc, vc, torch.tensor([0, 1]))
-    with pytest.raises(opmux.OpInputError, match=r"'key_cache' expected a contiguous tensor"):
-        reshape_and_cache.native(key, key, kc.transpose(0, 1), vc.transpose(0, 1),
-                                 torch.tensor([0, 1]))
+    with pytest.raises(opmux.OpInputError, match=r"'key_cache' expected a tensor whose "
+                                                 r"elements do not overlap"):
+        reshape_and_cache.native(key, key, kc[:1].expand(3, 4, 2, 8), vc, torch.tensor([0, 1]))
+    with pytest.raises(opmux.OpInputError, match=r"'key_cache' expected .* with a positive "
+                                                 r"block_size in dim 1"):
+        reshape_and_cache.native(key, key, kc[:, :0], vc[:, :0], torch.tensor([-1, -1]))
+    with pytest.raises(opmux.OpInputError, match=r"'value' expected device cpu, got meta"):
+        reshape_and_cache.native(key, key.to("meta"), kc, vc, torch.tensor([0, 1]))
     assert torch.equal(kc, kc0)
 
 
