@@ -1,20 +1,34 @@
-"""Input validation of the catalog ops, shared by the native references and providers.
+"""Input validation of the catalog ops: one error builder, one message format, one check per op.
 
 Every ``check_<op>`` function takes the op's arguments (same names and order), plus
-``provider`` (named in the error) and ``read_data``. Static properties (dtype, rank, sizes,
-contiguity, device) are always checked; value checks (index ranges) run only when
+``provider`` (named in the error) and ``read_data``. Static properties (type, dtype, rank,
+sizes, contiguity, device) are always checked; value checks (index ranges) run only when
 ``read_data`` is true *and* the tensors hold data: never on meta or fake tensors, never
 while tracing. Providers on devices where reading values costs a sync pass
-``read_data=False``.
+``read_data=False``. The native reference and every provider of an op call the same
+``check_<op>`` (with their own ``provider`` name), so a provider never accepts what native
+rejects (#11).
 
-Each check raises :class:`opmux.OpInputError` naming the op, the provider, the argument,
-what was expected and what was got, before the op writes anything.
+Every error is an :class:`opmux.OpInputError` built by :func:`input_error`, with ``.op``
+(``"opmux::name"``), ``.provider`` and ``.argument`` set and one message format::
+
+    opmux::rms_norm (provider 'cpp'): argument 'eps' expected a non-negative float, got -1.0
+
+It is raised before the op writes anything.
+
+The helpers (``check_tensor``, ``check_floating``, ``check_int``, ...) are shared by every
+op family. Size conditions go through :func:`require`, which turns a symbolic condition
+(``torch.SymBool`` under ``torch.compile(dynamic=True)``) into a deferred runtime assert
+(``torch._check``) instead of a guard, and helpers never call ``int()``/``bool()`` on a
+symbolic size, so checks never specialise a compiled graph.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import torch
@@ -26,15 +40,28 @@ __all__ = [
     "FLOAT_DTYPES",
     "INDEX_DTYPES",
     "check_advance_step_flashattn",
+    "check_bool",
+    "check_contiguous",
+    "check_dtype",
+    "check_floating",
     "check_fused_add_rms_norm",
     "check_gelu_and_mul",
+    "check_int",
     "check_paged_attention",
+    "check_rank",
+    "check_real",
     "check_reshape_and_cache",
     "check_rms_norm",
     "check_rotary_embedding",
+    "check_same_device",
     "check_silu_and_mul",
+    "check_tensor",
     "has_data",
     "input_error",
+    "is_concrete",
+    "kernel_error",
+    "require",
+    "rotary_heads",
 ]
 
 FLOAT_DTYPES: Final = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -46,14 +73,77 @@ INDEX_DTYPES: Final = (torch.int32, torch.int64)
 GELU_APPROXIMATIONS: Final = ("none", "tanh")
 """Valid values of ``gelu_and_mul``'s ``approximate``."""
 
+_ARGUMENT_RE: Final = re.compile(r"argument '([A-Za-z_][A-Za-z0-9_]*)'")
+
+
+def _qualname(op: str) -> str:
+    return op if "::" in op else f"opmux::{op}"
+
 
 def input_error(op: str, provider: str, argument: str, expected: str,
                 got: object) -> OpInputError:
-    """Build the standard error: ``opmux::op (provider 'p'): argument 'a' expected E, got G``."""
+    """Build the one error every check raises.
+
+    Message: ``opmux::op (provider 'p'): argument 'a' expected E, got G``; the error
+    carries ``op`` (qualified), ``provider`` and ``argument``.
+
+    :param op: op name, bare (``"rms_norm"``, namespace ``opmux``) or qualified.
+    :param provider: the provider that refused the call (``"native"``, ``"cpp"``, ...).
+    :param argument: the offending argument's name.
+    :param expected: what the op needs, as a phrase (``"a 2-d tensor [T, H*D]"``).
+    :param got: what it received (formatted with ``str``).
+    """
+    qualname = _qualname(op)
     return OpInputError(
-        f"opmux::{op} (provider {provider!r}): argument {argument!r} expected {expected}, "
-        f"got {got}", op=f"opmux::{op}", provider=provider, argument=argument,
+        f"{qualname} (provider {provider!r}): argument {argument!r} expected {expected}, "
+        f"got {got}", op=qualname, provider=provider, argument=argument,
     )
+
+
+def kernel_error(op: str, provider: str, exc: BaseException,
+                 argument: str | None = None) -> OpInputError:
+    """Wrap an error a compiled kernel raised for bad input into the standard error.
+
+    The shared checks run before any kernel, so this is the backstop for a condition only
+    the kernel can see. The argument is taken from ``argument``, else from the kernel's
+    message (``argument 'x'``), else ``"<kernel>"``.
+    """
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if argument is None:
+        found = _ARGUMENT_RE.search(text)
+        argument = found.group(1) if found else "<kernel>"
+    qualname = _qualname(op)
+    return OpInputError(f"{qualname} (provider {provider!r}): argument {argument!r} rejected "
+                        f"by the kernel: {text}", op=qualname, provider=provider,
+                        argument=argument)
+
+
+def is_concrete(*values: object) -> bool:
+    """Whether none of ``values`` is symbolic (``SymInt``/``SymFloat``/``SymBool``)."""
+    return not any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+                   for v in values)
+
+
+def require(ok: object, op: str, provider: str, argument: str,
+            expected: str | Callable[[], str], got: object) -> None:
+    """Raise :func:`input_error` unless ``ok``.
+
+    A symbolic ``ok`` (``torch.SymBool`` while tracing with dynamic shapes) becomes a
+    deferred runtime assert (``torch._check``), so the check adds no guard and never
+    specialises the graph; a concrete ``ok`` is tested directly. ``expected`` may be a
+    function returning the phrase (and ``got`` a function returning the value), so a passing
+    check formats nothing.
+    """
+    if isinstance(ok, torch.SymBool):
+        torch._check(ok, lambda: str(input_error(op, provider, argument, str(_text(expected)),
+                                                 _text(got))))
+        return
+    if not ok:
+        raise input_error(op, provider, argument, str(_text(expected)), _text(got))
+
+
+def _text(value: object) -> object:
+    return value() if callable(value) else value
 
 
 def has_data(*tensors: Tensor) -> bool:
@@ -73,145 +163,242 @@ def _describe(t: Tensor) -> str:
     return f"{t.dtype} tensor of shape {list(t.shape)} on {t.device}"
 
 
-def _tensor(op: str, provider: str, name: str, t: object) -> Tensor:
+def _type_name(value: object) -> str:
+    return f"{type(value).__name__} {value!r}" if isinstance(value, (int, float, str)) \
+        else type(value).__name__
+
+
+def check_tensor(op: str, provider: str, name: str, t: object) -> Tensor:
+    """``t`` must be a ``torch.Tensor``; returns it (typed)."""
     if not isinstance(t, Tensor):
-        raise input_error(op, provider, name, "a torch.Tensor", type(t).__name__)
+        raise input_error(op, provider, name, "a torch.Tensor", _type_name(t))
     return t
 
 
-def _float(op: str, provider: str, name: str, t: Tensor) -> None:
+def check_floating(op: str, provider: str, name: str, t: Tensor) -> None:
+    """``t`` must have one of :data:`FLOAT_DTYPES`."""
     if t.dtype not in FLOAT_DTYPES:
-        raise input_error(op, provider, name, "a floating tensor (float32/float16/bfloat16)",
-                          t.dtype)
+        raise input_error(op, provider, name,
+                          "a floating tensor (float32/float16/bfloat16/float64)", t.dtype)
 
 
-def _dtype(op: str, provider: str, name: str, t: Tensor,
-           dtypes: Sequence[torch.dtype]) -> None:
+def check_dtype(op: str, provider: str, name: str, t: Tensor,
+                dtypes: Sequence[torch.dtype]) -> None:
+    """``t.dtype`` must be one of ``dtypes``."""
     if t.dtype not in dtypes:
         want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise input_error(op, provider, name, f"dtype {want}", t.dtype)
 
 
-def _rank(op: str, provider: str, name: str, t: Tensor, rank: int, layout: str) -> None:
+def check_rank(op: str, provider: str, name: str, t: Tensor, rank: int, layout: str) -> None:
+    """``t`` must have ``rank`` dimensions (``layout`` names them, e.g. ``"[T, H, D]"``)."""
     if t.dim() != rank:
         raise input_error(op, provider, name, f"a {rank}-d tensor {layout}", _shape(t))
 
 
-def _same_device(op: str, provider: str, ref: Tensor, **others: Tensor) -> None:
+def check_same_device(op: str, provider: str, ref: Tensor, **others: Tensor) -> None:
+    """Every tensor of ``others`` must sit on ``ref``'s device (meta and CPU are different)."""
     for name, t in others.items():
         if t.device != ref.device:
-            raise input_error(op, provider, name, f"device {ref.device}", t.device)
+            raise input_error(op, provider, name, f"device {ref.device} (like the other "
+                              f"tensor arguments)", t.device)
 
 
-def _contiguous(op: str, provider: str, name: str, t: Tensor) -> None:
+def check_contiguous(op: str, provider: str, name: str, t: Tensor) -> None:
+    """``t`` must be contiguous."""
     if not t.is_contiguous():
         raise input_error(op, provider, name, "a contiguous tensor",
                           f"strides {list(t.stride())} for {_shape(t)}")
 
 
+def check_int(op: str, provider: str, name: str, value: object, *,
+              minimum: int | None = None) -> None:
+    """``value`` must be an int (not a bool; ``SymInt`` accepted) and ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise input_error(op, provider, name, "an int", _type_name(value))
+    if minimum is not None:
+        require(value >= minimum, op, provider, name,
+                "a positive int" if minimum == 1 else f"an int >= {minimum}", value)
+
+
+def check_real(op: str, provider: str, name: str, value: object, *,
+               minimum: float | None = None, positive: bool = False) -> None:
+    """``value`` must be a real number (int or float, not bool, not NaN).
+
+    :param minimum: lower bound (inclusive).
+    :param positive: require ``value > 0``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymInt,
+                                                         torch.SymFloat)):
+        raise input_error(op, provider, name, "a float", _type_name(value))
+    if isinstance(value, float) and math.isnan(value):
+        raise input_error(op, provider, name, "a float that is not NaN", value)
+    if positive:
+        require(value > 0, op, provider, name, "a positive float", value)
+    elif minimum is not None:
+        require(value >= minimum, op, provider, name,
+                "a non-negative float" if minimum == 0 else f"a float >= {minimum}", value)
+
+
+def check_bool(op: str, provider: str, name: str, value: object) -> None:
+    """``value`` must be a bool."""
+    if not isinstance(value, (bool, torch.SymBool)):
+        raise input_error(op, provider, name, "a bool", _type_name(value))
+
+
+# private names kept for the checks below that predate the public helpers
+_tensor = check_tensor
+_float = check_floating
+_dtype = check_dtype
+_rank = check_rank
+_same_device = check_same_device
+_contiguous = check_contiguous
+
+
 # ---------------------------------------------------------------------------- activations
 def _check_gated(op: str, provider: str, x: Tensor) -> None:
-    x = _tensor(op, provider, "x", x)
-    _float(op, provider, "x", x)
-    if x.dim() < 1 or x.shape[-1] % 2 != 0:
-        raise input_error(op, provider, "x", "a tensor [..., 2*d] with an even last dimension",
+    x = check_tensor(op, provider, "x", x)
+    check_floating(op, provider, "x", x)
+    if x.dim() < 1:
+        raise input_error(op, provider, "x", "a tensor [..., 2*d] with at least one dimension",
                           _shape(x))
+    require(x.shape[-1] % 2 == 0, op, provider, "x",
+            "a tensor [..., 2*d] with an even last dimension", lambda: _shape(x))
 
 
 def check_silu_and_mul(x: Tensor, *, provider: str = "native", read_data: bool = True) -> None:
-    """Validate ``silu_and_mul(x)``."""
+    """Validate ``silu_and_mul(x)``: a floating ``x[..., 2*d]`` (at least 1-d)."""
     _check_gated("silu_and_mul", provider, x)
 
 
 def check_gelu_and_mul(x: Tensor, approximate: str = "none", *, provider: str = "native",
                        read_data: bool = True) -> None:
-    """Validate ``gelu_and_mul(x, approximate)``."""
+    """Validate ``gelu_and_mul(x, approximate)``; ``approximate`` is ``"none"``/``"tanh"``."""
     _check_gated("gelu_and_mul", provider, x)
-    if approximate not in GELU_APPROXIMATIONS:
+    if not isinstance(approximate, str) or approximate not in GELU_APPROXIMATIONS:
         raise input_error("gelu_and_mul", provider, "approximate",
                           f"one of {sorted(GELU_APPROXIMATIONS)}", repr(approximate))
 
 
 # ---------------------------------------------------------------------------------- norms
 def _check_norm(op: str, provider: str, x: Tensor, weight: Tensor, eps: float) -> None:
-    x = _tensor(op, provider, "x", x)
-    weight = _tensor(op, provider, "weight", weight)
-    _float(op, provider, "x", x)
-    _float(op, provider, "weight", weight)
+    x = check_tensor(op, provider, "x", x)
+    weight = check_tensor(op, provider, "weight", weight)
+    check_floating(op, provider, "x", x)
+    check_floating(op, provider, "weight", weight)
     if x.dim() < 1:
         raise input_error(op, provider, "x", "a tensor [..., d] with at least one dimension",
                           _shape(x))
     d = x.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != d:
-        raise input_error(op, provider, "weight", f"shape [{d}] (x's last dimension)",
+    if weight.dim() != 1:
+        raise input_error(op, provider, "weight", "a 1-d tensor [d] (x's last dimension)",
                           _shape(weight))
-    _same_device(op, provider, x, weight=weight)
-    if not eps >= 0.0:
-        raise input_error(op, provider, "eps", "a non-negative float", eps)
+    require(weight.shape[0] == d, op, provider, "weight",
+            lambda: f"shape [{d}] (x's last dimension)", lambda: _shape(weight))
+    check_same_device(op, provider, x, weight=weight)
+    check_real(op, provider, "eps", eps, minimum=0.0)
 
 
 def check_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, provider: str = "native",
                    read_data: bool = True) -> None:
-    """Validate ``rms_norm(x, weight, eps)``."""
+    """Validate ``rms_norm(x, weight, eps)``: floating ``x[..., d]``, ``weight[d]`` on x's
+    device, ``eps`` a non-negative, non-NaN float."""
     _check_norm("rms_norm", provider, x, weight, eps)
 
 
 def check_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
                              *, provider: str = "native", read_data: bool = True) -> None:
-    """Validate ``fused_add_rms_norm(x, residual, weight, eps)``."""
+    """Validate ``fused_add_rms_norm``: as :func:`check_rms_norm`, plus ``residual`` with
+    x's shape, dtype and device."""
     op = "fused_add_rms_norm"
     _check_norm(op, provider, x, weight, eps)
-    residual = _tensor(op, provider, "residual", residual)
-    if residual.shape != x.shape:
+    residual = check_tensor(op, provider, "residual", residual)
+    if residual.dim() != x.dim():
         raise input_error(op, provider, "residual", f"x's shape {list(x.shape)}",
                           _shape(residual))
+    for a, b in zip(residual.shape, x.shape, strict=True):
+        require(a == b, op, provider, "residual", lambda: f"x's shape {list(x.shape)}",
+                lambda: _shape(residual))
     if residual.dtype != x.dtype:
         raise input_error(op, provider, "residual", f"x's dtype {x.dtype}", residual.dtype)
-    _same_device(op, provider, x, residual=residual)
+    check_same_device(op, provider, x, residual=residual)
 
 
 # --------------------------------------------------------------------------------- rotary
+def rotary_heads(t: Tensor, lead: int, head_size: int) -> int:
+    """Heads of a rotary ``query``/``key`` with ``lead`` token dims (``[..., H*D]`` or
+    ``[..., H, D]``; the form follows from ``t.dim() - lead``); call after the check."""
+    return t.shape[-2] if t.dim() == lead + 2 else t.shape[-1] // head_size
+
+
+def _rotary_layouts(pshape: Sequence[object], head_size: object) -> str:
+    if len(pshape) == 1:
+        return (f"[T, heads*{head_size}] or [T, heads, {head_size}] with T={pshape[0]} "
+                f"(positions' length)")
+    return (f"[*P, heads*{head_size}] or [*P, heads, {head_size}] with P={list(pshape)} "
+            f"(positions' shape)")
+
+
+def _rotary_layout_error(provider: str, name: str, t: Tensor, pshape: Sequence[object],
+                         head_size: object) -> OpInputError:
+    return input_error("rotary_embedding", provider, name, _rotary_layouts(pshape, head_size),
+                       _shape(t))
+
+
+def _check_rotary_operand(provider: str, name: str, t: Tensor, pshape: torch.Size,
+                          head_size: int) -> None:
+    op = "rotary_embedding"
+    lead = len(pshape)
+    check_floating(op, provider, name, t)
+    if t.dim() not in (lead + 1, lead + 2):
+        raise _rotary_layout_error(provider, name, t, pshape, head_size)
+    for a, b in zip(t.shape[:lead], pshape, strict=True):
+        require(a == b, op, provider, name, lambda: _rotary_layouts(pshape, head_size),
+                lambda: _shape(t))
+    if t.dim() == lead + 2:
+        require(t.shape[-1] == head_size, op, provider, name,
+                lambda: _rotary_layouts(pshape, head_size), lambda: _shape(t))
+    else:
+        require(t.shape[-1] % head_size == 0, op, provider, name,
+                lambda: f"{_rotary_layouts(pshape, head_size)}; the last dimension a "
+                f"multiple of head_size={head_size}", lambda: _shape(t))
+
+
 def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
                            cos_sin_cache: Tensor, head_size: int, is_neox: bool = True, *,
                            provider: str = "native", read_data: bool = True) -> None:
-    """Validate ``rotary_embedding``; reads ``positions`` (range) when ``read_data``."""
+    """Validate ``rotary_embedding``; reads ``positions`` (range) when ``read_data``.
+
+    Layouts (#19): ``positions`` has any shape ``P`` (at least 1-d; its elements are the
+    tokens); ``query`` and ``key`` are ``[*P, heads*head_size]`` (flattened heads) or
+    ``[*P, heads, head_size]`` (per-head), told apart by their rank.
+    """
     op = "rotary_embedding"
-    positions = _tensor(op, provider, "positions", positions)
-    query = _tensor(op, provider, "query", query)
-    key = _tensor(op, provider, "key", key)
-    cos_sin_cache = _tensor(op, provider, "cos_sin_cache", cos_sin_cache)
-    _dtype(op, provider, "positions", positions, INDEX_DTYPES)
-    _rank(op, provider, "positions", positions, 1, "[T]")
-    num_tokens = positions.shape[0]
-    if head_size <= 0:
-        raise input_error(op, provider, "head_size", "a positive int", head_size)
-    for name, t in (("query", query), ("key", key)):
-        _float(op, provider, name, t)
-        if t.dim() == 2:
-            if t.shape[1] % head_size != 0:
-                raise input_error(op, provider, name,
-                                  f"[T, heads*{head_size}] (a multiple of head_size)", _shape(t))
-        elif t.dim() == 3:
-            if t.shape[2] != head_size:
-                raise input_error(op, provider, name, f"[T, heads, {head_size}]", _shape(t))
-        else:
-            raise input_error(op, provider, name, f"[T, heads*{head_size}] or "
-                              f"[T, heads, {head_size}]", _shape(t))
-        if t.shape[0] != num_tokens:
-            raise input_error(op, provider, name, f"{num_tokens} tokens (positions' length) "
-                              f"in dim 0", _shape(t))
+    positions = check_tensor(op, provider, "positions", positions)
+    query = check_tensor(op, provider, "query", query)
+    key = check_tensor(op, provider, "key", key)
+    cos_sin_cache = check_tensor(op, provider, "cos_sin_cache", cos_sin_cache)
+    check_int(op, provider, "head_size", head_size, minimum=1)
+    check_bool(op, provider, "is_neox", is_neox)
+    check_dtype(op, provider, "positions", positions, INDEX_DTYPES)
+    lead = positions.dim()
+    if lead < 1:
+        raise input_error(op, provider, "positions", "a tensor of token positions with at "
+                          "least one dimension ([T] or [batch, seq])", _shape(positions))
+    pshape = positions.shape
+    _check_rotary_operand(provider, "query", query, pshape, head_size)
+    _check_rotary_operand(provider, "key", key, pshape, head_size)
     if key.dtype != query.dtype:
         raise input_error(op, provider, "key", f"query's dtype {query.dtype}", key.dtype)
-    _float(op, provider, "cos_sin_cache", cos_sin_cache)
-    _rank(op, provider, "cos_sin_cache", cos_sin_cache, 2, "[max_position, rot]")
+    check_floating(op, provider, "cos_sin_cache", cos_sin_cache)
+    check_rank(op, provider, "cos_sin_cache", cos_sin_cache, 2, "[max_position, rot]")
     rot = cos_sin_cache.shape[1]
-    if rot % 2 != 0 or rot <= 0 or rot > head_size:
-        raise input_error(op, provider, "cos_sin_cache",
-                          f"an even rotary width 0 < rot <= head_size={head_size} in dim 1",
-                          _shape(cos_sin_cache))
-    _same_device(op, provider, query, positions=positions, key=key,
-                 cos_sin_cache=cos_sin_cache)
-    if read_data and num_tokens > 0 and has_data(positions):
+    require((rot % 2 == 0) & (rot > 0) & (rot <= head_size), op, provider, "cos_sin_cache",
+            lambda: f"an even rotary width 0 < rot <= head_size={head_size} in dim 1",
+            lambda: _shape(cos_sin_cache))
+    check_same_device(op, provider, query, positions=positions, key=key,
+                      cos_sin_cache=cos_sin_cache)
+    if read_data and positions.numel() > 0 and has_data(positions):
         lo, hi = int(positions.min()), int(positions.max())
         max_pos = cos_sin_cache.shape[0]
         if lo < 0 or hi >= max_pos:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from opmux.core.errors import OpInputError
+from opmux.ops._checks import input_error
 
 if TYPE_CHECKING:
     import torch
@@ -19,7 +19,9 @@ __all__ = ["check", "validate_advance_step", "validate_reshape_and_cache"]
 
 def check(ok: bool, op: str, argument: str, expected: str, got: object, *,
           provider: str = "triton") -> None:
-    """Raise :class:`~opmux.core.errors.OpInputError` unless ``ok``.
+    """Raise :class:`~opmux.core.errors.OpInputError` unless ``ok`` (built by
+    :func:`opmux.ops._checks.input_error`: one message format, ``op``/``provider``/``argument``
+    set).
 
     :param ok: the condition that must hold.
     :param op: op name, e.g. ``"rms_norm"``.
@@ -29,9 +31,7 @@ def check(ok: bool, op: str, argument: str, expected: str, got: object, *,
     :param provider: the provider raising.
     """
     if not ok:
-        raise OpInputError(
-            f"{op} (provider {provider!r}): argument {argument!r} expected {expected}, got {got}"
-        )
+        raise input_error(op, provider, argument, expected, got)
 
 
 def validate_reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
