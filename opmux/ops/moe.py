@@ -23,7 +23,14 @@ from torch import Tensor
 
 from opmux.core.errors import OpInputError
 from opmux.core.registry import register_op
-from opmux.ops._checks import input_error
+from opmux.ops._checks import (
+    check_bool,
+    check_int,
+    check_real,
+    check_same_device,
+    check_tensor,
+    input_error,
+)
 
 __all__ = [
     "check_expert_ids",
@@ -43,19 +50,10 @@ def _err(op: str, provider: str, arg: str, expected: str, got: object) -> OpInpu
     return input_error(op, provider, arg, expected, got)
 
 
-def _tensor(op: str, provider: str, name: str, t: object) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise _err(op, provider, name, "a torch.Tensor", type(t).__name__)
-    return t
-
-
-def _same_device(op: str, provider: str, ref: Tensor, **others: Tensor) -> None:
-    # one tensor on another device (a meta weight among CPU tensors) would otherwise make
-    # the dispatcher run the fake and return uninitialised memory (#11 item 3)
-    for name, t in others.items():
-        if t.device != ref.device:
-            raise _err(op, provider, name, f"device {ref.device} (as the first tensor)",
-                       t.device)
+# one tensor on another device (a meta weight among CPU tensors) would otherwise make the
+# dispatcher run the fake and return uninitialised memory (#11 item 3)
+_tensor = check_tensor
+_same_device = check_same_device
 
 
 def _check_gating(op: str, provider: str, gating_output: Tensor, topk: int
@@ -68,6 +66,7 @@ def _check_gating(op: str, provider: str, gating_output: Tensor, topk: int
         raise _err(op, provider, "gating_output", "a floating-point tensor",
                    gating_output.dtype)
     num_experts = gating_output.shape[1]
+    check_int(op, provider, "topk", topk)
     if not 1 <= topk <= num_experts:
         raise _err(op, provider, "topk", f"1 <= topk <= {num_experts} (the number of experts)",
                    topk)
@@ -81,7 +80,9 @@ def check_topk_softmax(gating_output: Tensor, topk: int, renormalize: bool, *,
     :returns: ``(tokens, experts)``.
     :raises OpInputError: naming op, provider, argument, expected and got.
     """
-    return _check_gating("topk_softmax", provider, gating_output, topk)
+    sizes = _check_gating("topk_softmax", provider, gating_output, topk)
+    check_bool("topk_softmax", provider, "renormalize", renormalize)
+    return sizes
 
 
 def check_grouped_topk(gating_output: Tensor, topk: int, renormalize: bool,
@@ -96,6 +97,10 @@ def check_grouped_topk(gating_output: Tensor, topk: int, renormalize: bool,
     """
     op = "grouped_topk"
     tokens, num_experts = _check_gating(op, provider, gating_output, topk)
+    check_bool(op, provider, "renormalize", renormalize)
+    check_int(op, provider, "num_expert_group", num_expert_group)
+    check_int(op, provider, "topk_group", topk_group)
+    check_real(op, provider, "routed_scaling_factor", routed_scaling_factor)
     if num_expert_group < 1 or num_experts % num_expert_group:
         raise _err(op, provider, "num_expert_group",
                    f"a positive divisor of the number of experts {num_experts}",

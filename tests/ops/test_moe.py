@@ -111,7 +111,8 @@ def test_grouped_topk_equals_topk_softmax_with_one_group() -> None:
                                                   r"shape \(8,\), got shape \(3,\)"),
 ])
 def test_grouped_topk_errors(args: tuple[object, ...], match: str) -> None:
-    with pytest.raises(opmux.OpInputError, match=r"opmux::grouped_topk \(provider 'native'\): .*" + match):
+    with pytest.raises(opmux.OpInputError,
+                       match=r"opmux::grouped_topk \(provider 'native'\): .*" + match):
         grouped_topk(torch.randn(2, 8), *args)
 
 

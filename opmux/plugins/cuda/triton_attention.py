@@ -196,8 +196,11 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
                              seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                              sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None) -> bool:
-    """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts."""
-    return (query.dtype in _DTYPES and key_cache.dtype == query.dtype
+    """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts (any
+    strides: the kernel addresses query, caches and output through them)."""
+    tensors = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    return (all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in _DTYPES
+            and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
             and key_cache.shape[3] == query.shape[2] and key_cache.shape[2] > 0
             and query.shape[1] % key_cache.shape[2] == 0

@@ -161,7 +161,9 @@ def test_reshape_and_cache(k: Any, device: torch.device, dtype: torch.dtype) -> 
     native("reshape_and_cache")(key, value, want_k, want_v, slots)
     k.cache.reshape_and_cache(key, value, kc, vc, slots)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
-    k.cache.reshape_and_cache(key, value, kc, vc, slots.to(torch.int32))  # int32 slots
+    with pytest.raises(OpInputError, match=r"'slot_mapping' expected dtype int64"):
+        k.cache.reshape_and_cache(key, value, kc, vc, slots.to(torch.int32))  # as native
+    assert not k.cache.reshape_and_cache_supports(key, value, kc, vc, slots.to(torch.int32))
     assert torch.equal(kc, want_k)
     empty = key[:0]
     k.cache.reshape_and_cache(empty, empty, kc, vc, slots[:0])
@@ -175,7 +177,7 @@ def test_reshape_and_cache_errors_write_nothing(k: Any, device: torch.device) ->
     with pytest.raises(OpInputError, match=r"reshape_and_cache \(provider 'triton'\).*slot_map"):
         k.cache.reshape_and_cache(key, key, kc, vc, torch.zeros(2, dtype=torch.int64))
     wrong = torch.zeros(2, 4, 3, 8, device=device)
-    with pytest.raises(OpInputError, match="'key_cache' expected trailing dims"):
+    with pytest.raises(OpInputError, match=r"'key' expected \[T, 3, 8\] \(the cache's Hkv"):
         k.cache.reshape_and_cache(key, key, wrong, wrong, torch.zeros(3, device=device).long())
     assert not kc.any() and not vc.any()
 
@@ -223,7 +225,7 @@ def test_advance_step_errors_write_nothing(k: Any, device: torch.device) -> None
     with pytest.raises(OpInputError, match=r"advance_step_flashattn \(provider 'triton'\).*"
                                            r"seq_lens.*int32"):
         k.cache.advance_step_flashattn(2, 2, 16, **bad)
-    with pytest.raises(OpInputError, match="num_seqs=3"):
+    with pytest.raises(OpInputError, match=r"'input_tokens' expected shape \[3\] \(num_seqs\)"):
         k.cache.advance_step_flashattn(3, 2, 16, **s)
     with pytest.raises(OpInputError, match="contiguous"):
         k.cache.advance_step_flashattn(
