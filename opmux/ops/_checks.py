@@ -42,6 +42,7 @@ __all__ = [
     "check_advance_step_flashattn",
     "check_bool",
     "check_contiguous",
+    "check_devices",
     "check_dtype",
     "check_floating",
     "check_fused_add_rms_norm",
@@ -74,6 +75,7 @@ GELU_APPROXIMATIONS: Final = ("none", "tanh")
 """Valid values of ``gelu_and_mul``'s ``approximate``."""
 
 _ARGUMENT_RE: Final = re.compile(r"argument '([A-Za-z_][A-Za-z0-9_]*)'")
+_PREFIX_RE: Final = re.compile(r"^[\w:]+ \(provider '\w+'\): ")
 
 
 def _qualname(op: str) -> str:
@@ -109,6 +111,7 @@ def kernel_error(op: str, provider: str, exc: BaseException,
     message (``argument 'x'``), else ``"<kernel>"``.
     """
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = _PREFIX_RE.sub("", text)
     if argument is None:
         found = _ARGUMENT_RE.search(text)
         argument = found.group(1) if found else "<kernel>"
@@ -204,6 +207,30 @@ def check_same_device(op: str, provider: str, ref: Tensor, **others: Tensor) -> 
                               f"tensor arguments)", t.device)
 
 
+def check_devices(op: str, provider: str, tensors: dict[str, Tensor]) -> None:
+    """All ``tensors`` (name -> tensor, in argument order) must share one device.
+
+    The error names the odd one out: the first tensor whose device differs from the device
+    most of them share (ties: the first argument's device). Meta and CPU are different
+    devices, so a meta tensor among CPU tensors is refused (#11).
+    """
+    it = iter(tensors.values())
+    first = next(it, None)
+    if first is None:
+        return
+    device = first.device
+    if all(t.device == device for t in it):
+        return
+    counts: dict[torch.device, int] = {}
+    for t in tensors.values():
+        counts[t.device] = counts.get(t.device, 0) + 1
+    ref = max(counts, key=lambda dev: (counts[dev], dev == device))
+    for name, t in tensors.items():
+        if t.device != ref:
+            raise input_error(op, provider, name, f"device {ref} (like the other tensor "
+                              f"arguments)", t.device)
+
+
 def check_contiguous(op: str, provider: str, name: str, t: Tensor) -> None:
     """``t`` must be contiguous."""
     if not t.is_contiguous():
@@ -295,7 +322,6 @@ def _check_norm(op: str, provider: str, x: Tensor, weight: Tensor, eps: float) -
                           _shape(weight))
     require(weight.shape[0] == d, op, provider, "weight",
             lambda: f"shape [{d}] (x's last dimension)", lambda: _shape(weight))
-    check_same_device(op, provider, x, weight=weight)
     check_real(op, provider, "eps", eps, minimum=0.0)
 
 
@@ -304,6 +330,7 @@ def check_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, provider: st
     """Validate ``rms_norm(x, weight, eps)``: floating ``x[..., d]``, ``weight[d]`` on x's
     device, ``eps`` a non-negative, non-NaN float."""
     _check_norm("rms_norm", provider, x, weight, eps)
+    check_devices("rms_norm", provider, {"x": x, "weight": weight})
 
 
 def check_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
@@ -321,7 +348,7 @@ def check_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: f
                 lambda: _shape(residual))
     if residual.dtype != x.dtype:
         raise input_error(op, provider, "residual", f"x's dtype {x.dtype}", residual.dtype)
-    check_same_device(op, provider, x, residual=residual)
+    check_devices(op, provider, {"x": x, "residual": residual, "weight": weight})
 
 
 # --------------------------------------------------------------------------------- rotary
@@ -396,8 +423,8 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     require((rot % 2 == 0) & (rot > 0) & (rot <= head_size), op, provider, "cos_sin_cache",
             lambda: f"an even rotary width 0 < rot <= head_size={head_size} in dim 1",
             lambda: _shape(cos_sin_cache))
-    check_same_device(op, provider, query, positions=positions, key=key,
-                      cos_sin_cache=cos_sin_cache)
+    check_devices(op, provider, {"positions": positions, "query": query, "key": key,
+                                 "cos_sin_cache": cos_sin_cache})
     if read_data and positions.numel() > 0 and has_data(positions):
         lo, hi = int(positions.min()), int(positions.max())
         max_pos = cos_sin_cache.shape[0]
