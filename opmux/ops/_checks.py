@@ -520,6 +520,14 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
             raise input_error(op, provider, "slot_mapping",
                               f"-1 (skip) or slots in [0, {nb * bs}) (num_blocks*block_size)",
                               f"values in [{lo}, {hi}]")
+        if slot_mapping.numel() > 1:
+            # two tokens writing one slot would leave a provider-dependent winner
+            used = slot_mapping[slot_mapping >= 0]
+            distinct = torch.unique(used).numel()
+            if distinct != used.numel():
+                raise input_error(op, provider, "slot_mapping", "distinct slots (each slot "
+                                  "written at most once per call; -1 may repeat)",
+                                  f"{used.numel() - distinct} repeated slot(s)")
 
 
 def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -614,7 +622,9 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
                                  provider: str = "native", read_data: bool = True) -> None:
     """Validate ``advance_step_flashattn``; reads ``seq_lens``/``block_tables`` when asked.
 
-    The four state tensors are contiguous ``[num_seqs]`` vectors (they are written);
+    The four state tensors are ``[num_seqs]`` vectors, any non-overlapping view (they are
+    written in place; #11 asks every op to take strided views, so the contiguity rule of
+    earlier versions is gone: providers whose kernels need contiguous state decline);
     ``sampled_token_ids`` is ``[num_queries]`` or ``[rows >= num_queries, 1]`` and
     ``block_tables`` ``[num_seqs, max_blocks]``, both any view. Value checks: each next
     position fits the block table and its block id is not negative.
@@ -635,7 +645,7 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
         check_rank(op, provider, name, t, 1, "[num_seqs]")
         require(t.shape[0] == num_seqs, op, provider, name,
                 lambda: f"shape [{num_seqs}] (num_seqs)", lambda t=t: _shape(t))
-        check_contiguous(op, provider, name, t)
+        _no_overlap(op, provider, name, t)
     sampled = check_tensor(op, provider, "sampled_token_ids", sampled_token_ids)
     check_dtype(op, provider, "sampled_token_ids", sampled, (torch.int64,))
     if sampled.dim() == 1:

@@ -26,7 +26,9 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
         only self-overlapping (expanded) views are refused.
     :param value_cache: same shape and dtype as ``key_cache`` (its strides may differ);
         written in place.
-    :param slot_mapping: ``[T]`` int64, each ``-1`` or in ``[0, num_blocks*block_size)``.
+    :param slot_mapping: ``[T]`` int64, each ``-1`` or in ``[0, num_blocks*block_size)``;
+        a slot other than ``-1`` appears at most once (two tokens in one slot would leave
+        a provider-dependent winner, so it is refused).
     :raises opmux.OpInputError: bad shapes, dtypes or devices, an overlapping cache view, a
         zero block size, or a slot out of range.
     """
@@ -70,8 +72,12 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     >>> pos.tolist(), lens.tolist(), slots.tolist()
     ([6, 8, 6, 6], [7, 9, 7, 7], [6, 136, 262, 390])
 
-    :raises opmux.OpInputError: wrong dtype, non-contiguous state, wrong first dimension,
-        or a next position outside the block table; nothing is written then.
+    The state vectors may be any non-overlapping strided views (written in place through
+    their strides); ``sampled_token_ids`` may be ``[num_queries]`` or have extra rows.
+
+    :raises opmux.OpInputError: wrong dtype, an overlapping (expanded) state view, wrong first
+        dimension, a next position outside the block table or a negative block id there;
+        nothing is written then.
     """
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,

@@ -136,13 +136,16 @@ def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens
     """Dtypes and layouts the extension takes; anything else is left to the next provider.
 
     The kernel reads ``sampled_token_ids`` as consecutive elements and ``block_tables`` by
-    rows of consecutive columns, so strided views of those decline (native serves them).
+    rows of consecutive columns, and writes contiguous state vectors, so strided views of
+    those decline (native serves them).
     """
     i64 = torch.int64
     tensors = (input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
                block_tables)
     return (all(isinstance(t, Tensor) for t in tensors)
             and all(t.device == input_tokens.device for t in tensors)
+            and input_tokens.is_contiguous() and input_positions.is_contiguous()
+            and seq_lens.is_contiguous() and slot_mapping.is_contiguous()
             and input_tokens.dtype == i64 and input_positions.dtype == i64
             and slot_mapping.dtype == i64 and sampled_token_ids.dtype == i64
             and seq_lens.dtype == torch.int32 and block_tables.dtype == torch.int32

@@ -247,10 +247,13 @@ def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tok
                      sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
                      slot_mapping: Tensor, block_tables: Tensor) -> bool:
     # sampled_token_ids ([n], [n, 1] or more rows) and block_tables are read through their
-    # strides; the four state tensors are contiguous (native requires it)
+    # strides; the kernel writes the four state vectors as contiguous arrays (native takes
+    # strided ones)
     state = (input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
              block_tables)
     return (_tensors(*state) and all(t.is_cpu for t in state)
+            and input_tokens.is_contiguous() and input_positions.is_contiguous()
+            and seq_lens.is_contiguous() and slot_mapping.is_contiguous()
             and input_tokens.dtype == torch.int64
             and sampled_token_ids.dtype == torch.int64 and input_positions.dtype == torch.int64
             and seq_lens.dtype == torch.int32 and slot_mapping.dtype == torch.int64

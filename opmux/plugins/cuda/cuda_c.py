@@ -198,8 +198,11 @@ def _adv_supports(num_seqs: int, num_queries: int, block_size: int, input_tokens
                   sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
                   slot_mapping: Tensor, block_tables: Tensor) -> bool:
     # the kernel reads sampled ids through their row stride and block tables by rows with
-    # contiguous columns; a column-strided table runs on the next provider
-    return (isinstance(block_tables, Tensor) and block_tables.dim() == 2
+    # contiguous columns, and writes contiguous state vectors; other layouts run on the
+    # next provider
+    state = (input_tokens, input_positions, seq_lens, slot_mapping)
+    return (all(isinstance(t, Tensor) and t.is_contiguous() for t in state)
+            and isinstance(block_tables, Tensor) and block_tables.dim() == 2
             and block_tables.stride(1) == 1)
 
 

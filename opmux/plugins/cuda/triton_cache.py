@@ -81,34 +81,40 @@ def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _advance_step_kernel(  # type: ignore[no-untyped-def]
-    tokens_ptr, sampled_ptr, sampled_stride, positions_ptr, seq_lens_ptr, slots_ptr,
-    block_tables_ptr, bt_stride, bt_col_stride, num_seqs, num_queries, block_size,
+    tokens_ptr, tok_st, sampled_ptr, sampled_stride, positions_ptr, pos_st, seq_lens_ptr,
+    len_st, slots_ptr, slot_st, block_tables_ptr, bt_stride, bt_col_stride, num_seqs,
+    num_queries, block_size,
     BLOCK: tl.constexpr,
 ):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < num_seqs
     is_query = i < num_queries
     pad = live & (i >= num_queries)
-    sampled = tl.load(sampled_ptr + i * sampled_stride, mask=is_query, other=0)
-    pos = tl.load(seq_lens_ptr + i, mask=is_query, other=0)
-    blk = tl.load(block_tables_ptr + i.to(tl.int64) * bt_stride
+    i64 = i.to(tl.int64)
+    sampled = tl.load(sampled_ptr + i64 * sampled_stride, mask=is_query, other=0)
+    pos = tl.load(seq_lens_ptr + i64 * len_st, mask=is_query, other=0)
+    blk = tl.load(block_tables_ptr + i64 * bt_stride
                   + (pos // block_size).to(tl.int64) * bt_col_stride,
                   mask=is_query, other=0)
     slot = blk.to(tl.int64) * block_size + (pos % block_size)
-    tl.store(tokens_ptr + i, sampled, mask=is_query)
-    tl.store(positions_ptr + i, pos.to(tl.int64), mask=is_query)
-    tl.store(seq_lens_ptr + i, pos + 1, mask=is_query)
-    tl.store(slots_ptr + i, slot, mask=is_query)
-    tl.store(tokens_ptr + i, tl.zeros_like(sampled), mask=pad)
-    tl.store(positions_ptr + i, tl.zeros_like(sampled), mask=pad)
-    tl.store(slots_ptr + i, tl.full([BLOCK], -1, tl.int64), mask=pad)
+    tl.store(tokens_ptr + i64 * tok_st, sampled, mask=is_query)
+    tl.store(positions_ptr + i64 * pos_st, pos.to(tl.int64), mask=is_query)
+    tl.store(seq_lens_ptr + i64 * len_st, pos + 1, mask=is_query)
+    tl.store(slots_ptr + i64 * slot_st, slot, mask=is_query)
+    tl.store(tokens_ptr + i64 * tok_st, tl.zeros_like(sampled), mask=pad)
+    tl.store(positions_ptr + i64 * pos_st, tl.zeros_like(sampled), mask=pad)
+    tl.store(slots_ptr + i64 * slot_st, tl.full([BLOCK], -1, tl.int64), mask=pad)
 
 
 def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                            input_tokens: torch.Tensor, sampled_token_ids: torch.Tensor,
                            input_positions: torch.Tensor, seq_lens: torch.Tensor,
                            slot_mapping: torch.Tensor, block_tables: torch.Tensor) -> None:
-    """Advance decode state by one token in place (Triton); padding rows get slot -1."""
+    """Advance decode state by one token in place (Triton); padding rows get slot -1.
+
+    Every tensor is read and written through its strides (strided state vectors, 1-d or
+    strided sampled ids, strided block tables).
+    """
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,
                                  block_tables, provider="triton",
@@ -117,9 +123,9 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
         return
     block = min(next_pow2(num_seqs), 1024)
     _advance_step_kernel[(triton.cdiv(num_seqs, block),)](
-        input_tokens, sampled_token_ids, sampled_token_ids.stride(0), input_positions, seq_lens,
-        slot_mapping, block_tables, block_tables.stride(0), block_tables.stride(1), num_seqs,
-        num_queries, block_size,
+        input_tokens, input_tokens.stride(0), sampled_token_ids, sampled_token_ids.stride(0),
+        input_positions, input_positions.stride(0), seq_lens, seq_lens.stride(0),
+        slot_mapping, slot_mapping.stride(0), block_tables, block_tables.stride(0),
+        block_tables.stride(1), num_seqs, num_queries, block_size,
         BLOCK=block, num_warps=4,
     )
-

@@ -321,7 +321,7 @@ def test_advance_step_padding_rows(cpp: Any) -> None:
     (3, torch.tensor([6, 8, 6, 6], dtype=torch.int64), "seq_lens",
      "seq_lens must be Int, got Long"),
     (0, torch.zeros(4, dtype=torch.int32), "input_tokens", "input_tokens must be Long, got Int"),
-    (2, torch.zeros(8, dtype=torch.int64)[::2], "input_positions",
+    (2, torch.zeros(1, dtype=torch.int64).expand(4), "input_positions",
      "input_positions must be contiguous"),
     (4, torch.zeros(5, dtype=torch.int64), "slot_mapping",
      "slot_mapping must have first dim num_seqs=4"),
@@ -345,6 +345,17 @@ def test_advance_step_rejects_bad_input_and_writes_nothing(cpp: Any, index: int,
         torch.ops.opmux_cpu.advance_step_flashattn(4, 3, 16, *args)
     for got, exp in zip(args, before, strict=True):
         assert torch.equal(got, exp)
+
+
+def test_advance_step_declines_strided_state(cpp: Any) -> None:
+    # native writes strided state vectors; the kernel writes contiguous arrays, so cpp
+    # declines them and native serves the call
+    args = _step_args()
+    args[2] = torch.full((8,), 5, dtype=torch.int64)[::2]
+    assert not cpp._advance_step_ok(4, 3, 16, *args)
+    with pytest.raises(OpInputError, match=r"rejected by the kernel: "
+                                           r"input_positions must be contiguous"):
+        cpp.advance_step_flashattn(4, 3, 16, *args)
 
 
 def test_advance_step_reads_strided_ids_and_tables(cpp: Any) -> None:
