@@ -585,7 +585,8 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     if soft_cap is not None:
         check_real(op, provider, "soft_cap", soft_cap)
         require(soft_cap > 0, op, provider, "soft_cap", "None or a positive float", soft_cap)
-    check_same_device(op, provider, query, key_cache=key_cache, block_tables=block_tables,
+    # the cache (the engine's persistent state) sets the device the others must match
+    check_same_device(op, provider, key_cache, query=query, block_tables=block_tables,
                       seq_lens=seq_lens, query_start_loc=query_start_loc)
     if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
         return
