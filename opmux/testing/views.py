@@ -163,12 +163,13 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
                 check_native: bool = True) -> CaseResult:
     """Run ``provider`` on ``variant``'s views and native on contiguous copies; compare.
 
-    The provider gets a copy of the views with the same strides (so a mutating run does not
-    touch ``variant``). When ``check_native`` is set and ``provider`` is not native, native
-    also runs on the views and must agree with itself on contiguous copies (status
-    ``fail``); a provider whose ``supports_args`` declines the views is a ``skip`` (native
-    serves the call). A provider that raises where native succeeds is an ``error``; when
-    native rejects the variant too (both raise :class:`opmux.OpInputError`) it is a ``pass``.
+    Native runs on the views first. When it rejects them (:class:`opmux.OpInputError`, e.g.
+    an op documented to need contiguous state), the provider must decline or reject them too
+    (``skip``/``pass``; accepting is a ``fail``). Otherwise the reference is native on
+    contiguous copies of the same values; native on the views must match it (when
+    ``check_native``), and the provider, given a copy of the views with the same strides,
+    must match it in outputs and mutated arguments, or decline in ``supports_args``
+    (``skip``). A provider that raises where native succeeds is an ``error``.
 
     :raises ProviderUnavailableError: when ``op`` has no provider of that name.
     """
@@ -188,42 +189,58 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
         return result
     args = tuple(_same_layout_copy(a) for a in case.args)
     kwargs = {k: _same_layout_copy(v) for k, v in case.kwargs.items()}
-    if impl.supports_args is not None and not impl.supports_args(*args, **kwargs):
-        result.status, result.message = "skip", "supports_args declined the strided views"
-        return result
+    declined = impl.supports_args is not None and not impl.supports_args(*args, **kwargs)
     ref_args = tuple(_contiguous_copy(a) for a in case.args)  # same values, contiguous
     ref_kwargs = {k: _contiguous_copy(v) for k, v in case.kwargs.items()}
-    native_error: Exception | None = None
+    # native on the views first: it defines which layouts the op takes
+    n_args = tuple(_same_layout_copy(a) for a in case.args)
+    n_kwargs = {k: _same_layout_copy(v) for k, v in case.kwargs.items()}
     try:
-        want = the_op.native(*ref_args, **ref_kwargs)
+        n_got = the_op.native(*n_args, **n_kwargs)
     except OpInputError as exc:
-        native_error = exc
-    start = time.perf_counter()
-    try:
-        got = impl.fn(*args, **kwargs)
-    except Exception as exc:
-        result.seconds = time.perf_counter() - start
-        if native_error is not None and isinstance(exc, OpInputError):
+        if declined:
+            result.status, result.message = "skip", f"native rejects the views ({exc}); " \
+                "the provider declines them"
+            return result
+        try:
+            impl.fn(*args, **kwargs)
+        except OpInputError:
             result.message = f"native and {provider!r} both reject the views: {exc}"
             return result
-        result.status = "error"
-        result.message = f"provider raised {type(exc).__name__}: {exc}"
-        return result
-    result.seconds = time.perf_counter() - start
-    if native_error is not None:
+        except Exception as other:
+            result.status = "error"
+            result.message = (f"native rejects the views ({exc}); provider raised "
+                              f"{type(other).__name__}: {other}")
+            return result
         result.status = "fail"
-        result.message = (f"provider {provider!r} accepted what native rejects: "
-                          f"{native_error}")
+        result.message = f"provider {provider!r} accepted views native rejects: {exc}"
         return result
-    problems = _compare_all(the_op, got, want, args, kwargs, ref_args, ref_kwargs, atol, rtol,
-                            result)
-    if check_native and provider != NATIVE:
-        n_args = tuple(_same_layout_copy(a) for a in case.args)
-        n_kwargs = {k: _same_layout_copy(v) for k, v in case.kwargs.items()}
-        n_got = the_op.native(*n_args, **n_kwargs)
+    want = the_op.native(*ref_args, **ref_kwargs)
+    problems: list[str] = []
+    if provider != NATIVE or check_native:
         problems += [f"native on the views: {p}" for p in _compare_all(
             the_op, n_got, want, n_args, n_kwargs, ref_args, ref_kwargs, atol, rtol,
             CaseResult(case.name, "pass"))]
+    if provider == NATIVE:
+        problems = _compare_all(the_op, n_got, want, n_args, n_kwargs, ref_args, ref_kwargs,
+                                atol, rtol, result)
+    elif declined:
+        result.status = "skip" if not problems else "fail"
+        result.message = "supports_args declined the views" + (
+            "\n" + "\n".join(problems) if problems else "")
+        return result
+    else:
+        start = time.perf_counter()
+        try:
+            got = impl.fn(*args, **kwargs)
+        except Exception as exc:
+            result.seconds = time.perf_counter() - start
+            result.status = "error"
+            result.message = f"provider raised {type(exc).__name__}: {exc}"
+            return result
+        result.seconds = time.perf_counter() - start
+        problems += _compare_all(the_op, got, want, args, kwargs, ref_args, ref_kwargs, atol,
+                                 rtol, result)
     if problems:
         result.status, result.message = "fail", "\n".join(problems)
     return result
