@@ -151,7 +151,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     """Scatter key/value rows into the paged caches; slot -1 skips (CUDA C++)."""
     # the catalog's check; index values only where reading them costs no device sync
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, provider=PROVIDER,
-                            read_data=key.device.type == "cpu")
+                            read_data=getattr(key, "is_cpu", False))
     torch.ops.opmux_cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -163,7 +163,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,
                                  block_tables, provider=PROVIDER,
-                                 read_data=input_tokens.device.type == "cpu")
+                                 read_data=getattr(input_tokens, "is_cpu", False))
     torch.ops.opmux_cuda.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                                 sampled_token_ids, input_positions, seq_lens,
                                                 slot_mapping, block_tables)

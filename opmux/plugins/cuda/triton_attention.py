@@ -148,7 +148,7 @@ def _validate(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     # the catalog's checks; index values are read only where that costs no device sync
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap, provider="triton",
-                          read_data=query.device.type == "cpu")
+                          read_data=getattr(query, "is_cpu", False))
     check(query.dtype in _DTYPES, "paged_attention", "query", "float32/float16/bfloat16",
           query.dtype)
 

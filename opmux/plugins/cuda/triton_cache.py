@@ -54,7 +54,7 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write ``key[t]``/``value[t]`` to cache slot ``slot_mapping[t]``; slot -1 skips (Triton)."""
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                            provider="triton", read_data=key.device.type == "cpu")
+                            provider="triton", read_data=getattr(key, "is_cpu", False))
     tokens, hkv, d = key.shape
     if tokens == 0 or hkv == 0 or d == 0:
         return
@@ -118,7 +118,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,
                                  block_tables, provider="triton",
-                                 read_data=input_tokens.device.type == "cpu")
+                                 read_data=getattr(input_tokens, "is_cpu", False))
     if num_seqs == 0:
         return
     block = min(next_pow2(num_seqs), 1024)
