@@ -57,7 +57,14 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
 
     Layouts (as vLLM's kernel): ``positions`` may have any shape ``P`` (``[T]``,
     ``[batch, seq]``, ...); ``query``/``key`` are ``[*P, heads*head_size]`` or
-    ``[*P, heads, head_size]``. Outputs keep the inputs' shapes; any strides are read.
+    ``[*P, heads, head_size]`` (told apart by rank). Outputs keep the inputs' shapes; any
+    strides are read.
+
+    Precision: the rotation is computed in fp32 and rounded once to the input dtype, as
+    vLLM's CPU kernel does. vLLM's Python reference instead rotates bf16/fp16 inputs in
+    that dtype (cos and sin cast down, every product and sum rounded), so on large bf16
+    inputs the two differ by about one bf16 ulp, beyond vLLM's test tolerance; in fp32
+    they agree for every head size, rotary width, style and layout (#19).
 
     :param positions: int64/int32 positions, each in ``[0, max_pos)``.
     :param query: ``[*P, H*D]`` or ``[*P, H, D]``.

@@ -120,6 +120,25 @@ def rotary_embedding_cases() -> Iterator[Case]:
     yield Case("fp32-3d-layout", (positions, _randn(g, (5, 4, 32), torch.float32),
                                   _randn(g, (5, 2, 32), torch.float32),
                                   make_cos_sin_cache(32, 32), 32, True))
+    # vLLM's layouts (#19): positions [batch, seq] with queries [batch, seq, H*D] or
+    # [batch, seq, H, D]; per-head [T, H, D] with a partial rotary width (strided views of
+    # every layout come from opmux.testing.views)
+    layouts: list[tuple[str, torch.dtype, tuple[int, ...], int, bool, int, int, bool]] = [
+        # name, dtype, positions shape, heads, per-head, D, rot, is_neox
+        ("fp32-batch-seq-flat", torch.float32, (2, 3), 4, False, 32, 32, True),
+        ("fp32-batch-seq-per-head-gptj", torch.float32, (2, 3), 4, True, 32, 16, False),
+        ("bf16-batch-seq-per-head", torch.bfloat16, (3, 2), 2, True, 64, 64, True),
+        ("fp32-per-head-d48-rot32", torch.float32, (5,), 3, True, 48, 32, True),
+        ("fp32-batch-seq-flat-gptj-partial", torch.float32, (2, 2), 2, False, 32, 8, False),
+    ]
+    for name, dt, pshape, heads, per_head, d, rot, neox in layouts:
+        g = _gen(name)
+        positions = torch.randint(0, 40, pshape, generator=g, dtype=torch.int64)
+        q_tail = (heads, d) if per_head else (heads * d,)
+        k_tail = (1, d) if per_head else (d,)
+        yield Case(name, (positions, _randn(g, (*pshape, *q_tail), dt),
+                          _randn(g, (*pshape, *k_tail), dt),
+                          make_cos_sin_cache(40, rot, dtype=dt), d, neox))
 
 
 # ---------------------------------------------------------------------------------- cache

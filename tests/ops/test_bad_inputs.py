@@ -136,3 +136,20 @@ def test_bad_input_triton_direct(qualname: str, row: BadInput) -> None:
     before = _snapshot(row.args)
     _expect_error(lambda: fn(*row.args, **row.kwargs), row, qualname, "triton")
     _assert_unchanged(row.args, before)
+
+
+_CUDA_C_OPS = ("silu_and_mul", "rms_norm")
+
+
+@pytest.mark.parametrize(("name", "row"), [
+    pytest.param(name, row, id=f"{name}-cuda_c-{row.label}")
+    for name in _CUDA_C_OPS for row in bad_inputs_for(name)])
+def test_bad_input_cuda_c_direct(name: str, row: BadInput) -> None:
+    """cuda_c runs the shared check before touching its kernels, so it refuses bad input
+    the same way on a machine without CUDA."""
+    from opmux.plugins.cuda import cuda_c
+
+    fn = getattr(cuda_c, name)
+    before = _snapshot(row.args)
+    _expect_error(lambda: fn(*row.args, **row.kwargs), row, f"opmux::{name}", "cuda_c")
+    _assert_unchanged(row.args, before)

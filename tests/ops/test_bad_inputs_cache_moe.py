@@ -106,3 +106,17 @@ def test_bad_input_triton_cache_ops(name: str, row: BadInput) -> None:
     for a, b in zip(row.args, before, strict=True):
         if b is not None:
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("name", "row"), [
+    pytest.param(name, row, id=f"{name}-cuda_c-{row.label}")
+    for name in ("reshape_and_cache", "advance_step_flashattn") for row in bad_inputs_for(name)])
+def test_bad_input_cuda_c_cache_ops(name: str, row: BadInput) -> None:
+    """cuda_c runs the catalog's check before its kernels (values too, for CPU tensors), so
+    it refuses every row the same way on a machine without CUDA."""
+    from opmux.plugins.cuda import cuda_c
+
+    with pytest.raises(opmux.OpInputError) as info:
+        getattr(cuda_c, name)(*row.args, **row.kwargs)
+    err = info.value
+    assert (err.op, err.provider, err.argument) == (f"opmux::{name}", "cuda_c", row.argument)

@@ -25,7 +25,12 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
-from opmux.ops._checks import check_advance_step_flashattn, check_reshape_and_cache
+from opmux.ops._checks import (
+    check_advance_step_flashattn,
+    check_reshape_and_cache,
+    check_rms_norm,
+    check_silu_and_mul,
+)
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
@@ -135,13 +140,17 @@ def build(verbose: bool = False) -> str:
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
-    """``silu(x[..., :d]) * x[..., d:]`` (CUDA C++)."""
+    """``silu(x[..., :d]) * x[..., d:]`` (CUDA C++; strided inputs are read through a
+    contiguous copy)."""
+    check_silu_and_mul(x, provider=PROVIDER)
     out: Tensor = torch.ops.opmux_cuda.silu_and_mul(x)
     return out
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    """RMS norm in fp32, returned in ``x.dtype`` (CUDA C++)."""
+    """RMS norm in fp32, returned in ``x.dtype`` (CUDA C++; strided inputs are read through
+    a contiguous copy)."""
+    check_rms_norm(x, weight, eps, provider=PROVIDER)
     out: Tensor = torch.ops.opmux_cuda.rms_norm(x, weight, eps)
     return out
 
@@ -170,12 +179,14 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
 
 
 def _silu_supports(x: Tensor) -> bool:
-    return x.dtype in _FLOATS and x.dim() >= 1 and x.shape[-1] % 2 == 0
+    return (isinstance(x, Tensor) and x.dtype in _FLOATS and x.dim() >= 1
+            and x.shape[-1] % 2 == 0)
 
 
 def _rms_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
-    return (x.dtype in _FLOATS and weight.dtype in _FLOATS and x.dim() >= 1
-            and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
+    return (isinstance(x, Tensor) and isinstance(weight, Tensor) and x.dtype in _FLOATS
+            and weight.dtype in _FLOATS and x.dim() >= 1 and weight.dim() == 1
+            and weight.shape[0] == x.shape[-1])
 
 
 def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
