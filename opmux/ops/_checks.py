@@ -515,19 +515,34 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
             lambda: f"shape [{key.shape[0]}] (one slot per token)", lambda: _shape(slot_mapping))
     check_same_device(op, provider, key_cache, key=key, value=value, slot_mapping=slot_mapping)
     if read_data and slot_mapping.numel() > 0 and has_data(slot_mapping):
+        _check_slots(op, provider, slot_mapping, nb * bs)
+
+
+_FEW_SLOTS: Final = 256
+"""Up to this many tokens the slot values are checked in Python (a few microseconds for a
+decode batch, against tens for the tensor ops)."""
+
+
+def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
+    if slot_mapping.numel() <= _FEW_SLOTS:
+        values = slot_mapping.tolist()
+        lo, hi = min(values), max(values)
+        used = [v for v in values if v >= 0]
+        repeated = len(used) - len(set(used))
+    else:
+        # no boolean-mask indexing: it costs milliseconds at a few thousand tokens here
         lo, hi = (int(v) for v in torch.aminmax(slot_mapping))
-        if lo < -1 or hi >= nb * bs:
-            raise input_error(op, provider, "slot_mapping",
-                              f"-1 (skip) or slots in [0, {nb * bs}) (num_blocks*block_size)",
-                              f"values in [{lo}, {hi}]")
-        if slot_mapping.numel() > 1:
-            # two tokens writing one slot would leave a provider-dependent winner
-            used = slot_mapping[slot_mapping >= 0]
-            distinct = torch.unique(used).numel()
-            if distinct != used.numel():
-                raise input_error(op, provider, "slot_mapping", "distinct slots (each slot "
-                                  "written at most once per call; -1 may repeat)",
-                                  f"{used.numel() - distinct} repeated slot(s)")
+        ordered = torch.sort(slot_mapping.reshape(-1)).values
+        repeated = int(((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)).sum())
+    if lo < -1 or hi >= num_slots:
+        raise input_error(op, provider, "slot_mapping",
+                          f"-1 (skip) or slots in [0, {num_slots}) (num_blocks*block_size)",
+                          f"values in [{lo}, {hi}]")
+    if repeated:
+        # two tokens writing one slot would leave a provider-dependent winner
+        raise input_error(op, provider, "slot_mapping", "distinct slots (each slot written "
+                          "at most once per call; -1 may repeat)",
+                          f"{repeated} repeated slot(s)")
 
 
 def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -608,7 +623,8 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     if num_seqs and max(needed) > 0:
         cols = torch.arange(max_blocks, device=block_tables.device)
         used = cols.unsqueeze(0) < torch.tensor(needed, device=block_tables.device).unsqueeze(1)
-        ids = block_tables[used]
+        # unused columns read as block 0 (valid), so they never hide a bad id in use
+        ids = torch.where(used, block_tables, 0)
         lo, hi = (int(v) for v in torch.aminmax(ids))
         if lo < 0 or hi >= nb:
             raise input_error(op, provider, "block_tables",

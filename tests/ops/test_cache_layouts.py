@@ -176,3 +176,22 @@ def test_triton_cache_layouts(layout: str) -> None:
     want = paged_attention.native(query, kc.contiguous(), vc.contiguous(), *rest)
     got = triton_attention.paged_attention(query, kc, vc, *rest)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [5, 300])  # the small (Python) and large (tensor) paths
+def test_slot_values_checked_for_small_and_large_batches(tokens: int) -> None:
+    kc, vc = torch.zeros(64, 8, 1, 4), torch.zeros(64, 8, 1, 4)
+    key = torch.ones(tokens, 1, 4)
+    slots = torch.randperm(512, generator=torch.Generator().manual_seed(tokens))[:tokens]
+    slots[1] = -1
+    slots[2] = -1  # -1 may repeat
+    reshape_and_cache.native(key, key, kc, vc, slots)
+    assert int(kc.ne(0).any(-1).any(-1).sum()) == tokens - 2
+    repeated, past = slots.clone(), slots.clone()
+    repeated[4] = repeated[3]
+    past[0] = 512
+    with pytest.raises(opmux.OpInputError, match=r"'slot_mapping' expected distinct slots"):
+        reshape_and_cache.native(key, key, kc, vc, repeated)
+    with pytest.raises(opmux.OpInputError, match=r"'slot_mapping' expected -1 \(skip\) or "
+                                                 r"slots in \[0, 512\)"):
+        reshape_and_cache.native(key, key, kc, vc, past)
