@@ -153,9 +153,15 @@ def has_data(*tensors: Tensor) -> bool:
     """Whether the values of ``tensors`` can be read (not meta, not fake, not tracing)."""
     if torch.compiler.is_compiling():
         return False
-    from torch._subclasses.fake_tensor import is_fake
+    for t in tensors:
+        if t.is_meta:
+            return False
+        if type(t) is not Tensor:  # subclasses only: a plain tensor is never fake
+            from torch._subclasses.fake_tensor import is_fake
 
-    return all(t.device.type != "meta" and not is_fake(t) for t in tensors)
+            if is_fake(t):
+                return False
+    return True
 
 
 def _shape(t: Tensor) -> str:
@@ -377,12 +383,19 @@ def _check_rotary_operand(provider: str, name: str, t: Tensor, pshape: torch.Siz
     op = "rotary_embedding"
     lead = len(pshape)
     check_floating(op, provider, name, t)
-    if t.dim() not in (lead + 1, lead + 2):
+    per_head = t.dim() == lead + 2
+    if not per_head and t.dim() != lead + 1:
         raise _rotary_layout_error(provider, name, t, pshape, head_size)
+    if not torch.compiler.is_compiling():
+        # eager fast path: plain comparisons, the detailed checks below only on failure
+        last = t.shape[-1]
+        if t.shape[:lead] == pshape and (last == head_size if per_head
+                                         else last % head_size == 0):
+            return
     for a, b in zip(t.shape[:lead], pshape, strict=True):
         require(a == b, op, provider, name, lambda: _rotary_layouts(pshape, head_size),
                 lambda: _shape(t))
-    if t.dim() == lead + 2:
+    if per_head:
         require(t.shape[-1] == head_size, op, provider, name,
                 lambda: _rotary_layouts(pshape, head_size), lambda: _shape(t))
     else:
@@ -426,7 +439,8 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     check_devices(op, provider, {"positions": positions, "query": query, "key": key,
                                  "cos_sin_cache": cos_sin_cache})
     if read_data and positions.numel() > 0 and has_data(positions):
-        lo, hi = int(positions.min()), int(positions.max())
+        lo_t, hi_t = torch.aminmax(positions)
+        lo, hi = int(lo_t), int(hi_t)
         max_pos = cos_sin_cache.shape[0]
         if lo < 0 or hi >= max_pos:
             raise input_error(op, provider, "positions",

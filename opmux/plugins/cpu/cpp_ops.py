@@ -132,8 +132,9 @@ def _gelu_and_mul_ok(x: Tensor, approximate: str = "none") -> bool:
 # ----------------------------------------------------------------------------- rotary
 def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
                      head_size: int, is_neox: bool = True) -> tuple[Tensor, Tensor]:
+    # the kernel checks the position range itself before writing (no second pass here)
     check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
-                           provider=PROVIDER)
+                           provider=PROVIDER, read_data=False)
     # any positions shape and either query form (#19): the kernel reads [T] positions and
     # [T, H*D] rows; strided or stride-0 positions are copied (#11), rows are views when the
     # strides allow
@@ -149,7 +150,8 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
                                 key_out.view(tokens, -1) if tokens else key_out, flat,
                                 q_rows, k_rows, cos_sin_cache, head_size, is_neox)
     except ValueError as exc:
-        raise kernel_error("rotary_embedding", PROVIDER, exc) from None
+        raise kernel_error("rotary_embedding", PROVIDER, exc,
+                           "positions" if "positions[" in str(exc) else None) from None
     return query_out, key_out
 
 

@@ -147,8 +147,12 @@ def test_rotary_embedding(cpp: Any, dtype: torch.dtype, is_neox: bool, rot: int)
 def test_rotary_embedding_rejects_position_out_of_range(cpp: Any) -> None:
     cache = torch.randn(8, 16)
     q, k = torch.randn(2, 32), torch.randn(2, 16)
-    with pytest.raises(OpInputError, match=r"'positions' expected values in \[0, 8\)"):
+    # the kernel checks the range (one pass) before writing; same error type and attributes
+    with pytest.raises(OpInputError, match=r"'positions' rejected by the kernel: "
+                                           r"positions\[1\] = 8 is outside \[0, 8\)") as info:
         cpp.rotary_embedding(torch.tensor([0, 8]), q, k, cache, 16, True)
+    assert (info.value.op, info.value.provider, info.value.argument) == (
+        "opmux::rotary_embedding", "cpp", "positions")
 
 
 # ----------------------------------------------------------------------------- kv cache
