@@ -35,6 +35,8 @@ __all__ = [
 
 CATALOG_MODULES: Final[tuple[str, ...]] = (
     "opmux.testing.bad_inputs_elementwise",
+    "opmux.testing.bad_inputs_cache",
+    "opmux.testing.bad_inputs_moe",
 )
 """Modules registering the catalog's bad inputs (one per op family group)."""
 

@@ -21,36 +21,9 @@ import opmux.ops
 from opmux.testing import cases_for, has_cases
 from opmux.testing.views import run_variant, strided_variants
 
-_ADVANCE_STEP = ("advance_step_flashattn: cpp raises on strided sampled_token_ids/block_tables "
-                 "that native accepts instead of declining them (#11 item 5; the cache/"
-                 "attention hardening fixes it)")
-_RESHAPE_AND_CACHE = ("reshape_and_cache: cpp reads slot_mapping as contiguous (wrong slots "
-                      "for strided, out of range for stride-0 mappings; #11 item 2; the cache/"
-                      "attention hardening fixes it)")
-
-_TRITON_CACHE = ("reshape_and_cache: triton writes through non-contiguous caches that native "
-                 "refuses (#19 makes native accept them; the cache/attention hardening aligns "
-                 "both)")
-_TRITON_STEP = ("advance_step_flashattn: triton raises on strided block_tables that native "
-                "accepts instead of declining them (#11 item 5; the cache/attention hardening "
-                "fixes it)")
-
 #: (op, provider, case) known to fail here, fixed on another branch; strict, so the merge
 #: shows when they pass
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    **{("advance_step_flashattn", "cpp", case): _ADVANCE_STEP
-       for case in ("worked-example", "bs4-multi-block", "padding-rows", "block-boundary",
-                    "no-queries")},
-    **{("reshape_and_cache", "cpp", case): _RESHAPE_AND_CACHE
-       for case in ("fp32-basic", "bf16-basic", "fp16-basic", "fp32-bs16-hkv1",
-                    "fp32-hkv8-d128", "fp32-all-padding")},
-    **{("reshape_and_cache", "triton", case): _TRITON_CACHE
-       for case in ("fp32-basic", "bf16-basic", "fp16-basic", "fp32-bs16-hkv1",
-                    "fp32-hkv8-d128", "fp32-all-padding", "fp32-empty")},
-    **{("advance_step_flashattn", "triton", case): _TRITON_STEP
-       for case in ("worked-example", "bs4-multi-block", "padding-rows", "block-boundary",
-                    "no-queries", "empty")},
-}
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 def _own_cpu_providers(op: opmux.Op) -> list[str]:

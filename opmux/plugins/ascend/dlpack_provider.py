@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from opmux.ops._checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:
@@ -106,6 +107,10 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
         ``seq_lens`` value outside the block table (detected before writing).
     :raises opmux.ProviderUnavailableError: MindSpore is not in PyNative mode.
     """
+    # the catalog's check first: the same errors as native, nothing written (#11 item 4)
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, provider=PROVIDER)
     fn = _custom_ops.kernel()
     if _sync_flag is not None and _barrier is not None:
         (get, set_, key), barrier = _sync_flag, _barrier
@@ -131,9 +136,20 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
 def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
                   sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
                   slot_mapping: Tensor, block_tables: Tensor) -> bool:
-    """Dtypes and layouts the extension takes; anything else is left to the next provider."""
+    """Dtypes and layouts the extension takes; anything else is left to the next provider.
+
+    The kernel reads ``sampled_token_ids`` as consecutive elements and ``block_tables`` by
+    rows of consecutive columns, and writes contiguous state vectors, so strided views of
+    those decline (native serves them).
+    """
     i64 = torch.int64
-    return (input_tokens.dtype == i64 and input_positions.dtype == i64
+    tensors = (input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+               block_tables)
+    return (all(isinstance(t, Tensor) for t in tensors)
+            and all(t.device == input_tokens.device for t in tensors)
+            and input_tokens.is_contiguous() and input_positions.is_contiguous()
+            and seq_lens.is_contiguous() and slot_mapping.is_contiguous()
+            and input_tokens.dtype == i64 and input_positions.dtype == i64
             and slot_mapping.dtype == i64 and sampled_token_ids.dtype == i64
             and seq_lens.dtype == torch.int32 and block_tables.dtype == torch.int32
             and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch import Tensor
 
-from opmux.core.errors import OpInputError
 from opmux.ops._checks import (
+    check_advance_step_flashattn,
     check_fused_add_rms_norm,
     check_gelu_and_mul,
+    check_paged_attention,
+    check_reshape_and_cache,
     check_rms_norm,
     check_rotary_embedding,
     check_silu_and_mul,
@@ -177,18 +179,29 @@ def _rotary_embedding_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_
 
 
 # ----------------------------------------------------------------------------- kv cache
+# The KV-cache impls run the catalog's own check first (provider 'cpp'), so they accept and
+# reject exactly what native does (#11 items 4 and 7); the kernels' checks stay as a guard.
+def _tensors(*ts: object) -> bool:
+    return all(isinstance(t, Tensor) for t in ts)
+
+
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor) -> None:
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                            provider=PROVIDER)
     try:
         _K.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("reshape_and_cache", PROVIDER, exc) from None
 
 
 def _reshape_and_cache_ok(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                           slot_mapping: Tensor) -> bool:
-    return (key_cache.is_cpu and key.is_cpu
-            and key_cache.is_contiguous() and value_cache.is_contiguous()
+    # any cache and slot_mapping strides; heads must be contiguous rows of D elements
+    return (_tensors(key, value, key_cache, value_cache, slot_mapping)
+            and key_cache.is_cpu and key.is_cpu and value.is_cpu and value_cache.is_cpu
+            and slot_mapping.is_cpu and key_cache.dim() == 4 and value_cache.dim() == 4
+            and key_cache.stride(3) == 1 and value_cache.stride(3) == 1
             and key.dtype == key_cache.dtype and value.dtype == key_cache.dtype
             and value_cache.dtype == key_cache.dtype and slot_mapping.dtype == torch.int64
             and key.dim() == 3 and key.stride(2) == 1
@@ -199,6 +212,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
                     seq_lens: Tensor, query_start_loc: Tensor, scale: float,
                     sliding_window: Optional[int] = None,
                     soft_cap: Optional[float] = None) -> Tensor:
+    check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                          query_start_loc, scale, sliding_window, soft_cap, provider=PROVIDER)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     try:
         _K.paged_attention_out(out, query, key_cache, value_cache, block_tables, seq_lens,
@@ -206,7 +221,7 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
                                -1 if sliding_window is None else sliding_window,
                                0.0 if soft_cap is None else soft_cap)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("paged_attention", PROVIDER, exc) from None
     return out
 
 
@@ -214,34 +229,49 @@ def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                         block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
                         scale: float, sliding_window: Optional[int] = None,
                         soft_cap: Optional[float] = None) -> bool:
-    return (_cpu_float(query) and key_cache.dtype == query.dtype
-            and value_cache.dtype == query.dtype and key_cache.is_cpu
+    # the kernel reads contiguous caches; strided cache views run on the next provider
+    return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+            and _cpu_float(query) and key_cache.dtype == query.dtype
+            and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
+            and block_tables.is_cpu and seq_lens.is_cpu and query_start_loc.is_cpu
             and key_cache.is_contiguous() and value_cache.is_contiguous()
             and query.dim() == 3 and query.stride(2) == 1 and key_cache.dim() == 4
             and query.shape[1] <= _MAX_GQA_GROUP * key_cache.shape[2]
             and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
             and query_start_loc.dtype == torch.int32 and block_tables.is_contiguous()
             and seq_lens.is_contiguous() and query_start_loc.is_contiguous()
-            and (sliding_window is None or sliding_window > 0)
-            and (soft_cap is None or soft_cap > 0))
+            and (sliding_window is None
+                 or (isinstance(sliding_window, int) and sliding_window > 0))
+            and (soft_cap is None or (isinstance(soft_cap, (int, float)) and soft_cap > 0)))
 
 
 def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                            input_tokens: Tensor, sampled_token_ids: Tensor,
                            input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
                            block_tables: Tensor) -> None:
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, provider=PROVIDER)
     try:
         _K.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                   sampled_token_ids, input_positions, seq_lens, slot_mapping,
                                   block_tables)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("advance_step_flashattn", PROVIDER, exc) from None
 
 
 def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
                      sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
                      slot_mapping: Tensor, block_tables: Tensor) -> bool:
-    return (input_tokens.is_cpu and input_tokens.dtype == torch.int64
+    # sampled_token_ids ([n], [n, 1] or more rows) and block_tables are read through their
+    # strides; the kernel writes the four state vectors as contiguous arrays (native takes
+    # strided ones)
+    state = (input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+             block_tables)
+    return (_tensors(*state) and all(t.is_cpu for t in state)
+            and input_tokens.is_contiguous() and input_positions.is_contiguous()
+            and seq_lens.is_contiguous() and slot_mapping.is_contiguous()
+            and input_tokens.dtype == torch.int64
             and sampled_token_ids.dtype == torch.int64 and input_positions.dtype == torch.int64
             and seq_lens.dtype == torch.int32 and slot_mapping.dtype == torch.int64
             and block_tables.dtype == torch.int32)

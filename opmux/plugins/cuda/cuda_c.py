@@ -23,8 +23,12 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
-from opmux.ops._checks import check_rms_norm, check_silu_and_mul
-from opmux.plugins.cuda.validation import check, validate_advance_step, validate_reshape_and_cache
+from opmux.ops._checks import (
+    check_advance_step_flashattn,
+    check_reshape_and_cache,
+    check_rms_norm,
+    check_silu_and_mul,
+)
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
@@ -169,10 +173,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor) -> None:
     """Scatter key/value rows into the paged caches; slot -1 skips (CUDA C++)."""
-    validate_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                               provider=PROVIDER)
-    check(slot_mapping.dtype == torch.int64, "reshape_and_cache", "slot_mapping",
-          "dtype torch.int64", slot_mapping.dtype, provider=PROVIDER)
+    # the catalog's check; index values only where reading them costs no device sync
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, provider=PROVIDER,
+                            read_data=getattr(key, "is_cpu", False))
     torch.ops.opmux_cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -181,9 +184,10 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                            input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
                            block_tables: Tensor) -> None:
     """Advance decode state by one token in place (CUDA C++)."""
-    validate_advance_step(num_seqs, num_queries, block_size, input_tokens, sampled_token_ids,
-                          input_positions, seq_lens, slot_mapping, block_tables,
-                          provider=PROVIDER)
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, provider=PROVIDER,
+                                 read_data=getattr(input_tokens, "is_cpu", False))
     torch.ops.opmux_cuda.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                                 sampled_token_ids, input_positions, seq_lens,
                                                 slot_mapping, block_tables)
@@ -202,7 +206,12 @@ def _rms_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
 
 def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                   slot_mapping: Tensor) -> bool:
-    # the kernel writes rows of Hkv*D contiguous elements inside each cache block
+    # the kernel writes rows of Hkv*D contiguous elements inside each cache block, at one
+    # block stride shared by both caches (so K and V may be two views of one buffer, as
+    # kv[:, 0] and kv[:, 1]); other layouts run on the next provider
+    tensors = (key, value, key_cache, value_cache, slot_mapping)
+    if not all(isinstance(t, Tensor) for t in tensors) or key_cache.dim() != 4:
+        return False
     return (slot_mapping.dtype == torch.int64 and key.dtype in _FLOATS
             and key_cache.dtype in _FLOATS and key.dim() == 3 and key_cache.dim() == 4
             and value.dtype == key.dtype and value_cache.dtype == key_cache.dtype
@@ -211,11 +220,23 @@ def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Te
             and value_cache.stride() == key_cache.stride())
 
 
+def _adv_supports(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
+                  sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
+                  slot_mapping: Tensor, block_tables: Tensor) -> bool:
+    # the kernel reads sampled ids through their row stride and block tables by rows with
+    # contiguous columns, and writes contiguous state vectors; other layouts run on the
+    # next provider
+    state = (input_tokens, input_positions, seq_lens, slot_mapping)
+    return (all(isinstance(t, Tensor) and t.is_contiguous() for t in state)
+            and isinstance(block_tables, Tensor) and block_tables.dim() == 2
+            and block_tables.stride(1) == 1)
+
+
 _IMPLS: dict[str, tuple[Callable[..., Any], Callable[..., bool] | None]] = {
     "silu_and_mul": (silu_and_mul, _silu_supports),
     "rms_norm": (rms_norm, _rms_supports),
     "reshape_and_cache": (reshape_and_cache, _rac_supports),
-    "advance_step_flashattn": (advance_step_flashattn, None),
+    "advance_step_flashattn": (advance_step_flashattn, _adv_supports),
 }
 
 

@@ -204,15 +204,17 @@ def catalog_cpu(
     result = query.new_zeros(query.shape)
     if count == 0 or end == first:
         return result
-    args = (query[:end], kv_cache[0], kv_cache[1],
+    # the catalog op's offsets start at 0: rebase the live rows
+    args = (query[first:end], kv_cache[0], kv_cache[1],
             block_tables[:count].clamp(0, kv_cache.shape[1] - 1).to(torch.int32),
-            context_lens[:count].to(torch.int32), query_start_loc[: count + 1].to(torch.int32),
+            context_lens[:count].to(torch.int32),
+            (query_start_loc[: count + 1] - first).to(torch.int32),
             scale, sliding_window, soft_cap)
     impl = _catalog_impl("cpp")
     fn = impl.fn if impl is not None and (
         impl.supports_args is None or impl.supports_args(*args)) else _catalog().native
     out: Tensor = fn(*args)
-    result[first:end] = out[first:end]
+    result[first:end] = out
     return result
 
 
