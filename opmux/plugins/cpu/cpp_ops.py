@@ -290,7 +290,7 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = 
     try:
         _K.apply_rotary_emb_out(out, x, cos, sin, is_neox_style)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("apply_rotary_emb", PROVIDER, exc) from None
     return out
 
 
@@ -317,7 +317,7 @@ def dual_chunk_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
             cos_sin_k_cache, cos_sin_qc_no_clamp_cache, cos_sin_q_inter_cache, head_size,
             is_neox_style, offsets)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("dual_chunk_rotary_embedding", PROVIDER, exc) from None
     return query_out, key_out
 
 
@@ -350,7 +350,7 @@ def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     try:
         _K.gemma_rms_norm_out(out, x, weight, eps)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("gemma_rms_norm", PROVIDER, exc) from None
     return out
 
 
@@ -366,7 +366,7 @@ def gemma_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: f
     try:
         _K.gemma_fused_add_rms_norm_out(out, new_residual, x, residual, weight, eps)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("gemma_fused_add_rms_norm", PROVIDER, exc) from None
     return out, new_residual
 
 
@@ -386,7 +386,7 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: f
         _K.rms_norm_gated_out(out, x, weight, z, eps, -1 if group_size is None else group_size,
                               norm_before_gate, activation == "sigmoid")
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("rms_norm_gated", PROVIDER, exc) from None
     return out
 
 
@@ -415,7 +415,7 @@ def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False
         scales = torch.empty((*x.shape[:-1], 1) if per_token else (1,), dtype=torch.float32)
         _K.quant_fp8_dynamic_out(q, scales, x, per_token, scale_ub)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("quant_fp8", PROVIDER, exc) from None
     return q, scales
 
 
