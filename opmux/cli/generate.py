@@ -25,7 +25,9 @@ import torch
 
 from opmux.core.errors import ConfigError
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "generate from a Hugging Face checkpoint directory"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
