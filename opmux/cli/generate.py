@@ -13,11 +13,14 @@ a selection lookup per op call).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,25 +79,39 @@ def _argv(ns: argparse.Namespace) -> list[str]:
 
 
 def _launch(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Start ``ns.tp`` ranks of this command on this machine; rank 0 reports."""
+    """Start ``ns.tp`` ranks of this command on this machine; rank 0 reports.
+
+    When a rank fails, the others (which would wait for it in a collective) are stopped.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for rank in range(ns.tp):
-        env = {**os.environ, "WORLD_SIZE": str(ns.tp), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ns.tp))}
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "opmux.cli", "generate", *_argv(ns)], env=env,
-            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True))
-    results = [p.communicate() for p in procs]
-    out.write(results[0][0])
-    codes = [p.returncode for p in procs]
-    for rank, (code, (_, e)) in enumerate(zip(codes, results, strict=True)):
-        if code and e:
-            err.write(f"[rank {rank}] {e}")
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(ns.tp + 1)]
+        procs = []
+        for rank in range(ns.tp):
+            env = {**os.environ, "WORLD_SIZE": str(ns.tp), "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port),
+                   "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ns.tp))}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "opmux.cli", "generate", *_argv(ns)], env=env,
+                stdout=logs[ns.tp] if rank == 0 else subprocess.DEVNULL, stderr=logs[rank],
+                text=True))
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode for p in procs):  # one failed: stop the ones waiting on it
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                break
+            time.sleep(0.05)
+        codes = [p.wait() for p in procs]
+        logs[ns.tp].seek(0)
+        out.write(logs[ns.tp].read())
+        for rank, code in enumerate(codes):
+            if code:
+                logs[rank].seek(0)
+                err.write(f"[rank {rank}] exit {code}\n{logs[rank].read()}")
     return next((c for c in codes if c), 0)
 
 

@@ -178,3 +178,12 @@ def test_cli_text_report(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert out.startswith("[0] ") and "LlamaForCausalLM, float32, tp 1" in out
     assert "paged_attention" in out and "tokens/s" in out
+
+
+def test_tp_launch_reports_a_failing_rank(ckpt: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    # the padded vocabulary (128) does not split over 3 ranks: every rank fails, none hangs
+    code = main(["generate", "--model", str(ckpt), "--prompt-ids", "1,2", "--max-tokens", "2",
+                 "--tp", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "[rank 0] exit 2" in err and "not divisible by the tensor-parallel" in err
