@@ -46,6 +46,15 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
       "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
       "bool is_neox, Tensor? offsets) -> ()");
+  m.def(
+      "encoder_attention_out(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, "
+      "float scale) -> ()");
+  m.def(
+      "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, "
+      "Tensor slot_mapping) -> ()");
+  m.def(
+      "mla_latent_attention_out(Tensor(a!) out, Tensor q_lat, Tensor kv_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -68,4 +77,7 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("xielu_out", &opmux_cpu::xielu_out);
   m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
   m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
+  m.impl("encoder_attention_out", &opmux_cpu::encoder_attention_out);
+  m.impl("concat_and_cache_mla", &opmux_cpu::concat_and_cache_mla);
+  m.impl("mla_latent_attention_out", &opmux_cpu::mla_latent_attention_out);
 }

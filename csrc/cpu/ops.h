@@ -59,4 +59,14 @@ void dual_chunk_rotary_embedding_out(
     const at::Tensor& q_inter_cache, int64_t head_size, bool is_neox,
     const std::optional<at::Tensor>& offsets);
 
+// Encoder attention and MLA (attention_extra.cpp, issue 14).
+void encoder_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, const at::Tensor& cu_seqlens, double scale);
+void concat_and_cache_mla(const at::Tensor& kv_c, const at::Tensor& k_pe, at::Tensor& kv_cache,
+                          const at::Tensor& slot_mapping);
+void mla_latent_attention_out(at::Tensor& out, const at::Tensor& q_lat,
+                              const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                              const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                              double scale);
+
 }  // namespace opmux_cpu
