@@ -43,6 +43,9 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "xielu": ("triton_activation_more", "xielu_supports"),
     "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
     "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
+    "encoder_attention": ("triton_attention_extra", "encoder_attention_supports"),
+    "concat_and_cache_mla": ("triton_attention_extra", "concat_and_cache_mla_supports"),
+    "mla_attention": ("triton_attention_extra", "mla_attention_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 
