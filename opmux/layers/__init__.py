@@ -29,6 +29,8 @@ from opmux.layers.linear import (
 )
 from opmux.layers.logits import LogitsProcessor
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
+from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
+from opmux.layers.quant import GroupShape, QuantFP8
 from opmux.layers.rotary import (
     ApplyRotaryEmb,
     DualChunkRotaryEmbedding,
@@ -52,6 +54,8 @@ __all__ = [
     "FusedMoE",
     "GeluAndMul",
     "GeluAndMulSparse",
+    "GemmaRMSNorm",
+    "GroupShape",
     "LinearScalingRotaryEmbedding",
     "Llama3RotaryEmbedding",
     "LogitsProcessor",
@@ -64,7 +68,10 @@ __all__ = [
     "NewGELU",
     "ParallelLMHead",
     "QKVParallelLinear",
+    "QuantFP8",
     "QuickGELU",
+    "RMSNorm",
+    "RMSNormGated",
     "ReLUSquaredActivation",
     "ReplicatedLinear",
     "RotaryEmbedding",
