@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import interleaved_ms  # noqa: E402
+from timing import interleaved_ms
 
-import opmux  # noqa: E402
+import opmux
 
 Fn = Callable[[], Any]
 
