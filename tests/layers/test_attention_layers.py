@@ -242,3 +242,13 @@ def test_tiny_mla_stack_compiles_fullgraph() -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert stack.layers[1].kv_cache.abs().sum() > 0   # the compiled graph wrote the cache
     torch._dynamo.reset()
+
+
+def test_registered_names_and_parameter_names() -> None:
+    assert opmux.CustomOp.op_registry["mm_encoder_attn"] is MMEncoderAttention
+    assert (opmux.CustomOp.op_registry["multi_head_latent_attention"]
+            is MultiHeadLatentAttentionWrapper)
+    names = set(_build_mla(Q_LORA, seed=0).state_dict())
+    assert names == {"fused_qkv_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight",
+                     "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"}
+    assert not list(MMEncoderAttention(2, 8).state_dict())
