@@ -168,10 +168,10 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
         qh = q[q0:q1].float().transpose(0, 1)                 # [H, m, nope + R]
         q_nope, q_pe = qh[..., :nope], qh[..., nope:]
         if q1 - q0 == 1:   # decode: absorbed up-projections, attention in latent space
-            q_lat = torch.cat([torch.matmul(q_nope, w_uk), q_pe], dim=-1)   # [H, 1, L + R]
-            o_lat = _softmax_attention(q_lat, latent.float().expand(heads, -1, -1),
-                                       kv_c.expand(heads, -1, -1), scale, kv_len - 1)
-            o = torch.matmul(o_lat, w_uv.transpose(1, 2))     # [H, 1, v]
+            q_lat = torch.cat([torch.matmul(q_nope, w_uk), q_pe], dim=-1)[:, 0]  # [H, L + R]
+            probs = torch.softmax(torch.matmul(q_lat, latent.float().T) * scale, dim=-1)
+            o_lat = torch.matmul(probs, kv_c)                    # [H, L]: all keys visible
+            o = torch.matmul(o_lat.unsqueeze(1), w_uv.transpose(1, 2))     # [H, 1, v]
         else:              # prefill: materialised keys and values, multi-head attention
             k_nope = torch.einsum("hnl,tl->htn", w_uk, kv_c)   # [H, kv_len, nope]
             vals = torch.einsum("hvl,tl->htv", w_uv, kv_c)      # [H, kv_len, v]
