@@ -24,15 +24,6 @@ inline void row_to_float(float* dst, const T* src, int64_t n) {
   for_each_vec(n, [&](int64_t j, int64_t c) { load_n(src + j, c).store(dst + j, c); });
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  fVec acc(0.0f);
-  int64_t j = 0;
-  for (; j + kF <= n; j += kF) acc = at::vec::fmadd(fVec::loadu(a + j), fVec::loadu(b + j), acc);
-  float s = hsum(acc);
-  for (; j < n; ++j) s += a[j] * b[j];
-  return s;
-}
-
 // In place: row <- exp(row - max(row)); returns the sum of the row.
 inline float exp_row(float* row, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -46,16 +37,6 @@ inline float exp_row(float* row, int64_t n) {
     for (int64_t i = 0; i < c; ++i) sum += tmp[i];
   });
   return sum;
-}
-
-// acc[0:n] += p * x[0:n]
-inline void axpy(float* acc, float p, const float* x, int64_t n) {
-  const fVec pv(p);
-  int64_t j = 0;
-  for (; j + kF <= n; j += kF) {
-    at::vec::fmadd(pv, fVec::loadu(x + j), fVec::loadu(acc + j)).store(acc + j);
-  }
-  for (; j < n; ++j) acc[j] += p * x[j];
 }
 
 template <typename T>
@@ -127,65 +108,78 @@ void encoder_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tens
   });
 }
 
+// One task = one query row x a group of up to kHeadGroup heads. Per block of the sequence (its
+// visible rows are contiguous inside the block): S^T[rows, heads] = Block[rows, L + R] x
+// Q[heads, L + R]^T, then a softmax per head over all visible rows, then
+// O[heads, L] += P[rows, heads]^T x Block[rows, :L]; both products are ATen CPU GEMMs (run
+// single-threaded inside the task), bf16/fp16 blocks are converted to fp32 first.
 template <typename T>
 void mla_latent_impl(at::Tensor& out, const at::Tensor& q_lat, const at::Tensor& kv_cache,
                      const int32_t* tables, int64_t table_stride, const int32_t* lens,
                      const int32_t* qsl, int64_t num_seqs, double scale) {
   const int64_t heads = q_lat.size(1), width = q_lat.size(2), lora = out.size(2);
   const int64_t block_size = kv_cache.size(1);
-  const float* qp = q_lat.data_ptr<float>();
+  float* qp = q_lat.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const T* cache = kv_cache.data_ptr<T>();
+  T* cache = kv_cache.data_ptr<T>();
   const int64_t groups = (heads + kHeadGroup - 1) / kHeadGroup;
   const int64_t rows = qsl[num_seqs];
-  // row -> sequence
   std::vector<int64_t> seq_of(rows);
   for (int64_t s = 0; s < num_seqs; ++s)
     for (int64_t r = qsl[s]; r < qsl[s + 1]; ++r) seq_of[r] = s;
-  const float fscale = static_cast<float>(scale);
+  const fVec vscale(static_cast<float>(scale));
+  auto opts = at::TensorOptions().dtype(at::kFloat);
   at::parallel_for(0, rows * groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, acc(kHeadGroup * lora), rowf(width);
+    std::vector<float> st, blkf, inv(kHeadGroup);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / groups, h0 = (task % groups) * kHeadGroup;
       const int64_t hg = std::min(kHeadGroup, heads - h0);
       const int64_t s = seq_of[r];
-      const int64_t q_len = qsl[s + 1] - qsl[s], kv_len = lens[s];
-      const int64_t visible = kv_len - q_len + (r - qsl[s]) + 1;
+      const int64_t visible = lens[s] - (qsl[s + 1] - qsl[s]) + (r - qsl[s]) + 1;
       const int32_t* table = tables + s * table_stride;
-      scores.resize(hg * visible);
-      const float* qrow = qp + (r * heads + h0) * width;
-      for (int64_t t = 0; t < visible; ++t) {
-        const T* src = cache + (static_cast<int64_t>(table[t / block_size]) * block_size +
-                                t % block_size) * width;
-        const float* row;
+      st.resize(visible * hg);
+      at::Tensor q = at::from_blob(qp + (r * heads + h0) * width, {hg, width}, opts);
+      at::Tensor o = at::from_blob(op + (r * heads + h0) * lora, {hg, lora}, opts);
+      auto block = [&](int64_t b0, int64_t n) {
+        T* src = cache + static_cast<int64_t>(table[b0 / block_size]) * block_size * width;
         if constexpr (std::is_same_v<T, float>) {
-          row = src;
+          return at::from_blob(src, {n, width}, opts);
         } else {
-          row_to_float(rowf.data(), src, width);
-          row = rowf.data();
+          blkf.resize(n * width);
+          row_to_float(blkf.data(), src, n * width);
+          return at::from_blob(blkf.data(), {n, width}, opts);
         }
-        for (int64_t h = 0; h < hg; ++h) scores[h * visible + t] = dot(qrow + h * width, row, width) * fscale;
+      };
+      for (int64_t b0 = 0; b0 < visible; b0 += block_size) {
+        const int64_t n = std::min(block_size, visible - b0);
+        at::Tensor sblk = at::from_blob(st.data() + b0 * hg, {n, hg}, opts);
+        at::mm_out(sblk, block(b0, n), q.t());
       }
-      std::vector<float> inv(hg);
-      for (int64_t h = 0; h < hg; ++h) inv[h] = 1.0f / exp_row(scores.data() + h * visible, visible);
-      std::fill(acc.begin(), acc.begin() + hg * lora, 0.0f);
-      for (int64_t t = 0; t < visible; ++t) {
-        const T* src = cache + (static_cast<int64_t>(table[t / block_size]) * block_size +
-                                t % block_size) * width;
-        const float* row;
-        if constexpr (std::is_same_v<T, float>) {
-          row = src;
-        } else {
-          row_to_float(rowf.data(), src, lora);
-          row = rowf.data();
+      for_each_vec(hg, [&](int64_t j, int64_t c) {  // softmax over rows, kF heads at a time
+        fVec mx(-std::numeric_limits<float>::infinity());
+        for (int64_t t = 0; t < visible; ++t)
+          mx = at::vec::maximum(mx, fVec::loadu(st.data() + t * hg + j, c) * vscale);
+        fVec sum(0.0f);
+        for (int64_t t = 0; t < visible; ++t) {
+          fVec e = (fVec::loadu(st.data() + t * hg + j, c) * vscale - mx).exp_u20();
+          e.store(st.data() + t * hg + j, c);
+          sum = sum + e;
         }
-        for (int64_t h = 0; h < hg; ++h) axpy(acc.data() + h * lora, scores[h * visible + t], row, lora);
+        float tmp[kF];
+        sum.store(tmp);
+        for (int64_t i = 0; i < c; ++i) inv[j + i] = 1.0f / tmp[i];
+      });
+      o.zero_();
+      for (int64_t b0 = 0; b0 < visible; b0 += block_size) {
+        const int64_t n = std::min(block_size, visible - b0);
+        at::Tensor p = at::from_blob(st.data() + b0 * hg, {n, hg}, opts);
+        o.addmm_(p.t(), block(b0, n).narrow(1, 0, lora));
       }
       for (int64_t h = 0; h < hg; ++h) {
         float* dst = op + (r * heads + h0 + h) * lora;
         const fVec w(inv[h]);
         for_each_vec(lora, [&](int64_t j, int64_t c) {
-          (fVec::loadu(acc.data() + h * lora + j, c) * w).store(dst + j, c);
+          (fVec::loadu(dst + j, c) * w).store(dst + j, c);
         });
       }
     }

@@ -7,8 +7,9 @@
 - ``mla_attention``: the absorbed form for every row, prefill included (the same result as
   the native prefill path, computed in latent space): ``q_nope @ W_UK`` and the final
   ``@ W_UV^T`` are batched GEMMs (``torch.bmm``, fp32); the latent attention between them is
-  the C++ kernel, one task per (query row, group of 16 heads) so the heads of a group share
-  every cache row they read.
+  the C++ kernel, one task per (query row, group of 16 heads): per cache block, scores and
+  the weighted latent sum are GEMMs over the block's rows in place (no gather), with a
+  vectorised softmax between the two passes.
 - ``concat_and_cache_mla``: row copies into the paged latent cache.
 
 The index values are validated with the catalog's checks (``provider="cpp"``) before any
