@@ -23,12 +23,12 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from opmux.core.errors import OpInputError
 from opmux.ops._attention_extra_checks import (
     check_concat_and_cache_mla,
     check_encoder_attention,
     check_mla_attention,
 )
+from opmux.ops._checks import kernel_error
 
 __all__ = ["OPS", "concat_and_cache_mla", "encoder_attention", "mla_attention"]
 
@@ -48,7 +48,7 @@ def encoder_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     try:
         _K.encoder_attention_out(out, q, k, v, _int32(cu_seqlens), scale)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("encoder_attention", "cpp", exc) from None
     return out
 
 
@@ -66,7 +66,7 @@ def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
     try:
         _K.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("concat_and_cache_mla", "cpp", exc) from None
 
 
 def _concat_and_cache_mla_ok(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
@@ -93,7 +93,7 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
         _K.mla_latent_attention_out(o_lat, q_lat, kv_cache, _int32(block_tables),
                                     _int32(seq_lens), _int32(query_start_loc), scale)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        raise kernel_error("mla_attention", "cpp", exc) from None
     out = torch.bmm(o_lat.transpose(0, 1), w[:, nope:].transpose(1, 2))  # [H, T, v]
     return out.transpose(0, 1).to(q.dtype).contiguous()
 
