@@ -13,6 +13,12 @@ from opmux.layers.activation import (
     SiluAndMul,
     SwigluOAIAndMul,
 )
+from opmux.layers.attention import (
+    MLAAttentionMetadata,
+    MLAModules,
+    MMEncoderAttention,
+    MultiHeadLatentAttentionWrapper,
+)
 from opmux.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from opmux.layers.linear import (
     ColumnParallelLinear,
@@ -53,8 +59,12 @@ __all__ = [
     "LinearScalingRotaryEmbedding",
     "Llama3RotaryEmbedding",
     "LogitsProcessor",
+    "MLAAttentionMetadata",
+    "MLAModules",
+    "MMEncoderAttention",
     "MergedColumnParallelLinear",
     "MulAndSilu",
+    "MultiHeadLatentAttentionWrapper",
     "NewGELU",
     "ParallelLMHead",
     "QKVParallelLinear",
