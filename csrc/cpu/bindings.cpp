@@ -46,6 +46,15 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
       "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
       "bool is_neox, Tensor? offsets) -> ()");
+  m.def(
+      "causal_conv1d_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor(b!) conv_states, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state, bool silu) -> ()");
+  m.def(
+      "selective_scan_out(Tensor(a!) out, Tensor u, Tensor(b!) ssm_states, Tensor delta, "
+      "Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "bool delta_softplus, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -68,4 +77,6 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("xielu_out", &opmux_cpu::xielu_out);
   m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
   m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
+  m.impl("causal_conv1d_out", &opmux_cpu::causal_conv1d_out);
+  m.impl("selective_scan_out", &opmux_cpu::selective_scan_out);
 }

@@ -28,6 +28,12 @@ from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
+from opmux.ops.ssm import (
+    causal_conv1d,
+    causal_conv1d_update,
+    selective_scan,
+    selective_state_update,
+)
 
 __all__ = [
     "advance_step_flashattn",
@@ -35,6 +41,8 @@ __all__ = [
     "all_reduce",
     "all_reduce_",
     "apply_rotary_emb",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "dual_chunk_rotary_embedding",
     "fatrelu_and_mul",
     "fused_add_rms_norm",
@@ -53,6 +61,8 @@ __all__ = [
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
+    "selective_scan",
+    "selective_state_update",
     "silu_and_mul",
     "swigluoai_and_mul",
     "topk_softmax",
