@@ -8,6 +8,7 @@ raised before anything is written.
 
 from __future__ import annotations
 
+import itertools
 from typing import Final
 
 import torch
@@ -82,7 +83,7 @@ def _starts(op: str, provider: str, qsl: Tensor | None, tokens: int, read_data: 
                           f"{qsl.dtype} {_shape(qsl)}")
     if read_data and has_data(qsl):
         v = qsl.tolist()
-        if v[0] != 0 or v[-1] != tokens or any(b < a for a, b in zip(v, v[1:])):
+        if v[0] != 0 or v[-1] != tokens or any(b < a for a, b in itertools.pairwise(v)):
             raise input_error(op, provider, "query_start_loc",
                               f"non-decreasing offsets from 0 to {tokens} (the token count)",
                               v if len(v) <= 16 else f"{v[:8]} ... {v[-4:]}")

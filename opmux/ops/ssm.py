@@ -89,8 +89,9 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
         prev = conv_states[slot].float() if init else x.new_zeros((dim, width - 1),
                                                                   dtype=torch.float32)
         xp = torch.cat([prev, x[start:end].float().t()], dim=1)
-        y = F.conv1d(xp.unsqueeze(0), w, b, groups=dim)[0]
-        out[start:end] = _activate(y, activation).t().to(x.dtype)
+        if end > start:
+            y = F.conv1d(xp.unsqueeze(0), w, b, groups=dim)[0]
+            out[start:end] = _activate(y, activation).t().to(x.dtype)
         conv_states[slot] = xp[:, xp.shape[1] - (width - 1):].to(conv_states.dtype)
     return out
 
