@@ -114,7 +114,9 @@ def _scan_args(p: dict[str, torch.Tensor], states: torch.Tensor, full: bool) -> 
     if full:
         return (p["u"], states, p["delta"], p["A"], p["B"], p["C"], p["D"], p["z"],
                 p["delta_bias"], True)
-    return (p["u"], states, p["delta"], p["A"], p["B"], p["C"])
+    # without softplus the time step is taken as given: keep it positive (decaying states)
+    delta = torch.nn.functional.softplus(p["delta"].float()).to(p["delta"].dtype)
+    return (p["u"], states, delta, p["A"], p["B"], p["C"])
 
 
 def selective_scan_cases() -> Iterator[Case]:

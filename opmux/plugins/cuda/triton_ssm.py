@@ -52,10 +52,13 @@ def _segment(  # type: ignore[no-untyped-def]
         slot = tl.load(idx_ptr + pid).to(tl.int64)
     else:
         slot = pid.to(tl.int64)
+    # 1: start from the slot's state, 0: from zeros (an int, so masks stay integer compares)
     if HAS_INIT:
-        init = tl.load(init_ptr + pid).to(tl.int1)
+        init = tl.load(init_ptr + pid).to(tl.int32)
+    elif HAS_QSL:
+        init = 0
     else:
-        init = not HAS_QSL
+        init = 1
     return t0, t1, slot, init
 
 
@@ -75,6 +78,7 @@ def _conv_kernel(  # type: ignore[no-untyped-def]
                      .to(out_ptr.dtype.element_ty), mask=cm)
     else:
         hist = WIDTH - 1
+        zero = tl.zeros([BLOCK_D], tl.int64)
         st = st_ptr + (slot * dim + c) * hist
         for t in range(t0, t1):
             if HAS_BIAS:
@@ -82,9 +86,10 @@ def _conv_kernel(  # type: ignore[no-untyped-def]
             else:
                 acc = tl.zeros([BLOCK_D], tl.float32)
             for k in tl.static_range(WIDTH):
-                j = t - t0 + k - hist  # position in the sequence; < 0 reads the state
+                # position in the sequence, per lane (vector masks); < 0 reads the state
+                j = zero + (t - t0 + k - hist)
                 xv = tl.load(x_ptr + (t0 + j) * dim + c, mask=cm & (j >= 0), other=0.0)
-                sv = tl.load(st + hist + j, mask=cm & (j < 0) & init, other=0.0)
+                sv = tl.load(st + hist + j, mask=cm & (j < 0) & (j >= -hist * init), other=0.0)
                 wk = tl.load(w_ptr + c * WIDTH + k, mask=cm, other=0.0).to(tl.float32)
                 acc += wk * (xv.to(tl.float32) + sv.to(tl.float32))
             if SILU:
@@ -92,9 +97,9 @@ def _conv_kernel(  # type: ignore[no-untyped-def]
             tl.store(out_ptr + t * dim + c, acc.to(out_ptr.dtype.element_ty), mask=cm)
         length = t1 - t0
         for i in tl.static_range(WIDTH - 1):
-            j = length - hist + i
+            j = zero + (length - hist + i)
             xv = tl.load(x_ptr + (t0 + j) * dim + c, mask=cm & (j >= 0), other=0.0)
-            sv = tl.load(st + hist + j, mask=cm & (j < 0) & init, other=0.0)
+            sv = tl.load(st + hist + j, mask=cm & (j < 0) & (j >= -hist * init), other=0.0)
             tl.store(st + i, (xv.to(tl.float32) + sv.to(tl.float32))
                      .to(st_ptr.dtype.element_ty), mask=cm)
 
@@ -120,7 +125,7 @@ def _scan_kernel(  # type: ignore[no-untyped-def]
                      .to(out_ptr.dtype.element_ty), mask=cm)
     else:
         st = st_ptr + slot * dim * nstate + c[:, None] * nstate + n[None, :]
-        h = tl.load(st, mask=m2 & init, other=0.0).to(tl.float32)
+        h = tl.load(st, mask=m2 & (n[None, :] < nstate * init), other=0.0).to(tl.float32)
         a = tl.load(a_ptr + c[:, None] * nstate + n[None, :], mask=m2, other=0.0)
         if HAS_D:
             dv = tl.load(d_ptr + c, mask=cm, other=0.0)
