@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from timing import interleaved_ms  # noqa: E402
+from timing import interleaved_ms
 
-import opmux  # noqa: E402
-from opmux.testing.ssm_cases import make_scan_inputs  # noqa: E402
+import opmux
+from opmux.testing.ssm_cases import make_scan_inputs
 
 Fn = Callable[[], Any]
 
