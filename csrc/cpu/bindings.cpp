@@ -69,6 +69,14 @@ TORCH_LIBRARY(opmux_cpu, m) {
   m.def(
       "mla_latent_attention_out(Tensor(a!) out, Tensor q_lat, Tensor kv_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+      "causal_conv1d_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor(b!) conv_states, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state, bool silu) -> ()");
+  m.def(
+      "selective_scan_out(Tensor(a!) out, Tensor u, Tensor(b!) ssm_states, Tensor delta, "
+      "Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "bool delta_softplus, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -100,4 +108,6 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("encoder_attention_out", &opmux_cpu::encoder_attention_out);
   m.impl("concat_and_cache_mla", &opmux_cpu::concat_and_cache_mla);
   m.impl("mla_latent_attention_out", &opmux_cpu::mla_latent_attention_out);
+  m.impl("causal_conv1d_out", &opmux_cpu::causal_conv1d_out);
+  m.impl("selective_scan_out", &opmux_cpu::selective_scan_out);
 }

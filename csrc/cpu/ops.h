@@ -89,5 +89,20 @@ void mla_latent_attention_out(at::Tensor& out, const at::Tensor& q_lat,
                               const at::Tensor& kv_cache, const at::Tensor& block_tables,
                               const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
                               double scale);
+// State-space kernels (ssm.cpp). Without query_start_loc every row is its own sequence
+// (decode) and starts from its slot's state; slot -1 is padding.
+void causal_conv1d_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, at::Tensor& conv_states,
+                       const std::optional<at::Tensor>& query_start_loc,
+                       const std::optional<at::Tensor>& cache_indices,
+                       const std::optional<at::Tensor>& has_initial_state, bool silu);
+void selective_scan_out(at::Tensor& out, const at::Tensor& u, at::Tensor& ssm_states,
+                        const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                        const at::Tensor& C, const std::optional<at::Tensor>& D,
+                        const std::optional<at::Tensor>& z,
+                        const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                        const std::optional<at::Tensor>& query_start_loc,
+                        const std::optional<at::Tensor>& cache_indices,
+                        const std::optional<at::Tensor>& has_initial_state);
 
 }  // namespace opmux_cpu

@@ -19,6 +19,7 @@ from opmux.layers.attention import (
     MMEncoderAttention,
     MultiHeadLatentAttentionWrapper,
 )
+from opmux.layers.conv import Conv2dLayer, Conv3dLayer
 from opmux.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from opmux.layers.linear import (
     ColumnParallelLinear,
@@ -28,6 +29,7 @@ from opmux.layers.linear import (
     RowParallelLinear,
 )
 from opmux.layers.logits import LogitsProcessor
+from opmux.layers.mamba import MambaMetadata, MambaMixer, ShortConv
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
 from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
 from opmux.layers.quant import GroupShape, QuantFP8
@@ -47,6 +49,8 @@ from opmux.layers.rotary import (
 __all__ = [
     "ApplyRotaryEmb",
     "ColumnParallelLinear",
+    "Conv2dLayer",
+    "Conv3dLayer",
     "DualChunkRotaryEmbedding",
     "DynamicNTKScalingRotaryEmbedding",
     "FastGELU",
@@ -62,6 +66,8 @@ __all__ = [
     "MLAAttentionMetadata",
     "MLAModules",
     "MMEncoderAttention",
+    "MambaMetadata",
+    "MambaMixer",
     "MergedColumnParallelLinear",
     "MulAndSilu",
     "MultiHeadLatentAttentionWrapper",
@@ -78,6 +84,7 @@ __all__ = [
     "RotaryEmbeddingBase",
     "RowParallelLinear",
     "SharedExpertsMLP",
+    "ShortConv",
     "SiluAndMul",
     "SwigluOAIAndMul",
     "VocabParallelEmbedding",

@@ -36,6 +36,12 @@ from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
+from opmux.ops.ssm import (
+    causal_conv1d,
+    causal_conv1d_update,
+    selective_scan,
+    selective_state_update,
+)
 
 __all__ = [
     "advance_step_flashattn",
@@ -43,6 +49,8 @@ __all__ = [
     "all_reduce",
     "all_reduce_",
     "apply_rotary_emb",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "concat_and_cache_mla",
     "dual_chunk_rotary_embedding",
     "encoder_attention",
@@ -68,6 +76,8 @@ __all__ = [
     "rms_norm",
     "rms_norm_gated",
     "rotary_embedding",
+    "selective_scan",
+    "selective_state_update",
     "silu_and_mul",
     "swigluoai_and_mul",
     "topk_softmax",
