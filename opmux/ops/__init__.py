@@ -28,6 +28,7 @@ from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
+from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
 
 __all__ = [
     "advance_step_flashattn",
@@ -54,6 +55,8 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "ssd_chunk_scan",
+    "ssd_state_update",
     "swigluoai_and_mul",
     "topk_softmax",
     "xielu",
