@@ -46,6 +46,11 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
       "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
       "bool is_neox, Tensor? offsets) -> ()");
+  m.def(
+      "ssd_scan_out(Tensor(a!) out, Tensor(b!) ssm_state, Tensor x, Tensor dt, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor state_indices, "
+      "Tensor? query_start_loc, Tensor? has_initial_state, bool dt_softplus, float dt_min, "
+      "float dt_max) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -68,4 +73,5 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("xielu_out", &opmux_cpu::xielu_out);
   m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
   m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
+  m.impl("ssd_scan_out", &opmux_cpu::ssd_scan_out);
 }

@@ -59,4 +59,15 @@ void dual_chunk_rotary_embedding_out(
     const at::Tensor& q_inter_cache, int64_t head_size, bool is_neox,
     const std::optional<at::Tensor>& offsets);
 
+// Mamba-2 SSD scan (ssd.cpp): prefill over query_start_loc, or decode (one token per slot)
+// when query_start_loc is None. dt_max < 0 means no upper clamp.
+void ssd_scan_out(at::Tensor& out, at::Tensor& ssm_state, const at::Tensor& x,
+                  const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
+                  const at::Tensor& C, const std::optional<at::Tensor>& D,
+                  const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias,
+                  const at::Tensor& state_indices,
+                  const std::optional<at::Tensor>& query_start_loc,
+                  const std::optional<at::Tensor>& has_initial_state, bool dt_softplus,
+                  double dt_min, double dt_max);
+
 }  // namespace opmux_cpu

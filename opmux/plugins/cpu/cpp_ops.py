@@ -17,7 +17,7 @@ from torch import Tensor
 
 from opmux.core.errors import OpInputError
 
-from . import _build, cpp_activation
+from . import _build, cpp_activation, cpp_ssd
 
 __all__ = [
     "OPS",
@@ -277,6 +277,7 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     **cpp_activation.OPS,
     "apply_rotary_emb": (apply_rotary_emb, _apply_rotary_emb_ok),
     "dual_chunk_rotary_embedding": (dual_chunk_rotary_embedding, _dual_chunk_ok),
+    **cpp_ssd.OPS,
 }
 """Op name -> (impl, supports_args) of every op this provider serves."""
 
