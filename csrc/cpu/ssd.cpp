@@ -3,6 +3,7 @@
 // fp32 in a local buffer (L1/L2-resident) while the sequence's tokens stream through it.
 // Per token and head channel p: s = exp(dt*A) * s + (dt*x_p) * B; y_p = <s, C> + D_p*x_p,
 // gated by silu(z_p). States are read from and written back to the cache slot of the sequence.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -21,8 +22,9 @@ struct ScanArgs {
 
 inline float process_dt(float d, const ScanArgs& a) {
   if (a.softplus) d = d > 20.f ? d : std::log1p(std::exp(d));
-  if (d < a.dt_min) d = static_cast<float>(a.dt_min);
-  if (a.dt_max >= 0.0 && d > a.dt_max) d = static_cast<float>(a.dt_max);
+  // as vLLM: clamped (below at dt_min) only when a limit is set
+  if (a.dt_min > 0.0 || a.dt_max >= 0.0) d = std::max(d, static_cast<float>(a.dt_min));
+  if (a.dt_max >= 0.0) d = std::min(d, static_cast<float>(a.dt_max));
   return d;
 }
 

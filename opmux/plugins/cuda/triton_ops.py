@@ -43,6 +43,8 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "xielu": ("triton_activation_more", "xielu_supports"),
     "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
     "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
+    "ssd_chunk_scan": ("triton_ssd", "ssd_chunk_scan_supports"),
+    "ssd_state_update": ("triton_ssd", "ssd_state_update_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 
