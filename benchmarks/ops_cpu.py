@@ -1,8 +1,9 @@
 """Elementwise/norm ops on CPU: opmux ``cpp`` against baselines measured in the same run.
 
 For rms_norm, fused_add_rms_norm, silu_and_mul, gelu_and_mul, rotary_embedding,
-apply_rotary_emb, dual_chunk_rotary_embedding and the activations of ``ops_cpu_activation.py``
-it times:
+apply_rotary_emb, dual_chunk_rotary_embedding, gemma_rms_norm, gemma_fused_add_rms_norm,
+rms_norm_gated, quant_fp8 (per-token and per-group) and the activations of
+``ops_cpu_activation.py`` it times:
 opmux ``native`` eager, ``torch.compile`` of native, the ``cpp`` provider as an op call (it
 allocates its outputs), the ``cpp`` kernel writing into preallocated outputs, and vLLM's CPU
 kernel (in place / into a preallocated output, as vLLM calls it) when ``vllm`` is importable.
@@ -99,6 +100,35 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
                 dq_out, k_out, pos, q, kk, *dc, d, True, None),
         }),
     ]
+    # gemma / gated norms, fp8 quantisation (an op name, then the mode after a space)
+    z = res
+    q8 = torch.empty(tokens, hidden, dtype=torch.float8_e4m3fn)
+    s_tok = torch.empty(tokens, 1)
+    s_grp = torch.empty(tokens, hidden // 128)
+    result += [
+        ("gemma_rms_norm", (x, w, 1e-6), {
+            "cpp": lambda: cpp_ops.gemma_rms_norm(x, w, 1e-6),
+            "cpp kernel (out given)": lambda: k.gemma_rms_norm_out(out, x, w, 1e-6),
+        }),
+        ("gemma_fused_add_rms_norm", (x, res, w, 1e-6), {
+            "cpp": lambda: cpp_ops.gemma_fused_add_rms_norm(x, res, w, 1e-6),
+            "cpp kernel (out given)": lambda: k.gemma_fused_add_rms_norm_out(out, res_out, x,
+                                                                             res, w, 1e-6),
+        }),
+        ("rms_norm_gated", (x, w, z, 1e-5, 512, False, "swish"), {
+            "cpp": lambda: cpp_ops.rms_norm_gated(x, w, z, 1e-5, 512, False, "swish"),
+            "cpp kernel (out given)": lambda: k.rms_norm_gated_out(out, x, w, z, 1e-5, 512,
+                                                                   False, False),
+        }),
+        ("quant_fp8 per-token", (x, None, True), {
+            "cpp": lambda: cpp_ops.quant_fp8(x, None, True),
+            "cpp kernel (out given)": lambda: k.quant_fp8_dynamic_out(q8, s_tok, x, True, None),
+        }),
+        ("quant_fp8 group128", (x, None, False, None, 128), {
+            "cpp": lambda: cpp_ops.quant_fp8(x, None, False, None, 128),
+            "cpp kernel (out given)": lambda: k.quant_fp8_group_out(q8, s_grp, x, 128, False),
+        }),
+    ]
     if has_vllm:
         c = torch.ops._C
         xi, ri = x.clone(), res.clone()
@@ -115,8 +145,14 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
             "apply_rotary_emb": lambda: c.rotary_embedding(seq_pos, qr, None, d, cache, True),
         }
         seq_pos, qr = torch.arange(tokens), q.clone()
+        # GemmaRMSNorm on vLLM's CPU path: its rms_norm kernels with weight 1 + w (formed
+        # once here, in x's dtype); vLLM has no CPU kernel for dual_chunk_rotary_embedding,
+        # rms_norm_gated or fp8 quant
+        w1 = (w.float() + 1.0).to(dtype)
+        extra["gemma_rms_norm"] = lambda: c.rms_norm(out, x, w1, 1e-6)
+        extra["gemma_fused_add_rms_norm"] = lambda: c.fused_add_rms_norm(xi, ri, w1, 1e-6)
         for name, _, fns in result:
-            if name in extra:  # vLLM has no CPU kernel for dual_chunk_rotary_embedding
+            if name in extra:
                 fns["vLLM kernel"] = extra[name]
     from ops_cpu_activation import activation_cases
 
@@ -158,9 +194,9 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name, nargs, fns in cases(tokens, hidden, inter, dtype, has_vllm):
-        if wanted and name not in wanted:
+        if wanted and name.split(" ")[0] not in wanted:
             continue
-        native = native_fn(name, fns["cpp"])
+        native = native_fn(name.split(" ")[0], fns["cpp"])
         contenders: dict[str, Fn] = {"native (eager)": lambda f=native, a=nargs: f(*a)}
         if not args.no_compile:
             try:

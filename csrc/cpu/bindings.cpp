@@ -46,6 +46,20 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
       "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
       "bool is_neox, Tensor? offsets) -> ()");
+  m.def("gemma_rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def(
+      "gemma_fused_add_rms_norm_out(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, "
+      "Tensor residual, Tensor weight, float eps) -> ()");
+  m.def(
+      "rms_norm_gated_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? z, float eps, "
+      "int group_size, bool norm_before_gate, bool sigmoid) -> ()");
+  m.def("quant_fp8_static_out(Tensor(a!) q, Tensor x, Tensor scale) -> ()");
+  m.def(
+      "quant_fp8_dynamic_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, bool per_token, "
+      "Tensor? scale_ub) -> ()");
+  m.def(
+      "quant_fp8_group_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, int group_size, "
+      "bool use_ue8m0) -> ()");
   m.def(
       "ssd_scan_out(Tensor(a!) out, Tensor(b!) ssm_state, Tensor x, Tensor dt, Tensor A, "
       "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor state_indices, "
@@ -73,5 +87,11 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("xielu_out", &opmux_cpu::xielu_out);
   m.impl("apply_rotary_emb_out", &opmux_cpu::apply_rotary_emb_out);
   m.impl("dual_chunk_rotary_embedding_out", &opmux_cpu::dual_chunk_rotary_embedding_out);
+  m.impl("gemma_rms_norm_out", &opmux_cpu::gemma_rms_norm_out);
+  m.impl("gemma_fused_add_rms_norm_out", &opmux_cpu::gemma_fused_add_rms_norm_out);
+  m.impl("rms_norm_gated_out", &opmux_cpu::rms_norm_gated_out);
+  m.impl("quant_fp8_static_out", &opmux_cpu::quant_fp8_static_out);
+  m.impl("quant_fp8_dynamic_out", &opmux_cpu::quant_fp8_dynamic_out);
+  m.impl("quant_fp8_group_out", &opmux_cpu::quant_fp8_group_out);
   m.impl("ssd_scan_out", &opmux_cpu::ssd_scan_out);
 }

@@ -58,6 +58,27 @@ void dual_chunk_rotary_embedding_out(
     const at::Tensor& qc_cache, const at::Tensor& k_cache, const at::Tensor& qc_no_clamp_cache,
     const at::Tensor& q_inter_cache, int64_t head_size, bool is_neox,
     const std::optional<at::Tensor>& offsets);
+// Gemma norms (weight + 1) and the gated norm; weight is x's dtype or float32. group_size <= 0
+// means one group per row; sigmoid selects the gate activation (else SiLU).
+void gemma_rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                        double eps);
+
+void gemma_fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out,
+                                  const at::Tensor& x, const at::Tensor& residual,
+                                  const at::Tensor& weight, double eps);
+
+void rms_norm_gated_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& z, double eps, int64_t group_size,
+                        bool norm_before_gate, bool sigmoid);
+
+// FP8 (e4m3fn) quantisation. Static: scale is float32 [a, b] tiling x's last two dims.
+void quant_fp8_static_out(at::Tensor& q, const at::Tensor& x, const at::Tensor& scale);
+
+void quant_fp8_dynamic_out(at::Tensor& q, at::Tensor& scale_out, const at::Tensor& x,
+                           bool per_token, const std::optional<at::Tensor>& scale_ub);
+
+void quant_fp8_group_out(at::Tensor& q, at::Tensor& scale_out, const at::Tensor& x,
+                         int64_t group_size, bool use_ue8m0);
 
 // Mamba-2 SSD scan (ssd.cpp): prefill over query_start_loc, or decode (one token per slot)
 // when query_start_loc is None. dt_max < 0 means no upper clamp.

@@ -14,6 +14,7 @@ variable                       accessor                       meaning
 ``OPMUX_PLUGINS``              :func:`plugin_allow_list`      only these plugins load
 ``OPMUX_STRICT_PLUGINS``       :func:`strict_plugins`         a plugin failure is fatal
 ``OPMUX_CUSTOM_OPS``           :func:`custom_ops_spec`        CustomOp layer enablement
+``OPMUX_COMPILE_MODE``         :func:`compile_mode_spec`      ``inductor``: layers default off
 ``OPMUX_CHECK_OUTPUTS``        :func:`check_outputs`          check provider outputs (debug)
 ``OPMUX_CACHE_DIR``            :func:`cache_dir`              native build cache root
 ``OPMUX_DEBUG``                :func:`debug`                  CLI errors show tracebacks
@@ -39,6 +40,7 @@ __all__ = [
     "ENV_ASCEND_SOC_VERSION",
     "ENV_CACHE_DIR",
     "ENV_CHECK_OUTPUTS",
+    "ENV_COMPILE_MODE",
     "ENV_CUSTOM_OPS",
     "ENV_DEBUG",
     "ENV_PLATFORM",
@@ -49,11 +51,11 @@ __all__ = [
     "cache_dir",
     "cann_home",
     "check_outputs",
+    "compile_mode_spec",
     "custom_ops_spec",
     "cxx",
     "debug",
     "parse_bool",
-    "parse_custom_ops",
     "parse_plugin_allow_list",
     "parse_priority",
     "pjrt_device",
@@ -73,6 +75,7 @@ ENV_PLUGINS: Final = "OPMUX_PLUGINS"
 ENV_STRICT_PLUGINS: Final = "OPMUX_STRICT_PLUGINS"
 """``1``/``true``: a plugin failure raises instead of being recorded and skipped."""
 ENV_CUSTOM_OPS: Final = "OPMUX_CUSTOM_OPS"
+ENV_COMPILE_MODE: Final = "OPMUX_COMPILE_MODE"
 """``"all,-rms_norm"`` / ``"none,+rms_norm"``: which CustomOp layers use their platform path."""
 ENV_CHECK_OUTPUTS: Final = "OPMUX_CHECK_OUTPUTS"
 """``1``: check every provider's outputs against the op's fake and its inputs for mutation."""
@@ -152,32 +155,6 @@ def parse_plugin_allow_list(text: str | None) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def parse_custom_ops(text: str, *, source: str = "custom ops") -> tuple[bool, dict[str, bool]]:
-    """Parse ``"all,-rms_norm"`` / ``"none,+silu_and_mul"``.
-
-    :returns: ``(default_enabled, {name: enabled})``. Without ``all``/``none`` the default
-        is enabled.
-    :raises ConfigError: both ``all`` and ``none``, a repeated base, or an element that is
-        not ``all``, ``none``, ``+name`` or ``-name``.
-    """
-    default: bool | None = None
-    overrides: dict[str, bool] = {}
-    for item in (i.strip() for i in text.split(",")):
-        if not item:
-            continue
-        if item in ("all", "none"):
-            if default is not None:
-                raise ConfigError(
-                    f"{source}: {text!r} gives 'all'/'none' more than once; use exactly one")
-            default = item == "all"
-        elif item[0] in "+-" and _IDENT.match(item[1:]):
-            overrides[item[1:]] = item[0] == "+"
-        else:
-            raise ConfigError(
-                f"{source}: element {item!r} of {text!r} is not 'all', 'none', '+name' or '-name'")
-    return (True if default is None else default), overrides
-
-
 # --------------------------------------------------------------------- accessors
 def platform_override() -> str | None:
     """``OPMUX_PLATFORM``: the forced platform name, or ``None`` (detect)."""
@@ -208,6 +185,12 @@ def strict_plugins() -> bool:
 def custom_ops_spec() -> str:
     """``OPMUX_CUSTOM_OPS`` as written (empty when unset); see :func:`parse_custom_ops`."""
     return _env(ENV_CUSTOM_OPS) or ""
+
+
+def compile_mode_spec() -> str:
+    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset); checked by
+    :func:`opmux.core.custom_op.compile_mode`."""
+    return (_env(ENV_COMPILE_MODE) or "").strip().lower()
 
 
 def check_outputs() -> bool:

@@ -28,16 +28,16 @@ Enablement follows vLLM's ``CompilationConfig.custom_ops``:
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
-from opmux.core.config import ENV_CUSTOM_OPS
+from opmux.core import config
+from opmux.core.config import ENV_COMPILE_MODE, ENV_CUSTOM_OPS
 from opmux.core.errors import ConfigError, RegistrationError
 from opmux.core.torch_lib import validate_name
 
@@ -45,9 +45,6 @@ __all__ = ["ENV_COMPILE_MODE", "CustomOp", "compile_mode", "custom_op_counts",
            "custom_op_settings", "set_compile_mode", "set_custom_ops"]
 
 _C = TypeVar("_C", bound=type["CustomOp"])
-
-ENV_COMPILE_MODE: Final = "OPMUX_COMPILE_MODE"
-"""``inductor`` (layers default to disabled), ``none`` (eager) or another backend name."""
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -151,12 +148,12 @@ def compile_mode() -> str:
 
 def _env_custom_ops() -> str:
     """``OPMUX_CUSTOM_OPS`` (empty when unset)."""
-    return os.environ.get(ENV_CUSTOM_OPS, "")
+    return config.custom_ops_spec()
 
 
 def _env_compile_mode() -> str:
     """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset)."""
-    return os.environ.get(ENV_COMPILE_MODE, "").strip().lower()
+    return config.compile_mode_spec()
 
 
 def _current_config() -> tuple[bool, dict[str, bool]]:
@@ -214,7 +211,12 @@ class CustomOp(torch.nn.Module):
     op_registry_oot: ClassVar[dict[str, type[CustomOp]]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> CustomOp:
-        replacement = CustomOp.op_registry_oot.get(cls.name) if cls.name else None
+        oot = CustomOp.op_registry_oot
+        replacement = oot.get(cls.__name__) if oot else None
+        # a registered-name key replaces the class registered under it, not its subclasses
+        # (QKVParallelLinear inherits column_parallel_linear's name but has its own constructor)
+        if replacement is None and oot and cls.name and CustomOp.op_registry.get(cls.name) is cls:
+            replacement = oot.get(cls.name)
         target = replacement if replacement is not None and not issubclass(
             cls, replacement) else cls
         return super().__new__(target)
@@ -287,7 +289,10 @@ class CustomOp(torch.nn.Module):
 
         Usable as ``@CustomOp.register_oot`` (replaces the in-tree class of the same
         ``name`` attribute), ``@CustomOp.register_oot(name="rms_norm")``, or
-        ``CustomOp.register_oot(MyLayer, name="rms_norm")``.
+        ``CustomOp.register_oot(MyLayer, name="rms_norm")``. ``name`` is either a registered
+        layer name (replaces exactly the class registered under it, not its subclasses) or,
+        as in vLLM, an in-tree class name such as ``"RMSNorm"`` or ``"QKVParallelLinear"``
+        (replaces that class).
         """
 
         def decorator(layer_cls: _C) -> _C:
@@ -296,8 +301,13 @@ class CustomOp(torch.nn.Module):
                 raise RegistrationError(
                     f"register_oot({layer_cls.__qualname__}): give name= or set the class's "
                     f"name attribute to the in-tree layer it replaces")
-            validate_name("custom op", key)
-            layer_cls.name = key
+            if _NAME.match(key):
+                validate_name("custom op", key)
+                layer_cls.name = key
+            elif not key.isidentifier():
+                raise RegistrationError(
+                    f"register_oot({layer_cls.__qualname__}): name {key!r} is neither a layer "
+                    f"name like 'rms_norm' nor a class name like 'RMSNorm'")
             CustomOp.op_registry_oot[key] = layer_cls
             return layer_cls
 

@@ -23,6 +23,8 @@ from opmux.layers.linear import (
 )
 from opmux.layers.logits import LogitsProcessor
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
+from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
+from opmux.layers.quant import GroupShape, QuantFP8
 from opmux.layers.rotary import (
     ApplyRotaryEmb,
     DualChunkRotaryEmbedding,
@@ -46,6 +48,8 @@ __all__ = [
     "FusedMoE",
     "GeluAndMul",
     "GeluAndMulSparse",
+    "GemmaRMSNorm",
+    "GroupShape",
     "LinearScalingRotaryEmbedding",
     "Llama3RotaryEmbedding",
     "LogitsProcessor",
@@ -54,7 +58,10 @@ __all__ = [
     "NewGELU",
     "ParallelLMHead",
     "QKVParallelLinear",
+    "QuantFP8",
     "QuickGELU",
+    "RMSNorm",
+    "RMSNormGated",
     "ReLUSquaredActivation",
     "ReplicatedLinear",
     "RotaryEmbedding",

@@ -24,8 +24,15 @@ from opmux.ops.activation import (
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
-from opmux.ops.layernorm import fused_add_rms_norm, rms_norm
+from opmux.ops.layernorm import (
+    fused_add_rms_norm,
+    gemma_fused_add_rms_norm,
+    gemma_rms_norm,
+    rms_norm,
+    rms_norm_gated,
+)
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
+from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
 from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
@@ -44,15 +51,19 @@ __all__ = [
     "gelu_and_mul_sparse",
     "gelu_fast",
     "gelu_new",
+    "gemma_fused_add_rms_norm",
+    "gemma_rms_norm",
     "grouped_topk",
     "moe",
     "mul_and_silu",
     "paged_attention",
+    "quant_fp8",
     "quick_gelu",
     "reduce_scatter",
     "relu2",
     "reshape_and_cache",
     "rms_norm",
+    "rms_norm_gated",
     "rotary_embedding",
     "silu_and_mul",
     "ssd_chunk_scan",

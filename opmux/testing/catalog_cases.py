@@ -228,6 +228,87 @@ def advance_step_flashattn_cases() -> Iterator[Case]:
     yield make("empty", 0, 0, 16, [], perm[:0])
 
 
+# ---------------------------------------------------------------- gemma / gated norms
+def gemma_rms_norm_cases() -> Iterator[Case]:
+    """Cases of ``gemma_rms_norm`` (the norm cases, plus an fp32 weight on bf16 rows)."""
+    for name, x, weight, eps in _norm_inputs():
+        yield Case(name, (x, weight - 1.0, eps))
+    g = _gen("bf16-fp32-weight")
+    yield Case("bf16-fp32-weight", (_randn(g, (5, 256), torch.bfloat16),
+                                    _randn(g, (256,), torch.float32, 0.3), 1e-6))
+
+
+def gemma_fused_add_rms_norm_cases() -> Iterator[Case]:
+    """Cases of ``gemma_fused_add_rms_norm``."""
+    for name, x, weight, eps in _norm_inputs():
+        residual = _randn(_gen(name + "-residual"), x.shape, x.dtype, 2.0)
+        yield Case(name, (x, residual, weight - 1.0, eps))
+
+
+def rms_norm_gated_cases() -> Iterator[Case]:
+    """Cases of ``rms_norm_gated``: no gate / gate before / after the norm, groups, sigmoid."""
+    specs: list[tuple[str, torch.dtype, tuple[int, ...], str, int | None, str]] = []
+    for tag, dt in DTYPES:
+        for gate in ("none", "before", "after"):
+            specs.append((f"{tag}-gate-{gate}", dt, (7, 256), gate, None, "swish"))
+        specs.append((f"{tag}-groups64-after", dt, (5, 256), "after", 64, "silu"))
+    specs += [("fp32-groups32-before-sigmoid", torch.float32, (4, 128), "before", 32, "sigmoid"),
+              ("fp32-3d-groups-none", torch.float32, (2, 3, 96), "none", 48, "swish"),
+              ("bf16-d2048-groups256", torch.bfloat16, (3, 2048), "after", 256, "swish"),
+              ("fp32-odd-d", torch.float32, (3, 45), "before", None, "swish"),
+              ("fp32-empty", torch.float32, (0, 64), "after", 16, "swish")]
+    for name, dt, shape, gate, group, act in specs:
+        g = _gen(name)
+        x = _randn(g, shape, dt)
+        z = None if gate == "none" else _randn(g, shape, dt, 2.0)
+        weight = (torch.randn(shape[-1], generator=g) * 0.5 + 1.0).to(dt)
+        yield Case(name, (x, weight, z, 1e-5, group, gate == "before", act))
+    g = _gen("bf16-fp32-gate")
+    yield Case("bf16-fp32-gate-fp32-weight",
+               (_randn(g, (4, 64), torch.bfloat16), _randn(g, (64,), torch.float32),
+                _randn(g, (4, 64), torch.float32), 1e-6, None, False, "swish"))
+
+
+# -------------------------------------------------------------------------- quant_fp8
+def quant_fp8_cases() -> Iterator[Case]:
+    """Cases of ``quant_fp8``, compared exactly: every mode, zero rows, wide ranges."""
+    def make(name: str, dt: torch.dtype, shape: tuple[int, ...], *args: object) -> Case:
+        g = _gen(name)
+        x = _randn(g, shape, dt, 4.0)
+        if x.dim() >= 2 and x.shape[-2] > 2 and x.shape[-1] > 0:
+            x[..., 1, :] = 0  # an all-zero row: the scale's lower bound
+            x[..., 2, :] *= 1e3  # a wide row
+        return Case(name, (x, *args), atol=0.0, rtol=0.0)
+
+    for tag, dt in DTYPES:
+        yield make(f"{tag}-dynamic-tensor", dt, (9, 256))
+        yield make(f"{tag}-dynamic-token", dt, (9, 256), None, True)
+        yield make(f"{tag}-dynamic-group128", dt, (6, 512), None, False, None, 128)
+        yield make(f"{tag}-static-tensor", dt, (5, 64), torch.tensor(0.02))
+    yield make("fp32-dynamic-token-ub", torch.float32, (8, 96), None, True,
+               torch.tensor([0.5]))
+    yield make("fp32-dynamic-group-ragged-3d", torch.float32, (2, 4, 200), None, False, None, 64)
+    yield make("bf16-dynamic-group-ue8m0", torch.bfloat16, (5, 256), None, False, None, 128,
+               True)
+    yield make("fp32-dynamic-group1", torch.float32, (3, 16), None, False, None, 1)
+    yield make("fp32-dynamic-3d-token", torch.float32, (2, 3, 40), None, True)
+    yield make("fp32-dynamic-1d", torch.float32, (100,))
+    def scales(name: str, shape: tuple[int, int], spread: float, low: float) -> torch.Tensor:
+        return torch.rand(shape, generator=_gen(name + "-scale")) * spread + low
+
+    yield make("fp32-static-token", torch.float32, (6, 80),
+               scales("token", (6, 1), 0.1, 1e-3))
+    yield make("fp32-static-channel", torch.float32, (6, 80),
+               scales("channel", (1, 80), 0.1, 1e-3))
+    yield make("bf16-static-block", torch.bfloat16, (8, 256),
+               scales("block", (4, 2), 0.05, 1e-3))
+    yield make("fp32-static-3d-group", torch.float32, (2, 6, 64),
+               scales("3d-group", (3, 4), 1.0, 0.01))
+    yield make("fp32-static-1elem-2d", torch.float32, (4, 32), torch.tensor([[0.5]]))
+    yield make("fp32-static-empty", torch.float32, (0, 32), torch.tensor([1.0]))
+    yield make("fp32-dynamic-token-empty", torch.float32, (0, 32), None, True)
+
+
 # ------------------------------------------------------------------------------ attention
 def attention_case(name: str, *, dtype: torch.dtype = torch.float32,
                    q_lens: Sequence[int], kv_lens: Sequence[int], heads: int = 8,
@@ -305,6 +386,10 @@ def register_catalog_cases() -> None:
         "paged_attention": paged_attention_cases,
         "apply_rotary_emb": apply_rotary_emb_cases,
         "dual_chunk_rotary_embedding": dual_chunk_rotary_embedding_cases,
+        "gemma_rms_norm": gemma_rms_norm_cases,
+        "gemma_fused_add_rms_norm": gemma_fused_add_rms_norm_cases,
+        "rms_norm_gated": rms_norm_gated_cases,
+        "quant_fp8": quant_fp8_cases,
     }
     for name, fn in generators.items():
         register_cases(name, fn, replace=True)

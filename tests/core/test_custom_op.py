@@ -213,3 +213,29 @@ def test_parse_priority(text: str, expected: dict[str, list[str]]) -> None:
 def test_parse_priority_errors(text: str, message: str) -> None:
     with pytest.raises(opmux.ConfigError, match=message):
         config.parse_priority(text)
+
+
+def test_register_oot_by_name_spares_unregistered_subclasses_and_takes_class_names() -> None:
+    from opmux import CustomOp, RegistrationError
+    from opmux.layers import ColumnParallelLinear, MergedColumnParallelLinear, RMSNorm
+
+    class VendorColumn(ColumnParallelLinear):
+        pass
+
+    class VendorNorm(RMSNorm):
+        pass
+
+    try:
+        CustomOp.register_oot(VendorColumn, name="column_parallel_linear")
+        CustomOp.register_oot(VendorNorm, name="RMSNorm")
+        assert type(ColumnParallelLinear(8, 4)) is VendorColumn
+        # a subclass inheriting the registered name keeps its own class and constructor
+        merged = MergedColumnParallelLinear(8, [4, 4])
+        assert type(merged) is MergedColumnParallelLinear
+        assert type(RMSNorm(8)) is VendorNorm
+    finally:
+        CustomOp.op_registry_oot.pop("column_parallel_linear", None)
+        CustomOp.op_registry_oot.pop("RMSNorm", None)
+    assert type(RMSNorm(8)) is RMSNorm
+    with pytest.raises(RegistrationError, match="neither a layer name"):
+        CustomOp.register_oot(VendorNorm, name="rms-norm")

@@ -22,6 +22,7 @@ SERVED_OPS = frozenset({
     "fatrelu_and_mul", "gelu_and_mul_sparse", "gelu_fast", "gelu_new", "mul_and_silu",
     "quick_gelu", "relu2", "swigluoai_and_mul", "xielu",
     "apply_rotary_emb", "dual_chunk_rotary_embedding",
+    "gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp8",
     "ssd_chunk_scan", "ssd_state_update",
 })
 

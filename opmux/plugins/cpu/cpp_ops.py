@@ -16,6 +16,12 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import OpInputError
+from opmux.ops._norm_quant_checks import (
+    check_gemma_fused_add_rms_norm,
+    check_gemma_rms_norm,
+    check_quant_fp8,
+    check_rms_norm_gated,
+)
 
 from . import _build, cpp_activation, cpp_ssd
 
@@ -26,10 +32,14 @@ __all__ = [
     "dual_chunk_rotary_embedding",
     "fused_add_rms_norm",
     "gelu_and_mul",
+    "gemma_fused_add_rms_norm",
+    "gemma_rms_norm",
     "paged_attention",
+    "quant_fp8",
     "register",
     "reshape_and_cache",
     "rms_norm",
+    "rms_norm_gated",
     "rotary_embedding",
     "silu_and_mul",
 ]
@@ -265,6 +275,94 @@ def _dual_chunk_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_q_cach
                     for c in caches))
 
 
+# ------------------------------------------------------- gemma / gated norms, fp8 quant
+def _norm_weight_ok(x: Tensor, weight: Tensor) -> bool:
+    return (_cpu_float(x) and x.is_contiguous() and weight.is_cpu and weight.is_contiguous()
+            and weight.dtype in (x.dtype, torch.float32))
+
+
+def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    check_gemma_rms_norm(x, weight, eps, provider=PROVIDER)
+    out = torch.empty_like(x)
+    try:
+        _K.gemma_rms_norm_out(out, x, weight, eps)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+    return out
+
+
+def _gemma_rms_norm_ok(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+    return _norm_weight_ok(x, weight)
+
+
+def gemma_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
+                             ) -> tuple[Tensor, Tensor]:
+    check_gemma_fused_add_rms_norm(x, residual, weight, eps, provider=PROVIDER)
+    out = torch.empty_like(x)
+    new_residual = torch.empty_like(x)
+    try:
+        _K.gemma_fused_add_rms_norm_out(out, new_residual, x, residual, weight, eps)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+    return out, new_residual
+
+
+def _gemma_fused_add_rms_norm_ok(x: Tensor, residual: Tensor, weight: Tensor,
+                                 eps: float = 1e-6) -> bool:
+    return (_norm_weight_ok(x, weight) and residual.dtype == x.dtype and residual.is_cpu
+            and residual.is_contiguous())
+
+
+def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-5,
+                   group_size: Optional[int] = None, norm_before_gate: bool = False,
+                   activation: str = "swish") -> Tensor:
+    check_rms_norm_gated(x, weight, z, eps, group_size, norm_before_gate, activation,
+                         provider=PROVIDER)
+    out = torch.empty_like(x)
+    try:
+        _K.rms_norm_gated_out(out, x, weight, z, eps, -1 if group_size is None else group_size,
+                              norm_before_gate, activation == "sigmoid")
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+    return out
+
+
+def _rms_norm_gated_ok(x: Tensor, weight: Tensor, z: Optional[Tensor] = None,
+                       eps: float = 1e-5, group_size: Optional[int] = None,
+                       norm_before_gate: bool = False, activation: str = "swish") -> bool:
+    return _norm_weight_ok(x, weight) and (
+        z is None or (z.dtype == x.dtype and z.is_cpu and z.is_contiguous()))
+
+
+def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
+              scale_ub: Optional[Tensor] = None, group_size: Optional[int] = None,
+              use_ue8m0: bool = False) -> tuple[Tensor, Tensor]:
+    check_quant_fp8(x, scale, per_token, scale_ub, group_size, use_ue8m0, provider=PROVIDER)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
+    try:
+        if scale is not None:
+            s2 = scale.float().reshape(1, 1) if scale.numel() == 1 else scale.float()
+            _K.quant_fp8_static_out(q, x, s2.contiguous())
+            return q, scale.clone()
+        if group_size is not None:
+            groups = (x.shape[-1] + group_size - 1) // group_size
+            scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32)
+            _K.quant_fp8_group_out(q, scales, x, group_size, use_ue8m0)
+            return q, scales
+        scales = torch.empty((*x.shape[:-1], 1) if per_token else (1,), dtype=torch.float32)
+        _K.quant_fp8_dynamic_out(q, scales, x, per_token, scale_ub)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+    return q, scales
+
+
+def _quant_fp8_ok(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
+                  scale_ub: Optional[Tensor] = None, group_size: Optional[int] = None,
+                  use_ue8m0: bool = False) -> bool:
+    return (_cpu_float(x) and x.is_contiguous() and (scale is None or scale.is_cpu)
+            and (scale_ub is None or scale_ub.is_cpu))
+
+
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     "rms_norm": (rms_norm, _rms_norm_ok),
     "fused_add_rms_norm": (fused_add_rms_norm, _fused_add_rms_norm_ok),
@@ -274,6 +372,10 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     "reshape_and_cache": (reshape_and_cache, _reshape_and_cache_ok),
     "paged_attention": (paged_attention, _paged_attention_ok),
     "advance_step_flashattn": (advance_step_flashattn, _advance_step_ok),
+    "gemma_rms_norm": (gemma_rms_norm, _gemma_rms_norm_ok),
+    "gemma_fused_add_rms_norm": (gemma_fused_add_rms_norm, _gemma_fused_add_rms_norm_ok),
+    "rms_norm_gated": (rms_norm_gated, _rms_norm_gated_ok),
+    "quant_fp8": (quant_fp8, _quant_fp8_ok),
     **cpp_activation.OPS,
     "apply_rotary_emb": (apply_rotary_emb, _apply_rotary_emb_ok),
     "dual_chunk_rotary_embedding": (dual_chunk_rotary_embedding, _dual_chunk_ok),

@@ -43,6 +43,10 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "xielu": ("triton_activation_more", "xielu_supports"),
     "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
     "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
+    "gemma_rms_norm": ("triton_norm_more", "gemma_rms_norm_supports"),
+    "gemma_fused_add_rms_norm": ("triton_norm_more", "gemma_fused_add_rms_norm_supports"),
+    "rms_norm_gated": ("triton_norm_more", "rms_norm_gated_supports"),
+    "quant_fp8": ("triton_quant", "quant_fp8_supports"),
     "ssd_chunk_scan": ("triton_ssd", "ssd_chunk_scan_supports"),
     "ssd_state_update": ("triton_ssd", "ssd_state_update_supports"),
 }

@@ -1,0 +1,227 @@
+// gemma_rms_norm, gemma_fused_add_rms_norm and rms_norm_gated: fp32 math in registers, one
+// rounding to the input dtype, rows split across threads. The weight may be the input dtype
+// or fp32 (Gemma checkpoints keep either).
+#include "ops.h"
+#include "vec_common.h"
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+namespace opmux_cpu {
+namespace {
+
+
+void check_rows(const char* op, const at::Tensor& out, const at::Tensor& x,
+                const at::Tensor& weight) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.is_contiguous(), "opmux::", op,
+                    " (provider 'cpp'): x must be contiguous with at least 1 dim, got strides ",
+                    x.strides());
+  const int64_t d = x.size(-1);
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous(), "opmux::",
+                    op, " (provider 'cpp'): weight must be a contiguous [", d, "] tensor, got ",
+                    weight.sizes());
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type() ||
+                        weight.scalar_type() == at::kFloat,
+                    "opmux::", op, " (provider 'cpp'): weight dtype must be x's (",
+                    x.scalar_type(), ") or float32, got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() &&
+                        out.is_contiguous(),
+                    "opmux::", op, " (provider 'cpp'): out must be contiguous ", x.sizes(), " ",
+                    x.scalar_type(), ", got ", out.sizes(), " ", out.scalar_type());
+}
+
+void check_like(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
+  TORCH_CHECK_VALUE(t.sizes() == x.sizes() && t.scalar_type() == x.scalar_type() &&
+                        t.is_contiguous(),
+                    "opmux::", op, " (provider 'cpp'): ", name, " must be contiguous ", x.sizes(),
+                    " ", x.scalar_type(), ", got ", t.sizes(), " ", t.scalar_type());
+}
+
+inline int64_t row_grain(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)); }
+
+inline float inv_rms(float sum_sq, int64_t n, float eps) {
+  return 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+}
+
+template <typename T>
+float sum_sq(const T* p, int64_t n) {
+  fVec acc0(0.f), acc1(0.f);
+  int64_t i = 0;
+  for (; i + 2 * kF <= n; i += 2 * kF) {
+    fVec a = load_f(p + i);
+    fVec b = load_f(p + i + kF);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+  }
+  for (; i < n; i += kF) {
+    fVec a = load_n(p + i, std::min(kF, n - i));
+    acc0 = at::vec::fmadd(a, a, acc0);
+  }
+  return hsum(acc0 + acc1);
+}
+
+// (1 + w) for Gemma, w otherwise, as fp32 lanes.
+template <bool kGemma, typename W>
+inline fVec load_w(const W* w, int64_t j, int64_t n) {
+  fVec v = load_n(w + j, n);
+  if constexpr (kGemma) v = v + fVec(1.0f);
+  return v;
+}
+
+template <typename T, typename W>
+void gemma_rows(T* out, const T* x, const W* w, int64_t rows, int64_t d, float eps) {
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * d;
+      T* orow = out + r * d;
+      const fVec inv(inv_rms(sum_sq(xr, d), d, eps));
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        store_nt(orow + j, load_n(xr + j, n) * inv * load_w<true>(w, j, n), n);
+      });
+    }
+    stream_fence();
+  });
+}
+
+template <typename T, typename W>
+void gemma_add_rows(T* out, T* res_out, const T* x, const T* res, const W* w, int64_t rows,
+                    int64_t d, float eps) {
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
+    // the fp32 sum (not its rounding: the output normalises the exact sum) stays in cache
+    thread_local std::vector<float> row;
+    if (static_cast<int64_t>(row.size()) < d + kF) row.resize(d + kF);
+    float* buf = row.data();
+    for (int64_t r = begin; r < end; ++r) {
+      fVec acc(0.f);
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        const fVec s = load_n(x + r * d + j, n) + load_n(res + r * d + j, n);
+        s.store(buf + j, n);
+        store_nt(res_out + r * d + j, s, n);
+        acc = at::vec::fmadd(s, s, acc);
+      });
+      const fVec inv(inv_rms(hsum(acc), d, eps));
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        store_nt(out + r * d + j, fVec::loadu(buf + j, n) * inv * load_w<true>(w, j, n), n);
+      });
+    }
+    stream_fence();
+  });
+}
+
+inline fVec gate_act(const fVec& z, bool sigmoid) {
+  // as torch's vectorised CPU kernels: silu(z) = z / (1 + exp(-z)), sigmoid = 1 / (1 + exp(-z))
+  const fVec den = fVec(1.0f) + z.neg().exp();
+  return sigmoid ? fVec(1.0f) / den : z / den;
+}
+
+template <typename T, typename W>
+void gated_rows(T* out, const T* x, const W* w, const T* z, int64_t rows, int64_t d,
+                int64_t group, bool norm_before_gate, bool sigmoid, float eps) {
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> rowbuf, gatebuf;
+    if (static_cast<int64_t>(rowbuf.size()) < d + kF) {
+      rowbuf.resize(d + kF);
+      gatebuf.resize(d + kF);
+    }
+    float* xs = rowbuf.data();
+    float* gs = gatebuf.data();
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * d;
+      // xs = x (times the gate when gating first), gs = act(z)
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        fVec v = load_n(xr + j, n);
+        if (z != nullptr) {
+          const fVec g = gate_act(load_n(z + r * d + j, n), sigmoid);
+          g.store(gs + j, n);
+          if (!norm_before_gate) v = v * g;
+        }
+        v.store(xs + j, n);
+      });
+      T* orow = out + r * d;
+      for (int64_t g0 = 0; g0 < d; g0 += group) {
+        const fVec inv(inv_rms(sum_sq(xs + g0, group), group, eps));
+        for_each_vec(group, [&](int64_t j, int64_t n) {
+          fVec v = fVec::loadu(xs + g0 + j, n) * inv * load_n(w + g0 + j, n);
+          if (z != nullptr && norm_before_gate) v = v * fVec::loadu(gs + g0 + j, n);
+          store_nt(orow + g0 + j, v, n);
+        });
+      }
+    }
+    stream_fence();
+  });
+}
+
+template <typename Fn>
+void with_weight_type(const at::Tensor& x, const at::Tensor& weight, const char* op,
+                      const Fn& fn) {
+  OPMUX_DISPATCH_FLOATS(x.scalar_type(), "norm", [&] {
+    if (weight.scalar_type() == at::kFloat) {
+      fn(scalar_t{}, float{});
+    } else {
+      fn(scalar_t{}, scalar_t{});
+    }
+  });
+  (void)op;
+}
+
+int64_t rows_of(const at::Tensor& x) {
+  const int64_t d = x.size(-1);
+  return d == 0 ? 0 : x.numel() / d;
+}
+
+}  // namespace
+
+void gemma_rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                        double eps) {
+  check_rows("gemma_rms_norm", out, x, weight);
+  const int64_t d = x.size(-1);
+  advise_huge_pages(out);
+  with_weight_type(x, weight, "gemma_rms_norm", [&](auto t, auto w) {
+    using T = decltype(t);
+    using W = decltype(w);
+    gemma_rows<T, W>(out.data_ptr<T>(), x.const_data_ptr<T>(), weight.const_data_ptr<W>(),
+                     rows_of(x), d, static_cast<float>(eps));
+  });
+}
+
+void gemma_fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out,
+                                  const at::Tensor& x, const at::Tensor& residual,
+                                  const at::Tensor& weight, double eps) {
+  const char* op = "gemma_fused_add_rms_norm";
+  check_rows(op, out, x, weight);
+  check_like(op, "residual", residual, x);
+  check_like(op, "residual_out", residual_out, x);
+  const int64_t d = x.size(-1);
+  advise_huge_pages(out);
+  advise_huge_pages(residual_out);
+  with_weight_type(x, weight, op, [&](auto t, auto w) {
+    using T = decltype(t);
+    using W = decltype(w);
+    gemma_add_rows<T, W>(out.data_ptr<T>(), residual_out.data_ptr<T>(), x.const_data_ptr<T>(),
+                         residual.const_data_ptr<T>(), weight.const_data_ptr<W>(), rows_of(x),
+                         d, static_cast<float>(eps));
+  });
+}
+
+void rms_norm_gated_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& z, double eps, int64_t group_size,
+                        bool norm_before_gate, bool sigmoid) {
+  const char* op = "rms_norm_gated";
+  check_rows(op, out, x, weight);
+  if (z.has_value()) check_like(op, "z", *z, x);
+  const int64_t d = x.size(-1);
+  const int64_t group = group_size <= 0 ? d : group_size;
+  TORCH_CHECK_VALUE(d == 0 || (group > 0 && d % group == 0), "opmux::rms_norm_gated (provider "
+                    "'cpp'): group_size must divide x's last dimension ", d, ", got ", group_size);
+  advise_huge_pages(out);
+  with_weight_type(x, weight, op, [&](auto t, auto w) {
+    using T = decltype(t);
+    using W = decltype(w);
+    gated_rows<T, W>(out.data_ptr<T>(), x.const_data_ptr<T>(), weight.const_data_ptr<W>(),
+                     z.has_value() ? z->const_data_ptr<T>() : nullptr, rows_of(x), d, group,
+                     norm_before_gate, sigmoid, static_cast<float>(eps));
+  });
+}
+
+}  // namespace opmux_cpu
