@@ -61,6 +61,15 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "quant_fp8_group_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, int group_size, "
       "bool use_ue8m0) -> ()");
   m.def(
+      "causal_conv1d_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor(b!) conv_states, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state, bool silu) -> ()");
+  m.def(
+      "selective_scan_out(Tensor(a!) out, Tensor u, Tensor(b!) ssm_states, Tensor delta, "
+      "Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "bool delta_softplus, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state) -> ()");
+  m.def(
       "ssd_scan_out(Tensor(a!) out, Tensor(b!) ssm_state, Tensor x, Tensor dt, Tensor A, "
       "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor state_indices, "
       "Tensor? query_start_loc, Tensor? has_initial_state, bool dt_softplus, float dt_min, "
@@ -93,5 +102,7 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("quant_fp8_static_out", &opmux_cpu::quant_fp8_static_out);
   m.impl("quant_fp8_dynamic_out", &opmux_cpu::quant_fp8_dynamic_out);
   m.impl("quant_fp8_group_out", &opmux_cpu::quant_fp8_group_out);
+  m.impl("causal_conv1d_out", &opmux_cpu::causal_conv1d_out);
+  m.impl("selective_scan_out", &opmux_cpu::selective_scan_out);
   m.impl("ssd_scan_out", &opmux_cpu::ssd_scan_out);
 }

@@ -13,6 +13,7 @@ from opmux.layers.activation import (
     SiluAndMul,
     SwigluOAIAndMul,
 )
+from opmux.layers.conv import Conv2dLayer, Conv3dLayer
 from opmux.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from opmux.layers.linear import (
     ColumnParallelLinear,
@@ -22,6 +23,7 @@ from opmux.layers.linear import (
     RowParallelLinear,
 )
 from opmux.layers.logits import LogitsProcessor
+from opmux.layers.mamba import MambaMetadata, MambaMixer, ShortConv
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
 from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
 from opmux.layers.quant import GroupShape, QuantFP8
@@ -41,6 +43,8 @@ from opmux.layers.rotary import (
 __all__ = [
     "ApplyRotaryEmb",
     "ColumnParallelLinear",
+    "Conv2dLayer",
+    "Conv3dLayer",
     "DualChunkRotaryEmbedding",
     "DynamicNTKScalingRotaryEmbedding",
     "FastGELU",
@@ -53,6 +57,8 @@ __all__ = [
     "LinearScalingRotaryEmbedding",
     "Llama3RotaryEmbedding",
     "LogitsProcessor",
+    "MambaMetadata",
+    "MambaMixer",
     "MergedColumnParallelLinear",
     "MulAndSilu",
     "NewGELU",
@@ -68,6 +74,7 @@ __all__ = [
     "RotaryEmbeddingBase",
     "RowParallelLinear",
     "SharedExpertsMLP",
+    "ShortConv",
     "SiluAndMul",
     "SwigluOAIAndMul",
     "VocabParallelEmbedding",

@@ -36,6 +36,12 @@ from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
 from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
+from opmux.ops.ssm import (
+    causal_conv1d,
+    causal_conv1d_update,
+    selective_scan,
+    selective_state_update,
+)
 
 __all__ = [
     "advance_step_flashattn",
@@ -43,6 +49,8 @@ __all__ = [
     "all_reduce",
     "all_reduce_",
     "apply_rotary_emb",
+    "causal_conv1d",
+    "causal_conv1d_update",
     "dual_chunk_rotary_embedding",
     "fatrelu_and_mul",
     "fused_add_rms_norm",
@@ -65,6 +73,8 @@ __all__ = [
     "rms_norm",
     "rms_norm_gated",
     "rotary_embedding",
+    "selective_scan",
+    "selective_state_update",
     "silu_and_mul",
     "ssd_chunk_scan",
     "ssd_state_update",

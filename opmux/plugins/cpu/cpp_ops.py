@@ -23,7 +23,7 @@ from opmux.ops._norm_quant_checks import (
     check_rms_norm_gated,
 )
 
-from . import _build, cpp_activation, cpp_ssd
+from . import _build, cpp_activation, cpp_ssd, cpp_ssm
 
 __all__ = [
     "OPS",
@@ -379,6 +379,7 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     **cpp_activation.OPS,
     "apply_rotary_emb": (apply_rotary_emb, _apply_rotary_emb_ok),
     "dual_chunk_rotary_embedding": (dual_chunk_rotary_embedding, _dual_chunk_ok),
+    **cpp_ssm.OPS,
     **cpp_ssd.OPS,
 }
 """Op name -> (impl, supports_args) of every op this provider serves."""
