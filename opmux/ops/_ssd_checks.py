@@ -6,6 +6,7 @@ would cost a device sync.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Optional
 
 import torch
@@ -129,7 +130,7 @@ def check_ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
         return
     bounds = qsl.tolist()
     if bounds[0] != 0 or bounds[-1] != tokens or any(
-            a > b for a, b in zip(bounds, bounds[1:])):
+            a > b for a, b in pairwise(bounds)):
         raise input_error(op, provider, "query_start_loc", f"non-decreasing offsets from 0 "
                           f"to {tokens} (x's tokens)", bounds)
     _check_slots(op, provider, ssm_state, state_indices)

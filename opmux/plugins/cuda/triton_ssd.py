@@ -122,7 +122,8 @@ def _launch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
         *C.stride(), *zs, *ssm_state.stride(),
         HAS_QSL=qsl is not None, HAS_INIT=init is not None, HAS_D=d is not None,
         HAS_Z=z is not None, HAS_BIAS=bias is not None, SOFTPLUS=bool(dt_softplus),
-        CLAMP=dt_min > 0.0 or dt_max is not None, HAS_MAX=dt_max is not None, BLOCK_P=block_p, N_PAD=next_pow2(state_size),
+        CLAMP=dt_min > 0.0 or dt_max is not None, HAS_MAX=dt_max is not None,
+        BLOCK_P=block_p, N_PAD=next_pow2(state_size),
     )
     return out
 
