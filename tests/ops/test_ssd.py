@@ -165,3 +165,13 @@ def test_dispatch_prefers_cpp_and_declines_odd_layouts() -> None:
 @pytest.mark.parametrize("name", ["ssd_chunk_scan", "ssd_state_update"])
 def test_opcheck(name: str) -> None:
     assert run_opcheck(name)
+
+
+@pytest.mark.parametrize("name", ["ssd_chunk_scan", "ssd_state_update"])
+def test_cpp_conformance(name: str) -> None:
+    """Every conformance case (strided inputs, bf16/fp16, clamps, empty) through the kit."""
+    from opmux.testing.conformance import check_provider
+
+    report = check_provider(name, "cpp")
+    assert report.status == "checked" and report.cases
+    assert report.ok, [c for c in report.cases if c.status != "pass"]
