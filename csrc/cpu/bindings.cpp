@@ -77,6 +77,11 @@ TORCH_LIBRARY(opmux_cpu, m) {
       "Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
       "bool delta_softplus, Tensor? query_start_loc, Tensor? cache_indices, "
       "Tensor? has_initial_state) -> ()");
+  m.def(
+      "ssd_scan_out(Tensor(a!) out, Tensor(b!) ssm_state, Tensor x, Tensor dt, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor state_indices, "
+      "Tensor? query_start_loc, Tensor? has_initial_state, bool dt_softplus, float dt_min, "
+      "float dt_max) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -110,4 +115,5 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("mla_latent_attention_out", &opmux_cpu::mla_latent_attention_out);
   m.impl("causal_conv1d_out", &opmux_cpu::causal_conv1d_out);
   m.impl("selective_scan_out", &opmux_cpu::selective_scan_out);
+  m.impl("ssd_scan_out", &opmux_cpu::ssd_scan_out);
 }

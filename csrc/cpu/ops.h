@@ -105,4 +105,15 @@ void selective_scan_out(at::Tensor& out, const at::Tensor& u, at::Tensor& ssm_st
                         const std::optional<at::Tensor>& cache_indices,
                         const std::optional<at::Tensor>& has_initial_state);
 
+// Mamba-2 SSD scan (ssd.cpp): prefill over query_start_loc, or decode (one token per slot)
+// when query_start_loc is None. dt_max < 0 means no upper clamp.
+void ssd_scan_out(at::Tensor& out, at::Tensor& ssm_state, const at::Tensor& x,
+                  const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
+                  const at::Tensor& C, const std::optional<at::Tensor>& D,
+                  const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias,
+                  const at::Tensor& state_indices,
+                  const std::optional<at::Tensor>& query_start_loc,
+                  const std::optional<at::Tensor>& has_initial_state, bool dt_softplus,
+                  double dt_min, double dt_max);
+
 }  // namespace opmux_cpu

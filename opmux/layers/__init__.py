@@ -30,6 +30,7 @@ from opmux.layers.linear import (
 )
 from opmux.layers.logits import LogitsProcessor
 from opmux.layers.mamba import MambaMetadata, MambaMixer, ShortConv
+from opmux.layers.mamba2 import MambaMixer2, Mixer2RMSNormGated, Plamo2MambaMixer
 from opmux.layers.moe import FusedMoE, SharedExpertsMLP
 from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
 from opmux.layers.quant import GroupShape, QuantFP8
@@ -68,11 +69,14 @@ __all__ = [
     "MMEncoderAttention",
     "MambaMetadata",
     "MambaMixer",
+    "MambaMixer2",
     "MergedColumnParallelLinear",
+    "Mixer2RMSNormGated",
     "MulAndSilu",
     "MultiHeadLatentAttentionWrapper",
     "NewGELU",
     "ParallelLMHead",
+    "Plamo2MambaMixer",
     "QKVParallelLinear",
     "QuantFP8",
     "QuickGELU",

@@ -36,6 +36,7 @@ from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
+from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
 from opmux.ops.ssm import (
     causal_conv1d,
     causal_conv1d_update,
@@ -79,6 +80,8 @@ __all__ = [
     "selective_scan",
     "selective_state_update",
     "silu_and_mul",
+    "ssd_chunk_scan",
+    "ssd_state_update",
     "swigluoai_and_mul",
     "topk_softmax",
     "xielu",

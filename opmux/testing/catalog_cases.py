@@ -479,6 +479,9 @@ def register_catalog_cases() -> None:
     from opmux.testing.ssm_cases import register_ssm_cases
 
     register_ssm_cases()
+    from opmux.testing.ssd_cases import register_ssd_cases
+
+    register_ssd_cases()
 
 
 register_catalog_cases()

@@ -52,6 +52,8 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "encoder_attention": ("triton_attention_extra", "encoder_attention_supports"),
     "concat_and_cache_mla": ("triton_attention_extra", "concat_and_cache_mla_supports"),
     "mla_attention": ("triton_attention_extra", "mla_attention_supports"),
+    "ssd_chunk_scan": ("triton_ssd", "ssd_chunk_scan_supports"),
+    "ssd_state_update": ("triton_ssd", "ssd_state_update_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 
