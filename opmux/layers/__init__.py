@@ -22,7 +22,18 @@ from opmux.layers.linear import (
     RowParallelLinear,
 )
 from opmux.layers.logits import LogitsProcessor
-from opmux.layers.moe import FusedMoE, SharedExpertsMLP
+from opmux.layers.moe import FusedMoE, SharedExpertsMLP, TransformersFusedMoE
+from opmux.layers.moe_methods import (
+    FusedMoECatalogExperts,
+    FusedMoEConfig,
+    FusedMoEExpertsModular,
+    FusedMoEKernel,
+    FusedMoEModularMethod,
+    FusedMoEPrepareAndFinalizeModular,
+    MoEPrepareAndFinalizeNoDPEPModular,
+    UnquantizedFusedMoEMethod,
+)
+from opmux.layers.moe_router import GroupedTopk
 from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
 from opmux.layers.quant import GroupShape, QuantFP8
 from opmux.layers.rotary import (
@@ -46,14 +57,22 @@ __all__ = [
     "FastGELU",
     "FatreluAndMul",
     "FusedMoE",
+    "FusedMoECatalogExperts",
+    "FusedMoEConfig",
+    "FusedMoEExpertsModular",
+    "FusedMoEKernel",
+    "FusedMoEModularMethod",
+    "FusedMoEPrepareAndFinalizeModular",
     "GeluAndMul",
     "GeluAndMulSparse",
     "GemmaRMSNorm",
     "GroupShape",
+    "GroupedTopk",
     "LinearScalingRotaryEmbedding",
     "Llama3RotaryEmbedding",
     "LogitsProcessor",
     "MergedColumnParallelLinear",
+    "MoEPrepareAndFinalizeNoDPEPModular",
     "MulAndSilu",
     "NewGELU",
     "ParallelLMHead",
@@ -70,6 +89,8 @@ __all__ = [
     "SharedExpertsMLP",
     "SiluAndMul",
     "SwigluOAIAndMul",
+    "TransformersFusedMoE",
+    "UnquantizedFusedMoEMethod",
     "VocabParallelEmbedding",
     "XIELU",
     "YaRNScalingRotaryEmbedding",
