@@ -22,13 +22,12 @@ longer makes ops inline (see opmux.plugins.ascend.dlpack_provider).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from timing import interleaved_us
 
 SIZES = (1, 16, 256, 1024, 4096)
 BLOCK_SIZE = 32
@@ -53,15 +52,8 @@ ORDER = ("input_tokens", "sampled_token_ids", "input_positions", "seq_lens", "sl
 
 
 def _time(fn: Callable[[], Any], iters: int, repeats: int = 5) -> float:
-    for _ in range(min(iters, 50)):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - start) / iters * 1e6)
-    return statistics.median(samples)
+    """Median microseconds per call over ``repeats`` samples of ``iters`` calls."""
+    return interleaved_us({"fn": fn}, calls=iters, rounds=repeats, warmup=min(iters, 50))["fn"]
 
 
 def main() -> None:

@@ -11,26 +11,18 @@ with a ``supports_args`` that declines, so the second runs).
 from __future__ import annotations
 
 import argparse
-import statistics
-import timeit
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from timing import interleaved_us
 
 import opmux
 
 
 def _time_all(cases: dict[str, Callable[[], Any]], number: int, repeat: int) -> dict[str, float]:
     """Median µs/call per case; rounds interleave the cases so load spikes hit all alike."""
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for fn in cases.values():
-        for _ in range(200):
-            fn()
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            samples[name].append(timeit.timeit(fn, number=number) / number * 1e6)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return interleaved_us(cases, calls=number, rounds=repeat, warmup=200)
 
 
 def main() -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Optional
 
 import torch
+from timing import samples
 
 from opmux.ops.moe import fused_moe, topk_softmax
 from opmux.plugins.cpu.moe_ops import fused_moe_grouped
@@ -67,15 +67,8 @@ def time_ms(fns: list[Callable[[], object]], *, repeats: int) -> list[tuple[floa
     """``(best, median)`` ms of each function over ``repeats`` runs (on a shared machine
     the best is the stable statistic, the median shows the spread); after one warm-up
     call each, they alternate within every repeat so drift hits both alike."""
-    for fn in fns:
-        fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, out in zip(fns, samples, strict=True):
-            start = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - start) * 1e3)
-    return [(min(s), statistics.median(s)) for s in samples]
+    runs = samples({str(i): fn for i, fn in enumerate(fns)}, rounds=repeats, warmup=1)
+    return [(min(s) * 1e3, statistics.median(s) * 1e3) for s in runs.values()]
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from timing import copy_gbps, interleaved_ms, load_vllm, median_ms
 
+from opmux.testing import paged_batch
+
 Row = tuple[str, float]
 
 CPP = "opmux cpp (kernel, out given)"
@@ -68,21 +70,13 @@ class Setup:
         self.case = case
         dtype = getattr(torch, case.dtype)
         bs, hkv, d = case.block_size, case.kv_heads, case.d
-        blocks = [-(-kv // bs) for _, kv in case.lens]
-        n_blocks = sum(blocks)
-        torch.manual_seed(0)
-        self.kc = torch.randn(n_blocks, bs, hkv, d).to(dtype)
-        self.vc = torch.randn(n_blocks, bs, hkv, d).to(dtype)
-        perm = torch.randperm(n_blocks).int()
-        self.bt = torch.zeros(len(blocks), max(blocks), dtype=torch.int32)
-        start = 0
-        for i, nb in enumerate(blocks):
-            self.bt[i, :nb] = perm[start:start + nb]
-            start += nb
-        self.seq_lens = torch.tensor([kv for _, kv in case.lens], dtype=torch.int32)
-        q_lens = torch.tensor([q for q, _ in case.lens], dtype=torch.int32)
-        self.qsl = torch.cat([torch.zeros(1, dtype=torch.int32), q_lens.cumsum(0).int()])
-        self.query = torch.randn(int(self.qsl[-1]), case.heads, d).to(dtype)
+        batch = paged_batch([q for q, _ in case.lens], [kv for _, kv in case.lens],
+                            heads=case.heads, kv_heads=hkv, head_size=d, block_size=bs,
+                            dtype=dtype, spare_blocks=0, extra_columns=0, unused=0)
+        self.query, self.kc, self.vc = batch.query, batch.key_cache, batch.value_cache
+        self.bt, self.seq_lens, self.qsl = (batch.block_tables, batch.seq_lens,
+                                            batch.query_start_loc)
+        n_blocks = self.kc.shape[0]
         self.scale = d ** -0.5
         self.call = (self.query, self.kc, self.vc, self.bt, self.seq_lens, self.qsl, self.scale,
                      case.window, case.soft_cap)

@@ -18,13 +18,12 @@ Run: ``python benchmarks/runner_op_overhead.py``.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from timing import interleaved_us
 
 from opmux.core.runners import register_runner_op, runner_scope
 
@@ -41,19 +40,8 @@ class BiasRunner:
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], *, calls: int,
                      repeats: int) -> dict[str, float]:
-    """Median µs per call of each function; the functions take turns in every repeat so
-    that load from other processes hits all of them alike."""
-    for fn in fns.values():
-        for _ in range(calls // 10):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    """Median µs per call of each function, the functions taking turns in every repeat."""
+    return interleaved_us(fns, calls=calls, rounds=repeats, warmup=calls // 10)
 
 
 def main() -> None:

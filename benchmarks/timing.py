@@ -1,41 +1,70 @@
-"""Timing helpers shared by the CPU benchmarks (run them as scripts from this folder)."""
+"""Timing helpers shared by the benchmarks (run them as scripts from this folder).
+
+Every benchmark times through :func:`samples`: contenders take turns within each round, so
+load from other processes on a shared machine hits all of them alike and the ratios printed
+against a baseline of the same run stay meaningful. ``xla_paged_attention.py`` (a step includes
+the host-to-device copy, the device sync and a compile count) and ``gpu_kernels.py`` (CUDA
+events with a cold L2 before each run) time their own way; ``startup.py`` times fresh
+interpreters.
+"""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 
-def median_ms(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+def samples(fns: Mapping[str, Callable[[], Any]], *, rounds: int, calls: int = 1,
+            warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per call of each contender, one sample per round.
 
-
-def interleaved_ms(fns: dict[str, Callable[[], Any]], iters: int) -> dict[str, float]:
-    """Median ms per contender, timed round-robin so that load from other processes on a
-    shared machine hits every contender alike (the ratios stay meaningful)."""
+    :param fns: contender name -> a call taking no arguments.
+    :param rounds: samples per contender; the contenders alternate within every round.
+    :param calls: calls per sample (many for microsecond calls, one for long ones).
+    :param warmup: untimed calls of each contender first.
+    """
     for fn in fns.values():
-        fn()
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
+        for _ in range(warmup):
             fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    out: dict[str, list[float]] = {name: [] for name in fns}
+    enabled = gc.isenabled()
+    gc.disable()  # as timeit does: a collection is no contender's cost
+    try:
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                out[name].append((time.perf_counter() - start) / calls)
+    finally:
+        if enabled:
+            gc.enable()
+    return out
+
+
+def interleaved_us(fns: Mapping[str, Callable[[], Any]], *, calls: int, rounds: int,
+                   warmup: int = 2) -> dict[str, float]:
+    """Median microseconds per call of each contender (see :func:`samples`)."""
+    return {name: statistics.median(v) * 1e6
+            for name, v in samples(fns, rounds=rounds, calls=calls, warmup=warmup).items()}
+
+
+def median_ms(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:
+    """Median milliseconds of one call over ``iters`` calls."""
+    return statistics.median(samples({"fn": fn}, rounds=iters, warmup=warmup)["fn"]) * 1e3
+
+
+def interleaved_ms(fns: Mapping[str, Callable[[], Any]], iters: int) -> dict[str, float]:
+    """Median milliseconds per contender over ``iters`` interleaved rounds."""
+    return {name: statistics.median(v) * 1e3
+            for name, v in samples(fns, rounds=iters).items()}
 
 
 def copy_gbps() -> float:

@@ -74,16 +74,23 @@ void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
              cos_sin_cache.sizes());
   const int64_t rot = cos_sin_cache.size(1);
   const int64_t max_pos = cos_sin_cache.size(0);
-  ROPE_CHECK(rot % 2 == 0 && rot <= head_size, "rot (cos_sin_cache.size(1)) must be even and <= ",
-             head_size, ", got ", rot);
+  ROPE_CHECK(rot % 2 == 0 && rot > 0 && rot <= head_size,
+             "rot (cos_sin_cache.size(1)) must be even, positive and <= ", head_size, ", got ",
+             rot);
+  ROPE_CHECK((query.dim() == 2 || query.size(2) == head_size) &&
+                 (key.dim() == 2 || key.size(2) == head_size),
+             "per-head query/key [T, H, D] must have D == head_size ", head_size, ", got ",
+             query.sizes(), " and ", key.sizes());
   ROPE_CHECK(query_out.is_contiguous() && key_out.is_contiguous() &&
                  query_out.numel() == query.numel() && key_out.numel() == key.numel() &&
                  query_out.scalar_type() == query.scalar_type() &&
                  key_out.scalar_type() == key.scalar_type(),
              "query_out/key_out must be contiguous like query/key");
+  // positions may be any 1-d view (strided, stride 0): read through its stride (#11)
   const int64_t* pos = positions.const_data_ptr<int64_t>();
+  const int64_t ps = positions.stride(0);
   for (int64_t t = 0; t < T; ++t) {
-    ROPE_CHECK(pos[t] >= 0 && pos[t] < max_pos, "positions[", t, "] = ", pos[t],
+    ROPE_CHECK(pos[t * ps] >= 0 && pos[t * ps] < max_pos, "positions[", t, "] = ", pos[t * ps],
                " is outside [0, ", max_pos, ")");
   }
 #undef ROPE_CHECK
@@ -100,7 +107,7 @@ void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
     const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(q_width + k_width, 1));
     at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
-        const scalar_t* cos = cache + pos[t] * rot;
+        const scalar_t* cos = cache + pos[t * ps] * rot;
         const scalar_t* sin = cos + rot / 2;
         for (int64_t h = 0; h < hq; ++h) {
           rotate_head(qo + t * q_width + h * head_size, q + t * qs + h * head_size, cos, sin,

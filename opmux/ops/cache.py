@@ -20,17 +20,27 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
     :param key: ``[T, Hkv, D]``, the caches' dtype.
     :param value: ``[T, Hkv, D]``.
-    :param key_cache: ``[num_blocks, block_size, Hkv, D]``, contiguous; written in place.
-    :param value_cache: same shape and dtype as ``key_cache``; written in place.
-    :param slot_mapping: ``[T]`` int64, each ``-1`` or in ``[0, num_blocks*block_size)``.
-    :raises opmux.OpInputError: bad shapes, dtypes, layout, or a slot out of range.
+    :param key_cache: ``[num_blocks, block_size, Hkv, D]``, written in place. Any strided
+        view of that logical shape is accepted: a permuted ``HND`` buffer, or K and V as two
+        views of one ``[num_blocks, 2, block_size, Hkv, D]`` allocation (``kv[:, 0]``);
+        only self-overlapping (expanded) views are refused.
+    :param value_cache: same shape and dtype as ``key_cache`` (its strides may differ);
+        written in place.
+    :param slot_mapping: ``[T]`` int64, each ``-1`` or in ``[0, num_blocks*block_size)``;
+        a slot other than ``-1`` appears at most once (two tokens in one slot would leave
+        a provider-dependent winner, so it is refused).
+    :raises opmux.OpInputError: bad shapes, dtypes or devices, an overlapping cache view, a
+        zero block size, or a slot out of range.
     """
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    _, _, hkv, d = key_cache.shape
+    block_size = key_cache.shape[1]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    key_cache.view(-1, hkv, d).index_copy_(0, slots, key[valid])
-    value_cache.view(-1, hkv, d).index_copy_(0, slots, value[valid])
+    # (block, offset) indexing writes through any strided view of the caches in place
+    blocks = torch.div(slots, block_size, rounding_mode="floor")
+    offsets = slots - blocks * block_size
+    key_cache.index_put_((blocks, offsets), key[valid])
+    value_cache.index_put_((blocks, offsets), value[valid])
 
 
 @reshape_and_cache.register_fake
@@ -62,8 +72,12 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     >>> pos.tolist(), lens.tolist(), slots.tolist()
     ([6, 8, 6, 6], [7, 9, 7, 7], [6, 136, 262, 390])
 
-    :raises opmux.OpInputError: wrong dtype, non-contiguous state, wrong first dimension,
-        or a next position outside the block table; nothing is written then.
+    The state vectors may be any non-overlapping strided views (written in place through
+    their strides); ``sampled_token_ids`` may be ``[num_queries]`` or have extra rows.
+
+    :raises opmux.OpInputError: wrong dtype, an overlapping (expanded) state view, wrong first
+        dimension, a next position outside the block table or a negative block id there;
+        nothing is written then.
     """
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,

@@ -12,7 +12,10 @@ token. Routing returns ``topk_weights [T, k]`` float32 and ``topk_ids [T, k]`` i
 The reference runs every expert on every token and keeps the selected results: it has
 no data-dependent shapes (compiles, runs on XLA) at the price of E/k times the FLOPs of
 a grouped provider. Weighted sums accumulate in float32; the result has
-``hidden_states.dtype``.
+``hidden_states.dtype``. With float32 inputs everything runs in float32: on vLLM's CPU MoE
+shapes (8 experts, top 4, hidden/intermediate 128 and 2880) native and the ``grouped``
+provider stay within float32's default tolerance of a float64 evaluation
+(``tests/ops/test_moe_accuracy.py``).
 """
 
 from typing import Optional
@@ -23,29 +26,108 @@ from torch import Tensor
 
 from opmux.core.errors import OpInputError
 from opmux.core.registry import register_op
+from opmux.ops._checks import (
+    check_bool,
+    check_int,
+    check_real,
+    check_same_device,
+    check_tensor,
+    input_error,
+)
 
-__all__ = ["fused_moe", "grouped_topk", "topk_softmax"]
+__all__ = [
+    "check_expert_ids",
+    "check_fused_moe_args",
+    "check_grouped_topk",
+    "check_topk_softmax",
+    "fused_moe",
+    "grouped_topk",
+    "topk_softmax",
+]
 
 _SCORING_FUNCS = ("sigmoid", "softmax")
 
 
 def _err(op: str, provider: str, arg: str, expected: str, got: object) -> OpInputError:
-    return OpInputError(f"{op} [{provider}]: argument {arg!r}: expected {expected}, got {got}")
+    # the catalog's one error builder and message format
+    return input_error(op, provider, arg, expected, got)
 
 
-def _check_gating(op: str, gating_output: Tensor, topk: int, num_experts_divisor: int = 1
+# one tensor on another device (a meta weight among CPU tensors) would otherwise make the
+# dispatcher run the fake and return uninitialised memory (#11 item 3)
+_tensor = check_tensor
+_same_device = check_same_device
+
+
+def _check_gating(op: str, provider: str, gating_output: Tensor, topk: int
                   ) -> tuple[int, int]:
+    gating_output = _tensor(op, provider, "gating_output", gating_output)
     if gating_output.dim() != 2:
-        raise _err(op, "native", "gating_output", "a 2-D [tokens, experts] tensor",
+        raise _err(op, provider, "gating_output", "a 2-D [tokens, experts] tensor",
                    f"shape {tuple(gating_output.shape)}")
     if not gating_output.is_floating_point():
-        raise _err(op, "native", "gating_output", "a floating-point tensor",
+        raise _err(op, provider, "gating_output", "a floating-point tensor",
                    gating_output.dtype)
     num_experts = gating_output.shape[1]
+    check_int(op, provider, "topk", topk)
     if not 1 <= topk <= num_experts:
-        raise _err(op, "native", "topk", f"1 <= topk <= {num_experts} (the number of experts)",
+        raise _err(op, provider, "topk", f"1 <= topk <= {num_experts} (the number of experts)",
                    topk)
     return gating_output.shape[0], num_experts
+
+
+def check_topk_softmax(gating_output: Tensor, topk: int, renormalize: bool, *,
+                       provider: str = "native") -> tuple[int, int]:
+    """Validate a ``topk_softmax`` call (no data is read).
+
+    :returns: ``(tokens, experts)``.
+    :raises OpInputError: naming op, provider, argument, expected and got.
+    """
+    sizes = _check_gating("topk_softmax", provider, gating_output, topk)
+    check_bool("topk_softmax", provider, "renormalize", renormalize)
+    return sizes
+
+
+def check_grouped_topk(gating_output: Tensor, topk: int, renormalize: bool,
+                       num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
+                       e_score_correction_bias: Optional[Tensor] = None,
+                       routed_scaling_factor: float = 1.0, *,
+                       provider: str = "native") -> tuple[int, int, int]:
+    """Validate a ``grouped_topk`` call (no data is read).
+
+    :returns: ``(tokens, experts, experts per group)``.
+    :raises OpInputError: naming op, provider, argument, expected and got.
+    """
+    op = "grouped_topk"
+    tokens, num_experts = _check_gating(op, provider, gating_output, topk)
+    check_bool(op, provider, "renormalize", renormalize)
+    check_int(op, provider, "num_expert_group", num_expert_group)
+    check_int(op, provider, "topk_group", topk_group)
+    check_real(op, provider, "routed_scaling_factor", routed_scaling_factor)
+    if num_expert_group < 1 or num_experts % num_expert_group:
+        raise _err(op, provider, "num_expert_group",
+                   f"a positive divisor of the number of experts {num_experts}",
+                   num_expert_group)
+    per_group = num_experts // num_expert_group
+    if not 1 <= topk_group <= num_expert_group:
+        raise _err(op, provider, "topk_group", f"1 <= topk_group <= {num_expert_group}",
+                   topk_group)
+    if topk > topk_group * per_group:
+        raise _err(op, provider, "topk",
+                   f"at most topk_group * experts per group = {topk_group * per_group}", topk)
+    if scoring_func not in _SCORING_FUNCS:
+        raise _err(op, provider, "scoring_func", f"one of {list(_SCORING_FUNCS)}",
+                   repr(scoring_func))
+    if e_score_correction_bias is not None:
+        bias = _tensor(op, provider, "e_score_correction_bias", e_score_correction_bias)
+        if tuple(bias.shape) != (num_experts,):
+            raise _err(op, provider, "e_score_correction_bias", f"shape ({num_experts},)",
+                       f"shape {tuple(bias.shape)}")
+        if not bias.is_floating_point():
+            raise _err(op, provider, "e_score_correction_bias", "a floating-point tensor",
+                       bias.dtype)
+        _same_device(op, provider, gating_output, e_score_correction_bias=bias)
+    return tokens, num_experts, per_group
 
 
 @register_op
@@ -58,7 +140,7 @@ def topk_softmax(gating_output: Tensor, topk: int, renormalize: bool
     :param renormalize: divide the kept weights by their sum.
     :returns: ``(topk_weights [T, topk] float32, topk_ids [T, topk] int32)``.
     """
-    _check_gating("topk_softmax", gating_output, topk)
+    check_topk_softmax(gating_output, topk, renormalize)
     scores = torch.softmax(gating_output.float(), dim=-1)
     weights, ids = torch.topk(scores, topk, dim=-1)
     if renormalize:
@@ -69,7 +151,7 @@ def topk_softmax(gating_output: Tensor, topk: int, renormalize: bool
 @topk_softmax.register_fake
 def _topk_softmax_fake(gating_output: Tensor, topk: int, renormalize: bool
                        ) -> tuple[Tensor, Tensor]:
-    tokens = gating_output.shape[0]
+    tokens, _ = check_topk_softmax(gating_output, topk, renormalize, provider="native")
     return (gating_output.new_empty((tokens, topk), dtype=torch.float32),
             gating_output.new_empty((tokens, topk), dtype=torch.int32))
 
@@ -91,26 +173,9 @@ def grouped_topk(gating_output: Tensor, topk: int, renormalize: bool, num_expert
 
     :returns: ``(topk_weights [T, topk] float32, topk_ids [T, topk] int32)``.
     """
-    op = "grouped_topk"
-    tokens, num_experts = _check_gating(op, gating_output, topk)
-    if num_expert_group < 1 or num_experts % num_expert_group:
-        raise _err(op, "native", "num_expert_group",
-                   f"a positive divisor of the number of experts {num_experts}",
-                   num_expert_group)
-    per_group = num_experts // num_expert_group
-    if not 1 <= topk_group <= num_expert_group:
-        raise _err(op, "native", "topk_group", f"1 <= topk_group <= {num_expert_group}",
-                   topk_group)
-    if topk > topk_group * per_group:
-        raise _err(op, "native", "topk",
-                   f"at most topk_group * experts per group = {topk_group * per_group}", topk)
-    if scoring_func not in _SCORING_FUNCS:
-        raise _err(op, "native", "scoring_func", f"one of {list(_SCORING_FUNCS)}",
-                   repr(scoring_func))
-    if e_score_correction_bias is not None and tuple(e_score_correction_bias.shape) != (
-            num_experts,):
-        raise _err(op, "native", "e_score_correction_bias", f"shape ({num_experts},)",
-                   f"shape {tuple(e_score_correction_bias.shape)}")
+    tokens, num_experts, per_group = check_grouped_topk(
+        gating_output, topk, renormalize, num_expert_group, topk_group, scoring_func,
+        e_score_correction_bias, routed_scaling_factor)
     logits = gating_output.float()
     scores = torch.softmax(logits, dim=-1) if scoring_func == "softmax" else logits.sigmoid()
     if e_score_correction_bias is not None:
@@ -139,7 +204,9 @@ def _grouped_topk_fake(gating_output: Tensor, topk: int, renormalize: bool,
                        num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
                        e_score_correction_bias: Optional[Tensor] = None,
                        routed_scaling_factor: float = 1.0) -> tuple[Tensor, Tensor]:
-    tokens = gating_output.shape[0]
+    tokens, _, _ = check_grouped_topk(gating_output, topk, renormalize, num_expert_group,
+                                      topk_group, scoring_func, e_score_correction_bias,
+                                      routed_scaling_factor, provider="native")
     return (gating_output.new_empty((tokens, topk), dtype=torch.float32),
             gating_output.new_empty((tokens, topk), dtype=torch.int32))
 
@@ -156,6 +223,11 @@ def check_fused_moe_args(provider: str, hidden_states: Tensor, w1: Tensor, w2: T
     :raises OpInputError: naming op, provider, argument, expected and got.
     """
     op = "fused_moe"
+    hidden_states = _tensor(op, provider, "hidden_states", hidden_states)
+    w1 = _tensor(op, provider, "w1", w1)
+    w2 = _tensor(op, provider, "w2", w2)
+    topk_weights = _tensor(op, provider, "topk_weights", topk_weights)
+    topk_ids = _tensor(op, provider, "topk_ids", topk_ids)
     if hidden_states.dim() != 2:
         raise _err(op, provider, "hidden_states", "a 2-D [tokens, hidden] tensor",
                    f"shape {tuple(hidden_states.shape)}")
@@ -184,6 +256,8 @@ def check_fused_moe_args(provider: str, hidden_states: Tensor, w1: Tensor, w2: T
                    f"shape {tuple(topk_weights.shape)}")
     if not topk_weights.is_floating_point():
         raise _err(op, provider, "topk_weights", "a floating-point tensor", topk_weights.dtype)
+    _same_device(op, provider, hidden_states, w1=w1, w2=w2, topk_weights=topk_weights,
+                 topk_ids=topk_ids)
     return tokens, hidden, experts, intermediate
 
 
@@ -237,6 +311,6 @@ def fused_moe(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tenso
 @fused_moe.register_fake
 def _fused_moe_fake(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
                     topk_ids: Tensor) -> Tensor:
-    check_fused_moe_args("fake", hidden_states, w1, w2, topk_weights, topk_ids)
+    check_fused_moe_args("native", hidden_states, w1, w2, topk_weights, topk_ids)
     return torch.empty_like(hidden_states)
 

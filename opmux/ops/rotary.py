@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._checks import check_rotary_embedding
+from opmux.ops._checks import check_rotary_embedding, rotary_heads
 
 __all__ = ["make_cos_sin_cache", "rotary_embedding"]
 
@@ -26,11 +26,11 @@ def make_cos_sin_cache(max_position: int, rotary_dim: int, base: float = 10000.0
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, head_size: int, is_neox: bool) -> Tensor:
-    """Rotate the first ``rot`` dims of every head of ``x`` ([T, H*D] or [T, H, D])."""
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, tokens: int, lead: int,
+            head_size: int, is_neox: bool) -> Tensor:
+    """Rotate the first ``rot`` dims of every head of ``x`` ([*P, H*D] or [*P, H, D])."""
     shape = x.shape
-    heads = x.reshape(shape[0], x.shape[-1] // head_size if x.dim() == 2 else x.shape[1],
-                      head_size)
+    heads = x.reshape(tokens, rotary_heads(x, lead, head_size), head_size)
     rot = cos.shape[-1] * 2
     xr = heads[..., :rot].float()
     c = cos.unsqueeze(1)
@@ -55,14 +55,28 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
     (fp32 math); dims ``rot..head_size`` pass through unchanged. Neox style rotates the two
     halves of the rotary dims, GPT-J style rotates interleaved pairs.
 
-    :param positions: ``[T]`` int64 positions, each in ``[0, max_pos)``.
-    :param query: ``[T, H*D]`` (or ``[T, H, D]``).
-    :param key: ``[T, Hkv*D]`` (or ``[T, Hkv, D]``), same dtype as ``query``.
+    Layouts (as vLLM's kernel): ``positions`` may have any shape ``P`` (``[T]``,
+    ``[batch, seq]``, ...); ``query``/``key`` are ``[*P, heads*head_size]`` or
+    ``[*P, heads, head_size]`` (told apart by rank). Outputs keep the inputs' shapes; any
+    strides are read.
+
+    Precision: the rotation is computed in fp32 and rounded once to the input dtype, as
+    vLLM's CPU kernel does. vLLM's Python reference instead rotates bf16/fp16 inputs in
+    that dtype (cos and sin cast down, every product and sum rounded), so on large bf16
+    inputs the two differ by about one bf16 ulp, beyond vLLM's test tolerance; in fp32
+    they agree for every head size, rotary width, style and layout (#19).
+
+    :param positions: int64/int32 positions, each in ``[0, max_pos)``.
+    :param query: ``[*P, H*D]`` or ``[*P, H, D]``.
+    :param key: ``[*P, Hkv*D]`` or ``[*P, Hkv, D]``, same dtype as ``query``.
     :returns: ``(query, key)`` rotated, same shapes and dtype as the inputs.
     :raises opmux.OpInputError: bad shapes or dtypes, or a position outside the cache.
     """
     check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox)
-    cos_sin = cos_sin_cache.index_select(0, positions.long()).float()
+    flat = positions.reshape(-1)
+    lead = positions.dim()
+    cos_sin = cos_sin_cache.index_select(0, flat.long()).float()
     cos, sin = cos_sin.chunk(2, dim=-1)
-    return (_rotate(query, cos, sin, head_size, is_neox),
-            _rotate(key, cos, sin, head_size, is_neox))
+    tokens = flat.shape[0]
+    return (_rotate(query, cos, sin, tokens, lead, head_size, is_neox),
+            _rotate(key, cos, sin, tokens, lead, head_size, is_neox))

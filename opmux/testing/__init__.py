@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from opmux.testing.bad_inputs import BadInput, bad_inputs_for, register_bad_inputs
     from opmux.testing.cases import Case, CaseGenerator, cases_for, has_cases, register_cases
     from opmux.testing.conformance import (
         TOLERANCES,
@@ -24,19 +25,29 @@ if TYPE_CHECKING:
         run_opcheck,
         tolerance,
     )
+    from opmux.testing.paged_batches import PagedBatch, paged_batch
+    from opmux.testing.views import StridedVariant, run_variant, strided_variants
 
 __all__ = [
-    "TOLERANCES",
+    "BadInput",
     "Case",
     "CaseGenerator",
     "CaseResult",
+    "PagedBatch",
     "ProviderReport",
+    "StridedVariant",
+    "TOLERANCES",
+    "bad_inputs_for",
     "cases_for",
     "check_provider",
     "has_cases",
+    "paged_batch",
+    "register_bad_inputs",
     "register_cases",
     "run_case",
     "run_opcheck",
+    "run_variant",
+    "strided_variants",
     "tolerance",
 ]
 
@@ -45,6 +56,11 @@ _HOME = {name: "opmux.testing.cases" for name in
 _HOME.update({name: "opmux.testing.conformance" for name in
               ("TOLERANCES", "CaseResult", "ProviderReport", "check_provider", "run_case",
                "run_opcheck", "tolerance")})
+_HOME.update({name: "opmux.testing.bad_inputs" for name in
+              ("BadInput", "bad_inputs_for", "register_bad_inputs")})
+_HOME.update({name: "opmux.testing.views" for name in
+              ("StridedVariant", "run_variant", "strided_variants")})
+_HOME.update({name: "opmux.testing.paged_batches" for name in ("PagedBatch", "paged_batch")})
 
 
 def __getattr__(name: str) -> Any:

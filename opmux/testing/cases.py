@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from opmux.core.errors import RegistrationError, UnknownOpError
+from opmux.core.state import register_reset
 
 __all__ = ["Case", "CaseGenerator", "cases_for", "has_cases", "register_cases"]
 
@@ -41,9 +42,14 @@ class Case:
     rtol: float | None = None
 
     def materialize(self, device: str | torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Fresh copies of the arguments on ``device`` (safe to mutate)."""
+        """Fresh copies of the arguments on ``device`` (safe to mutate).
+
+        A strided, non-overlapping tensor keeps its sizes, strides and storage offset (a
+        case may hold a cache that is one half of a K/V buffer, #19); an overlapping one
+        (expanded) becomes contiguous.
+        """
         def move(a: Any) -> Any:
-            return a.detach().clone().to(device) if isinstance(a, torch.Tensor) else a
+            return _fresh_copy(a, device) if isinstance(a, torch.Tensor) else a
 
         return tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()}
 
@@ -55,6 +61,17 @@ class Case:
             if isinstance(a, torch.Tensor) and a.is_floating_point():
                 return a.dtype
         return None
+
+
+def _fresh_copy(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    t = t.detach()
+    if t.is_contiguous() or t.numel() == 0 or torch._debug_has_internal_overlap(t) != 0:
+        return t.clone(memory_format=torch.contiguous_format).to(device)
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    buf = torch.empty(t.storage_offset() + extent, dtype=t.dtype, device=device)
+    out = buf.as_strided(t.shape, t.stride(), t.storage_offset())
+    out.copy_(t)
+    return out
 
 
 CaseGenerator = Callable[[], Iterable[Case]]
@@ -93,9 +110,18 @@ def unregister_cases(op_name: str) -> None:
 
 def _ensure_catalog() -> None:
     if not _CATALOG_LOADED[0]:
-        import opmux.testing.catalog_cases  # noqa: F401  (registers the catalog generators)
+        from opmux.testing.catalog_cases import register_catalog_cases
 
+        register_catalog_cases()  # idempotent (replace=True); again after a reset
         _CATALOG_LOADED[0] = True
+
+
+@register_reset
+def _reset_for_tests() -> None:
+    """Forget every registered generator; the catalog's come back on the next lookup."""
+    with _LOCK:
+        _GENERATORS.clear()
+        _CATALOG_LOADED[0] = False
 
 
 def has_cases(op_name: str) -> bool:

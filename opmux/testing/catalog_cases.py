@@ -7,6 +7,7 @@ writes where it must not (a padding slot, a padding row) is caught.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Iterator, Sequence
 
@@ -15,8 +16,9 @@ import torch
 from opmux.ops.rotary import make_cos_sin_cache
 from opmux.ops.rotary_more import make_dual_chunk_caches
 from opmux.testing.cases import Case, register_cases
+from opmux.testing.paged_batches import paged_batch
 
-__all__ = ["attention_case", "register_catalog_cases"]
+__all__ = ["CACHE_LAYOUTS", "attention_case", "cache_layout", "register_catalog_cases"]
 
 DTYPES: tuple[tuple[str, torch.dtype], ...] = (
     ("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
@@ -121,6 +123,25 @@ def rotary_embedding_cases() -> Iterator[Case]:
     yield Case("fp32-3d-layout", (positions, _randn(g, (5, 4, 32), torch.float32),
                                   _randn(g, (5, 2, 32), torch.float32),
                                   make_cos_sin_cache(32, 32), 32, True))
+    # vLLM's layouts (#19): positions [batch, seq] with queries [batch, seq, H*D] or
+    # [batch, seq, H, D]; per-head [T, H, D] with a partial rotary width (strided views of
+    # every layout come from opmux.testing.views)
+    layouts: list[tuple[str, torch.dtype, tuple[int, ...], int, bool, int, int, bool]] = [
+        # name, dtype, positions shape, heads, per-head, D, rot, is_neox
+        ("fp32-batch-seq-flat", torch.float32, (2, 3), 4, False, 32, 32, True),
+        ("fp32-batch-seq-per-head-gptj", torch.float32, (2, 3), 4, True, 32, 16, False),
+        ("bf16-batch-seq-per-head", torch.bfloat16, (3, 2), 2, True, 64, 64, True),
+        ("fp32-per-head-d48-rot32", torch.float32, (5,), 3, True, 48, 32, True),
+        ("fp32-batch-seq-flat-gptj-partial", torch.float32, (2, 2), 2, False, 32, 8, False),
+    ]
+    for name, dt, pshape, heads, per_head, d, rot, neox in layouts:
+        g = _gen(name)
+        positions = torch.randint(0, 40, pshape, generator=g, dtype=torch.int64)
+        q_tail = (heads, d) if per_head else (heads * d,)
+        k_tail = (1, d) if per_head else (d,)
+        yield Case(name, (positions, _randn(g, (*pshape, *q_tail), dt),
+                          _randn(g, (*pshape, *k_tail), dt),
+                          make_cos_sin_cache(40, rot, dtype=dt), d, neox))
 
 
 def apply_rotary_emb_cases() -> Iterator[Case]:
@@ -205,6 +226,61 @@ def reshape_and_cache_cases() -> Iterator[Case]:
         for i in pads:
             slots[i] = -1
         yield Case(name, (key, value, key_cache, value_cache, slots))
+    yield from _reshape_and_cache_layout_cases()
+
+
+def cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same cache values in an engine's memory layout (#19); logical shape unchanged.
+
+    - ``"nhd"``: two contiguous ``[num_blocks, block_size, Hkv, D]`` tensors;
+    - ``"hnd"``: each stored ``[num_blocks, Hkv, block_size, D]``, viewed permuted;
+    - ``"kv-split"``: one ``[num_blocks, 2, block_size, Hkv, D]`` buffer, K = ``kv[:, 0]``,
+      V = ``kv[:, 1]``;
+    - ``"kv-split-hnd"``: one ``[num_blocks, 2, Hkv, block_size, D]`` buffer, halves permuted;
+    - ``"padded-d"``: heads padded to ``D + 8`` elements (``buf[..., :D]``).
+    """
+    def hnd(t: torch.Tensor) -> torch.Tensor:
+        return t.permute(0, 2, 1, 3)
+
+    if layout == "nhd":
+        return key_cache.contiguous(), value_cache.contiguous()
+    if layout == "hnd":
+        return hnd(hnd(key_cache).contiguous()), hnd(hnd(value_cache).contiguous())
+    if layout == "kv-split":
+        kv = torch.stack((key_cache, value_cache), 1)
+        return kv[:, 0], kv[:, 1]
+    if layout == "kv-split-hnd":
+        kv = torch.stack((hnd(key_cache), hnd(value_cache)), 1)
+        return hnd(kv[:, 0]), hnd(kv[:, 1])
+    if layout == "padded-d":
+        d = key_cache.shape[3]
+        pad = key_cache.new_zeros((*key_cache.shape[:3], 8))
+        kc = torch.cat((key_cache, pad), 3)[..., :d]
+        vc = torch.cat((value_cache, pad), 3)[..., :d]
+        return kc, vc
+    raise ValueError(f"unknown cache layout {layout!r}; valid: "
+                     f"{sorted(CACHE_LAYOUTS)}")
+
+
+CACHE_LAYOUTS: tuple[str, ...] = ("nhd", "hnd", "kv-split", "kv-split-hnd", "padded-d")
+"""Cache memory layouts :func:`cache_layout` makes."""
+
+
+def _reshape_and_cache_layout_cases() -> Iterator[Case]:
+    # #19: engines hand out permuted or sliced views of one cache allocation
+    for tag, dt, layout in (("fp32", torch.float32, "hnd"), ("fp32", torch.float32, "kv-split"),
+                            ("bf16", torch.bfloat16, "kv-split-hnd"),
+                            ("fp16", torch.float16, "padded-d")):
+        name = f"{tag}-layout-{layout}"
+        g = _gen(name)
+        t, hkv, d, nb, bs = 9, 2, 32, 5, 4
+        qkv = _randn(g, (t, 3, hkv, d), dt)  # key and value as views of one projection
+        key_cache, value_cache = cache_layout(_randn(g, (nb, bs, hkv, d), dt),
+                                              _randn(g, (nb, bs, hkv, d), dt), layout)
+        slots = torch.randperm(nb * bs, generator=g)[:t].to(torch.int64)
+        slots[3] = -1
+        yield Case(name, (qkv[:, 1], qkv[:, 2], key_cache, value_cache, slots))
 
 
 def advance_step_flashattn_cases() -> Iterator[Case]:
@@ -314,33 +390,20 @@ def attention_case(name: str, *, dtype: torch.dtype = torch.float32,
                    q_lens: Sequence[int], kv_lens: Sequence[int], heads: int = 8,
                    kv_heads: int = 2, head_size: int = 32, block_size: int = 16,
                    sliding_window: int | None = None, soft_cap: float | None = None,
-                   pad_rows: int = 0, spare_blocks: int = 3) -> Case:
+                   pad_rows: int = 0, spare_blocks: int = 3, layout: str = "nhd") -> Case:
     """Build a ``paged_attention`` case: shuffled blocks, random unused cache contents.
 
     :param q_lens: query rows per sequence (0 allowed).
     :param kv_lens: cached tokens per sequence (``>= q_len``).
     :param pad_rows: extra query rows after the last sequence (padding, output zeros).
+    :param layout: the caches' memory layout, one of :data:`CACHE_LAYOUTS`.
     """
-    g = _gen(name)
-    per_seq = [(n + block_size - 1) // block_size for n in kv_lens]
-    num_blocks = sum(per_seq) + spare_blocks
-    max_blocks = max(per_seq, default=0) + 1
-    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    tables = torch.randint(0, num_blocks, (len(kv_lens), max_blocks), generator=g,
-                           dtype=torch.int32)
-    start = 0
-    for i, n in enumerate(per_seq):
-        tables[i, :n] = perm[start:start + n]
-        start += n
-    key_cache = _randn(g, (num_blocks, block_size, kv_heads, head_size), dtype)
-    value_cache = _randn(g, (num_blocks, block_size, kv_heads, head_size), dtype)
-    total = sum(q_lens) + pad_rows
-    query = _randn(g, (total, heads, head_size), dtype)
-    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-    qsl[1:] = torch.tensor(list(q_lens), dtype=torch.int32).cumsum(0)
-    seq_lens = torch.tensor(list(kv_lens), dtype=torch.int32)
-    return Case(name, (query, key_cache, value_cache, tables, seq_lens, qsl,
-                       head_size ** -0.5, sliding_window, soft_cap))
+    batch = paged_batch(q_lens, kv_lens, heads=heads, kv_heads=kv_heads, head_size=head_size,
+                        block_size=block_size, dtype=dtype, pad_rows=pad_rows,
+                        spare_blocks=spare_blocks, generator=_gen(name))
+    key_cache, value_cache = cache_layout(batch.key_cache, batch.value_cache, layout)
+    batch = dataclasses.replace(batch, key_cache=key_cache, value_cache=value_cache)
+    return Case(name, batch.args(head_size ** -0.5, sliding_window, soft_cap))
 
 
 def paged_attention_cases() -> Iterator[Case]:
@@ -371,6 +434,12 @@ def paged_attention_cases() -> Iterator[Case]:
     yield attention_case("fp32-d128-long", q_lens=[1, 1], kv_lens=[300, 129], heads=4,
                          kv_heads=1, head_size=128, block_size=32)
     yield attention_case("fp32-empty", q_lens=[], kv_lens=[])
+    # #19: caches that are permuted or sliced views of one allocation
+    for layout in CACHE_LAYOUTS[1:]:
+        yield attention_case(f"fp32-layout-{layout}", q_lens=[3, 1, 2], kv_lens=[20, 9, 2],
+                             layout=layout)
+    yield attention_case("bf16-layout-kv-split-hnd", dtype=torch.bfloat16, q_lens=[1, 4],
+                         kv_lens=[17, 6], layout="kv-split-hnd", sliding_window=8)
 
 
 def register_catalog_cases() -> None:

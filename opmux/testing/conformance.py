@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
@@ -29,6 +29,9 @@ from opmux.core.errors import ProviderOutputError, ProviderUnavailableError
 from opmux.core.op import NATIVE, Op
 from opmux.core.output_checks import checked
 from opmux.testing.cases import Case, cases_for, has_cases
+
+if TYPE_CHECKING:
+    from opmux.core.op import OpImpl
 
 __all__ = [
     "TOLERANCES",
@@ -145,6 +148,17 @@ def _resolve(op: Op | str) -> Op:
     return get_op(op)
 
 
+def _provider(op: Op | str, provider: str) -> tuple[Op, OpImpl]:
+    """The op and its provider ``provider``; a clear error naming the registered ones."""
+    the_op = _resolve(op)
+    impl = the_op.impls.get(provider)
+    if impl is None:
+        raise ProviderUnavailableError(
+            f"op {the_op.qualname!r} has no provider {provider!r}; registered: "
+            f"{sorted(p for p in the_op.impls if p != NATIVE)}")
+    return the_op, impl
+
+
 def _flatten(value: Any, prefix: str) -> list[tuple[str, Any]]:
     if isinstance(value, (tuple, list)):
         return [item for i, v in enumerate(value) for item in _flatten(v, f"{prefix}[{i}]")]
@@ -210,12 +224,7 @@ def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device
     :param reference_device: where native runs (``None``: the same device as the provider).
     :raises ProviderUnavailableError: when ``op`` has no provider of that name.
     """
-    the_op = _resolve(op)
-    impl = the_op.impls.get(provider)
-    if impl is None:
-        raise ProviderUnavailableError(
-            f"op {the_op.qualname!r} has no provider {provider!r}; registered: "
-            f"{sorted(p for p in the_op.impls if p != NATIVE)}")
+    the_op, impl = _provider(op, provider)
     atol, rtol = tolerance(case)
     result = CaseResult(case.name, "pass", atol=atol, rtol=rtol)
     if not impl.supported:
@@ -268,12 +277,7 @@ def check_provider(op: Op | str, provider: str, device: str | torch.device = "cp
     :returns: a :class:`ProviderReport`; ``report.ok`` is false when any case failed.
     :raises ProviderUnavailableError: when ``op`` has no provider of that name.
     """
-    the_op = _resolve(op)
-    impl = the_op.impls.get(provider)
-    if impl is None:
-        raise ProviderUnavailableError(
-            f"op {the_op.qualname!r} has no provider {provider!r}; registered: "
-            f"{sorted(p for p in the_op.impls if p != NATIVE)}")
+    the_op, impl = _provider(op, provider)
     report = ProviderReport(the_op.qualname, provider, str(device), "checked")
     if not impl.supported:
         report.status, report.reason = "unsupported", impl.reason or "supported=False"

@@ -68,7 +68,7 @@ def test_rotary_errors() -> None:
         rotary_embedding.native(torch.arange(3), q, k, torch.randn(16, 32), 48)
     with pytest.raises(opmux.OpInputError, match=r"'positions' expected dtype int32 or int64"):
         rotary_embedding.native(torch.zeros(3), q, k, torch.randn(16, 32), 32)
-    with pytest.raises(opmux.OpInputError, match=r"'key' expected 3 tokens"):
+    with pytest.raises(opmux.OpInputError, match=r"'key' expected \[T, heads\*32\].*with T=3"):
         rotary_embedding.native(torch.arange(3), q, torch.randn(2, 64), torch.randn(16, 32), 32)
 
 
@@ -96,9 +96,14 @@ def test_reshape_and_cache_errors_write_nothing() -> None:
         reshape_and_cache.native(key, key, kc, vc, torch.tensor([0, 1], dtype=torch.int32))
     with pytest.raises(opmux.OpInputError, match=r"'key' expected the cache's dtype"):
         reshape_and_cache.native(key.half(), key.half(), kc, vc, torch.tensor([0, 1]))
-    with pytest.raises(opmux.OpInputError, match=r"'key_cache' expected a contiguous tensor"):
-        reshape_and_cache.native(key, key, kc.transpose(0, 1), vc.transpose(0, 1),
-                                 torch.tensor([0, 1]))
+    with pytest.raises(opmux.OpInputError, match=r"'key_cache' expected a tensor whose "
+                                                 r"elements do not overlap"):
+        reshape_and_cache.native(key, key, kc[:1].expand(3, 4, 2, 8), vc, torch.tensor([0, 1]))
+    with pytest.raises(opmux.OpInputError, match=r"'key_cache' expected .* with a positive "
+                                                 r"block_size in dim 1"):
+        reshape_and_cache.native(key, key, kc[:, :0], vc[:, :0], torch.tensor([-1, -1]))
+    with pytest.raises(opmux.OpInputError, match=r"'value' expected device cpu .*got meta"):
+        reshape_and_cache.native(key, key.to("meta"), kc, vc, torch.tensor([0, 1]))
     assert torch.equal(kc, kc0)
 
 
@@ -133,8 +138,10 @@ def test_advance_step_padding_rows() -> None:
 
 @pytest.mark.parametrize(("mutate", "match"), [
     (lambda s: s.__setitem__(2, s[2].to(torch.int64)), r"'seq_lens' expected dtype int32"),
-    (lambda s: s.__setitem__(0, torch.zeros(8, dtype=torch.int64)[::2]),
-     r"'input_tokens' expected a contiguous tensor"),
+    (lambda s: s.__setitem__(0, torch.zeros(1, dtype=torch.int64).expand(4)),
+     r"'input_tokens' expected a tensor whose elements do not overlap"),
+    (lambda s: s.__setitem__(4, torch.tensor([[0], [1], [-1], [3]], dtype=torch.int32)),
+     r"'block_tables' expected non-negative block ids at the next position"),
     (lambda s: s.__setitem__(3, torch.zeros(3, dtype=torch.int64)),
      r"'slot_mapping' expected shape \[4\] \(num_seqs\)"),
     (lambda s: s.__setitem__(4, torch.zeros(3, 1, dtype=torch.int32)),
@@ -151,3 +158,18 @@ def test_advance_step_errors_write_nothing(mutate, match) -> None:  # type: igno
                                       *state[1:])
     for t, b in zip(state, before, strict=True):
         assert torch.equal(t, b)
+
+
+def test_advance_step_writes_through_strided_state() -> None:
+    # #11: the state vectors may be strided views (columns of one [num_seqs, 4] buffer)
+    tokens, pos, lens, slots, tables = _state([6, 8, 6, 6], torch.arange(4).view(4, 1))
+    sampled = torch.tensor([[11], [12], [13]])
+    buf = torch.full((4, 4), 99, dtype=torch.int64)
+    lens_buf = torch.zeros(4, 2, dtype=torch.int32)
+    lens_buf[:, 1] = lens
+    s_tokens, s_pos, s_slots, s_lens = buf[:, 0], buf[:, 1], buf[:, 2], lens_buf[:, 1]
+    advance_step_flashattn.native(4, 3, 128, s_tokens, sampled, s_pos, s_lens, s_slots, tables)
+    advance_step_flashattn.native(4, 3, 128, tokens, sampled, pos, lens, slots, tables)
+    assert torch.equal(s_tokens, tokens) and torch.equal(s_pos, pos)
+    assert torch.equal(s_lens, lens) and torch.equal(s_slots, slots)
+    assert buf[:, 3].eq(99).all() and lens_buf[:, 0].eq(0).all()  # neighbours untouched

@@ -64,10 +64,10 @@ def test_topk_softmax_semantics() -> None:
 
 def test_topk_softmax_errors() -> None:
     with pytest.raises(opmux.OpInputError,
-                       match=r"topk_softmax \[native\]: argument 'topk': expected 1 <= topk "
-                             r"<= 4 \(the number of experts\), got 5"):
+                       match=r"opmux::topk_softmax \(provider 'native'\): argument 'topk' "
+                             r"expected 1 <= topk <= 4 \(the number of experts\), got 5"):
         topk_softmax(torch.randn(3, 4), 5, False)
-    with pytest.raises(opmux.OpInputError, match=r"'gating_output': expected a 2-D"):
+    with pytest.raises(opmux.OpInputError, match=r"'gating_output' expected a 2-D"):
         topk_softmax(torch.randn(4), 1, False)
 
 
@@ -101,17 +101,18 @@ def test_grouped_topk_equals_topk_softmax_with_one_group() -> None:
 
 
 @pytest.mark.parametrize(("args", "match"), [
-    ((3, True, 3, 1), r"'num_expert_group': expected a positive divisor of the number of "
+    ((3, True, 3, 1), r"'num_expert_group' expected a positive divisor of the number of "
                       r"experts 8, got 3"),
-    ((2, True, 4, 5), r"'topk_group': expected 1 <= topk_group <= 4, got 5"),
-    ((5, True, 4, 2), r"'topk': expected at most topk_group \* experts per group = 4, got 5"),
-    ((2, True, 4, 2, "relu"), r"'scoring_func': expected one of \['sigmoid', 'softmax'\], "
+    ((2, True, 4, 5), r"'topk_group' expected 1 <= topk_group <= 4, got 5"),
+    ((5, True, 4, 2), r"'topk' expected at most topk_group \* experts per group = 4, got 5"),
+    ((2, True, 4, 2, "relu"), r"'scoring_func' expected one of \['sigmoid', 'softmax'\], "
                               r"got 'relu'"),
-    ((2, True, 4, 2, "softmax", torch.zeros(3)), r"'e_score_correction_bias': expected "
+    ((2, True, 4, 2, "softmax", torch.zeros(3)), r"'e_score_correction_bias' expected "
                                                   r"shape \(8,\), got shape \(3,\)"),
 ])
 def test_grouped_topk_errors(args: tuple[object, ...], match: str) -> None:
-    with pytest.raises(opmux.OpInputError, match=r"grouped_topk \[native\]: .*" + match):
+    with pytest.raises(opmux.OpInputError,
+                       match=r"opmux::grouped_topk \(provider 'native'\): .*" + match):
         grouped_topk(torch.randn(2, 8), *args)
 
 
@@ -176,29 +177,56 @@ def test_fused_moe_errors(impl: object) -> None:
     case = fused_moe_case("err", tokens=3, hidden=8, experts=4, intermediate=6, topk=2)
     x, w1, w2, weights, ids = case.args
     provider = "native" if impl is fused_moe.native else "grouped"
-    prefix = rf"fused_moe \[{provider}\]: argument "
+    prefix = rf"opmux::fused_moe \(provider '{provider}'\): argument "
     call = impl  # type: ignore[assignment]
-    with pytest.raises(opmux.OpInputError, match=prefix + r"'w2': expected shape \(4, 8, 6\)"):
+    with pytest.raises(opmux.OpInputError, match=prefix + r"'w2' expected shape \(4, 8, 6\)"):
         call(x, w1, w2[:, :, :5], weights, ids)  # type: ignore[operator]
-    with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_ids': expected dtype "
+    with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_ids' expected dtype "
                                                           r"torch.int32 or torch.int64"):
         call(x, w1, w2, weights, ids.float())  # type: ignore[operator]
-    with pytest.raises(opmux.OpInputError, match=prefix + r"'w1': expected dtype "
+    with pytest.raises(opmux.OpInputError, match=prefix + r"'w1' expected dtype "
                                                           r"torch.float32 .*got torch.bfloat16"):
         call(x, w1.bfloat16(), w2, weights, ids)  # type: ignore[operator]
-    with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_weights': expected shape "
+    with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_weights' expected shape "
                                                           r"\(3, 2\)"):
         call(x, w1, w2, weights[:, :1], ids)  # type: ignore[operator]
-    with pytest.raises(opmux.OpInputError, match=prefix + r"'hidden_states': expected a 2-D"):
+    with pytest.raises(opmux.OpInputError, match=prefix + r"'hidden_states' expected a 2-D"):
         call(x[None], w1, w2, weights, ids)  # type: ignore[operator]
     bad = ids.clone()
     bad[1, 0] = 4
-    with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_ids': expected expert ids "
+    with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_ids' expected expert ids "
                                                           r"in \[0, 4\), got id 4"):
         call(x, w1, w2, weights, bad)  # type: ignore[operator]
     bad[1, 0] = -1
     with pytest.raises(opmux.OpInputError, match=prefix + r"'topk_ids'.*got id -1"):
         call(x, w1, w2, weights, bad)  # type: ignore[operator]
+
+
+def test_moe_mixed_devices_and_non_tensors_are_input_errors() -> None:
+    # #11 item 3: a meta tensor among CPU tensors used to return uninitialised memory
+    opmux.load_plugins()
+    case = fused_moe_case("dev", tokens=3, hidden=8, experts=4, intermediate=6, topk=2)
+    x, w1, w2, weights, ids = case.args
+    for args, argument in (((x, w1.to("meta"), w2, weights, ids), "w1"),
+                           ((x, w1, w2, weights, ids.to("meta")), "topk_ids"),
+                           ((x, w1, None, weights, ids), "w2")):
+        with pytest.raises(opmux.OpInputError) as info:
+            fused_moe(*args)
+        assert info.value.argument == argument
+        assert info.value.op == "opmux::fused_moe" and info.value.provider is not None
+        with pytest.raises(opmux.OpInputError) as info:
+            fused_moe_grouped(*args)
+        assert (info.value.argument, info.value.provider) == (argument, "grouped")
+    logits = torch.randn(2, 8)
+    with pytest.raises(opmux.OpInputError, match=r"'e_score_correction_bias' expected device "
+                                                 r"cpu .*got meta") as info:
+        grouped_topk(logits, 2, True, 4, 2, "sigmoid", torch.zeros(8, device="meta"))
+    assert info.value.op == "opmux::grouped_topk"
+    with pytest.raises(opmux.OpInputError, match=r"'e_score_correction_bias' expected a "
+                                                 r"floating-point tensor"):
+        grouped_topk(logits, 2, True, 4, 2, "sigmoid", torch.zeros(8, dtype=torch.int64))
+    with pytest.raises(opmux.OpInputError, match=r"'gating_output' expected a torch.Tensor"):
+        topk_softmax(None, 1, False)  # type: ignore[arg-type]
 
 
 def test_register_dispatches_to_grouped_on_cpu() -> None:

@@ -3,8 +3,6 @@ provider supported here."""
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Iterator
 
 import pytest
@@ -13,9 +11,7 @@ import torch
 import opmux
 from opmux.testing import (
     Case,
-    ProviderReport,
     cases_for,
-    check_cli,
     check_provider,
     has_cases,
     register_cases,
@@ -221,42 +217,12 @@ def test_catalog_provider_that_ignores_padding_slots_fails() -> None:
     assert "mutated argument 'key_cache'" in result.message
 
 
-# ------------------------------------------------------------------ opmux check
-def _cli(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    check_cli.add_arguments(parser)
-    return parser.parse_args(list(argv))
+def test_the_one_reset_forgets_registered_cases_and_keeps_the_catalogs() -> None:
+    from opmux.core.runtime import reset_for_tests
+    from opmux.testing import Case, cases_for, has_cases, register_cases
 
-
-def test_check_cli_table_and_json(scaled: opmux.Op, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
-    @scaled.register_impl("good", dispatch_key="CPU")
-    def _(x: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
-        return x * factor
-
-    @scaled.register_impl("off", dispatch_key="CPU")
-    def _off(x: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
-        return x * factor + 1
-
-    monkeypatch.setattr(opmux, "list_ops", lambda: [scaled])
-    assert check_cli.run(_cli("--provider", "good")) == 0
-    table = capsys.readouterr().out
-    assert "PASS" in table and "1/1 provider checks passed" in table
-    assert check_cli.run(_cli()) == 1
-    out = capsys.readouterr().out
-    assert "FAIL" in out and "off" in out and "beyond tolerance" in out
-    assert check_cli.run(_cli("--json")) == 1
-    payload = json.loads(capsys.readouterr().out)
-    verdicts = {r["provider"]: r["verdict"] for r in payload["reports"]}
-    assert verdicts == {"good": "PASS", "off": "FAIL"} and payload["ok"] is False
-    assert check_cli.run(_cli("--provider", "missing")) == 2
-    assert "unknown provider(s) ['missing']" in capsys.readouterr().err
-    assert check_cli.run(_cli("--op", "nope")) == 2
-
-
-def test_check_cli_on_the_real_catalog(capsys: pytest.CaptureFixture[str]) -> None:
-    code = check_cli.run(_cli("--op", "rms_norm", "--json"))
-    payload = json.loads(capsys.readouterr().out)
-    assert all(r["op"] == "opmux::rms_norm" for r in payload["reports"])
-    assert code == (0 if all(r["ok"] for r in payload["reports"]) else 1)
-    assert isinstance(ProviderReport("a", "b", "cpu", "checked").as_dict()["ok"], bool)
+    register_cases("rms_norm_reset_probe", lambda: iter([Case("one", ())]))
+    assert has_cases("rms_norm_reset_probe")
+    reset_for_tests()
+    assert not has_cases("rms_norm_reset_probe")
+    assert cases_for("rms_norm")  # the catalog's generators come back on the next lookup

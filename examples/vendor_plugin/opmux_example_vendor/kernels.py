@@ -20,10 +20,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return gate.mul_(x[..., d:]).to(x.dtype)
 
 
-def _supports(x: torch.Tensor) -> bool:
+def silu_and_mul_supports(x: torch.Tensor) -> bool:
     return x.dtype in (torch.float32, torch.float16, torch.bfloat16) and x.shape[-1] % 2 == 0
 
 
 def register(registry: Any) -> None:
     op = registry.get_op("silu_and_mul")
-    op.register_impl(PROVIDER, dispatch_key="CPU", supports_args=_supports)(silu_and_mul)
+    op.register_impl(PROVIDER, dispatch_key="CPU",
+                     supports_args=silu_and_mul_supports)(silu_and_mul)

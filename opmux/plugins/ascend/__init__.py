@@ -17,9 +17,16 @@ builds on its first call, so a CPU process that never selects it never pays for 
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmux.core.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from opmux.core.registry import OpRegistry
+    from opmux.plugins._registration import PlatformLike
+
+__all__ = ["SERVED_OPS", "opmux_default_priority", "opmux_plugin_info", "opmux_register",
+           "register"]
 
 #: The op served by provider ``mindspore``.
 SERVED_OPS = frozenset({"advance_step_flashattn"})
@@ -27,23 +34,35 @@ SERVED_OPS = frozenset({"advance_step_flashattn"})
 
 @hookimpl
 def opmux_plugin_info() -> dict[str, Any]:
+    """Name and platforms; imports nothing heavy."""
     return {"name": "ascend", "platforms": ["ascend", "cpu"]}
 
 
-@hookimpl
-def opmux_register(registry: Any, platform: Any) -> None:
+def register(registry: OpRegistry, dispatch_key: str = "CPU", *, lazy: bool = True
+             ) -> list[str]:
+    """Register provider ``mindspore`` when MindSpore is installed (else nothing).
+
+    :param lazy: defer the MindSpore import and the build to the first call.
+    :return: the ``op:provider`` pairs registered.
+    """
     if importlib.util.find_spec("mindspore") is None:
-        return
+        return []
     from opmux.plugins.ascend import dlpack_provider
 
-    # torch tensors live on the NPU (PrivateUse1) only with torch_npu; otherwise on the CPU
-    npu = platform.name == "ascend" and importlib.util.find_spec("torch_npu") is not None
-    dlpack_provider.register(registry, dispatch_key="PrivateUse1" if npu else "CPU",
-                             lazy=platform.name != "ascend")
+    return dlpack_provider.register(registry, dispatch_key, lazy=lazy)
 
 
 @hookimpl
-def opmux_default_priority(op_name: str, platform: Any) -> list[str] | None:
+def opmux_register(registry: OpRegistry, platform: PlatformLike) -> None:
+    """Eager build on the ascend platform; lazy elsewhere (MindSpore's CPU backend)."""
+    # torch tensors live on the NPU (PrivateUse1) only with torch_npu; otherwise on the CPU
+    npu = platform.name == "ascend" and importlib.util.find_spec("torch_npu") is not None
+    register(registry, "PrivateUse1" if npu else "CPU", lazy=platform.name != "ascend")
+
+
+@hookimpl
+def opmux_default_priority(op_name: str, platform: PlatformLike) -> list[str] | None:
+    """``mindspore`` first for its op on the ascend platform only."""
     if op_name in SERVED_OPS and platform.name == "ascend":
         return ["mindspore", "native"]
     return None

@@ -5,14 +5,15 @@ The extension is compiled by :class:`mindspore.ops.CustomOpBuilder` (g++ and nin
 ``ASCEND_TOOLKIT_HOME``), after CMake has built the AscendC kernels into a static library;
 otherwise for the ``CPU`` backend, where the same PyboostRunner runs a C++ loop.
 
-Caching: the build folder is ``$OPMUX_CACHE_DIR/ascend/<backend>-<key>`` (default
+Caching: the library lives in ``$OPMUX_CACHE_DIR/ascend/<backend>-<key>`` (default
 ``~/.cache/opmux``), where ``<key>`` hashes every file under ``csrc/module`` and
-``csrc/ascendc``, the backend, the MindSpore and Python versions and the CANN location.
-CustomOpBuilder's own cache is per process only (an in-memory table of name, sources and flags,
-then a ninja run that re-checks every object; a repeated request after a failed build is
-skipped and answered with a path that does not exist), so a process that finds ``<name>.so``
-and our completion stamp in the keyed folder imports the library directly, without
-CustomOpBuilder or ninja, and a build is only requested when that stamp is missing.
+``csrc/ascendc``, the backend, the MindSpore and Python versions and the CANN location; the
+entry is built, stamped, verified before import and rebuilt when damaged by
+:mod:`opmux.plugins._build_cache`. CustomOpBuilder's own cache is per process only (an
+in-memory table of name, sources and flags, then a ninja run that re-checks every object; a
+repeated request after a failed build is skipped and answered with a path that does not
+exist), so a process that finds a verified entry imports the library directly, without
+CustomOpBuilder or ninja, and a build is only requested when the entry is missing or damaged.
 
 :func:`build_status` never raises: it returns ``(False, message)`` with the compiler output so
 that the plugin registers its provider as unsupported, with that message as the reason.
@@ -21,8 +22,6 @@ that the plugin registers its provider as unsupported, with that message as the 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -34,7 +33,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
+from opmux.core import config
 from opmux.core.errors import BuildError
+from opmux.plugins._build_cache import BuildCache, cann_home, hash_key
 
 __all__ = [
     "EXTENSION_NAME",
@@ -54,10 +55,11 @@ EXTENSION_NAME: Final = "_C_ops"
 ASCENDC_LIBRARY: Final = "opmux_ascendc_kernels"
 """Static library the AscendC kernels are archived into (``csrc/ascendc/CMakeLists.txt``)."""
 
-_STAMP: Final = ".opmux-complete"
+CACHE = BuildCache("ascend", f"{EXTENSION_NAME}.so", "opmux ascend extension")
+"""The cache entry, lock and per-process status of the MindSpore extension."""
+
 _lock = threading.Lock()
 _module: ModuleType | None = None
-_status: tuple[bool, str] | None = None
 
 
 def source_root() -> Path:
@@ -72,45 +74,25 @@ def sources() -> list[Path]:
     return sorted((source_root() / "module").glob("*.cpp"))
 
 
-def cann_home() -> Path | None:
-    """The CANN toolkit folder from ``ASCEND_HOME_PATH`` / ``ASCEND_TOOLKIT_HOME``, if it exists."""
-    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
-        value = os.environ.get(var)
-        if value and Path(value).is_dir():
-            return Path(value)
-    return None
-
-
 def backend() -> str:
     """``"Ascend"`` when the CANN toolkit is present, else ``"CPU"``."""
     return "Ascend" if cann_home() is not None else "CPU"
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("OPMUX_CACHE_DIR") or str(Path.home() / ".cache" / "opmux")
-    return Path(root).expanduser()
-
-
 def _key(target: str) -> str:
     from importlib.metadata import version
 
-    h = hashlib.sha256()
     root = source_root()
-    for sub in ("module", "ascendc"):
-        for path in sorted((root / sub).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                h.update(str(path.relative_to(root)).encode() + b"\0")
-                h.update(path.read_bytes())
-    for part in (target, version("mindspore"), sys.implementation.cache_tag or "",
-                 str(cann_home() or ""), os.environ.get("CXX", "g++")):
-        h.update(b"\0" + part.encode())
-    return h.hexdigest()[:16]
+    inputs = [path for sub in ("module", "ascendc") for path in (root / sub).rglob("*")
+              if path.is_file() and "__pycache__" not in path.parts]
+    return hash_key(root, inputs, (target, version("mindspore"), sys.implementation.cache_tag or "",
+                                   str(cann_home() or ""), config.cxx("g++")))
 
 
 def build_dir(target: str | None = None) -> Path:
     """The cache folder for the current sources and ``target`` backend (default: detected)."""
     target = target or backend()
-    return _cache_root() / "ascend" / f"{target.lower()}-{_key(target)}"
+    return CACHE.entry(f"{target.lower()}-{_key(target)}")
 
 
 @contextlib.contextmanager
@@ -152,7 +134,7 @@ def _build_ascendc(directory: Path, cann: Path) -> Path:
         raise BuildError("opmux ascend extension: cmake is required to build the AscendC "
                          "kernels (CANN toolkit found at " + str(cann) + ")")
     out = directory / "ascendc"
-    soc = os.environ.get("OPMUX_ASCEND_SOC_VERSION", "Ascend910B1")
+    soc = config.ascend_soc_version()
     _run(["cmake", "-S", str(source_root() / "ascendc"), "-B", str(out),
           f"-DASCEND_CANN_PACKAGE_PATH={cann}", f"-DSOC_VERSION={soc}",
           f"-DASCENDC_TARGET_NAME={ASCENDC_LIBRARY}"], "configuring the AscendC kernels")
@@ -208,18 +190,6 @@ def _forget_in_process_version() -> None:
         version_manager.entries.pop(EXTENSION_NAME, None)
 
 
-@contextlib.contextmanager
-def _folder_lock(directory: Path) -> Iterator[None]:
-    """Exclusive lock across processes for one build folder."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f"{directory.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def build(target: str | None = None) -> Path:
     """Build the extension unless the keyed cache folder already holds it.
 
@@ -238,23 +208,18 @@ def build(target: str | None = None) -> Path:
     srcs = sources()
     if not srcs:
         raise BuildError(f"opmux ascend extension: no sources under {source_root() / 'module'}")
-    directory = build_dir(target)
-    library = directory / f"{EXTENSION_NAME}.so"
-    stamp = directory / _STAMP
-    if library.is_file() and stamp.is_file():
-        return library
-    with _folder_lock(directory):
-        if library.is_file() and stamp.is_file():  # built by another process meanwhile
-            return library
+    key = build_dir(target).name
+
+    def compile_into(directory: Path) -> Path:
         try:
-            built = _compile(directory, target)
+            return _compile(directory, target)
         except BuildError:
             raise
         except Exception as exc:
             raise BuildError(f"opmux ascend extension failed to build in {directory} "
                              f"(backend {target!r}): {type(exc).__name__}: {exc}") from exc
-        stamp.write_text(f"{built}\n", encoding="utf-8")
-        return built
+
+    return CACHE.ensure(key, compile_into)
 
 
 def load() -> ModuleType:
@@ -288,12 +253,4 @@ def build_status() -> tuple[bool, str]:
 
     :returns: ``(True, "loaded <library path>")`` or ``(False, <error with tool output>)``.
     """
-    global _status
-    if _status is not None:
-        return _status
-    try:
-        module = load()
-        _status = (True, f"loaded {module.__file__}")
-    except Exception as exc:  # recorded and shown by the plugin report: never silent
-        _status = (False, str(exc))
-    return _status
+    return CACHE.status(lambda: f"loaded {load().__file__}")

@@ -28,12 +28,17 @@ torch_npu the same bridge serves key ``PrivateUse1``.
 import importlib.util
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from opmux.core.state import register_reset
+from opmux.ops._checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
+
+if TYPE_CHECKING:
+    from opmux.plugins._registration import RegistryLike
 
 __all__ = ["PROVIDER", "advance_step_flashattn", "register", "supports_args", "to_mindspore"]
 
@@ -44,6 +49,12 @@ _to_dlpack: Callable[[Tensor], Any] = torch.utils.dlpack.to_dlpack  # type: igno
 # id(tensor) -> (weak reference, data pointer, MindSpore view)
 _views: dict[int, tuple[Any, int, Any]] = {}
 _from_dlpack: Callable[[Any], Any] | None = None
+
+
+@register_reset
+def _reset_for_tests() -> None:
+    """Drop every cached MindSpore view (the torch tensors are untouched)."""
+    _views.clear()
 _SyncFlag = tuple[Callable[[Any], bool], Callable[[Any, bool], None], Any]
 # (get_param, set_param, key) of MindSpore's context flag pynative_synchronize
 _sync_flag: _SyncFlag | None = None
@@ -103,6 +114,10 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
         ``seq_lens`` value outside the block table (detected before writing).
     :raises opmux.ProviderUnavailableError: MindSpore is not in PyNative mode.
     """
+    # the catalog's check first: the same errors as native, nothing written (#11 item 4)
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, provider=PROVIDER)
     fn = _custom_ops.kernel()
     if _sync_flag is not None and _barrier is not None:
         (get, set_, key), barrier = _sync_flag, _barrier
@@ -128,17 +143,28 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
 def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
                   sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
                   slot_mapping: Tensor, block_tables: Tensor) -> bool:
-    """Dtypes and layouts the extension takes; anything else is left to the next provider."""
+    """Dtypes and layouts the extension takes; anything else is left to the next provider.
+
+    The kernel reads ``sampled_token_ids`` as consecutive elements and ``block_tables`` by
+    rows of consecutive columns, and writes contiguous state vectors, so strided views of
+    those decline (native serves them).
+    """
     i64 = torch.int64
-    return (input_tokens.dtype == i64 and input_positions.dtype == i64
+    tensors = (input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+               block_tables)
+    return (all(isinstance(t, Tensor) for t in tensors)
+            and all(t.device == input_tokens.device for t in tensors)
+            and input_tokens.is_contiguous() and input_positions.is_contiguous()
+            and seq_lens.is_contiguous() and slot_mapping.is_contiguous()
+            and input_tokens.dtype == i64 and input_positions.dtype == i64
             and slot_mapping.dtype == i64 and sampled_token_ids.dtype == i64
             and seq_lens.dtype == torch.int32 and block_tables.dtype == torch.int32
             and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())
 
 
-def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
-             ) -> tuple[bool, str]:
-    """Register provider ``mindspore`` for ``advance_step_flashattn``.
+def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool = False
+             ) -> list[str]:
+    """Register provider ``mindspore`` for ``advance_step_flashattn`` (the registration contract).
 
     Eager (the Ascend platform): the extension is built or loaded now, and a failed build
     registers the provider as unsupported with the build output as its reason. Lazy (other
@@ -146,11 +172,12 @@ def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
     MindSpore is installed and builds or loads the extension on its first call, where a
     failure raises :class:`opmux.BuildError` with the build output.
 
-    :param registry: the op registry (``get_op``).
+    :param registry: the op registry.
     :param dispatch_key: the torch dispatch key of the tensors it serves.
     :param lazy: defer the build (and the MindSpore import) to the first call.
-    :returns: the build status ``(ok, message)``.
+    :returns: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
     from opmux.plugins.ascend import _build
 
     if lazy:
@@ -158,8 +185,6 @@ def register(registry: Any, dispatch_key: str = "CPU", *, lazy: bool = False
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
         ok, message = _build.build_status()
-    op = registry.get_op("advance_step_flashattn")
-    op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=ok,
-                     supports_args=supports_args,
-                     reason=None if ok else message)(advance_step_flashattn)
-    return ok, message
+    table = {"advance_step_flashattn": (advance_step_flashattn, supports_args)}
+    return register_table(registry, PROVIDER, dispatch_key, table, supported=ok,
+                          reason=None if ok else message)

@@ -11,9 +11,16 @@ milliseconds; ``opmux build`` prebuilds it (:func:`opmux.plugins.cpu._build.buil
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opmux.core.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from opmux.core.registry import OpRegistry
+    from opmux.plugins._registration import PlatformLike
+
+__all__ = ["SERVED_OPS", "opmux_default_priority", "opmux_plugin_info", "opmux_register",
+           "register"]
 
 #: Ops served by the ``cpp`` provider (kept here so the priority hook imports nothing heavy).
 SERVED_OPS = frozenset({
@@ -28,19 +35,29 @@ SERVED_OPS = frozenset({
 
 @hookimpl
 def opmux_plugin_info() -> dict[str, Any]:
+    """Name and platforms; imports nothing heavy."""
     return {"name": "cpu", "platforms": ["*"]}
 
 
-@hookimpl
-def opmux_register(registry: Any, platform: Any) -> None:
+def register(registry: OpRegistry, dispatch_key: str = "CPU") -> list[str]:
+    """Register ``cpp`` (building the kernels) and ``grouped`` for ``dispatch_key``.
+
+    :return: the ``op:provider`` pairs registered.
+    """
     from . import cpp_ops, moe_ops
 
-    cpp_ops.register(registry)
-    moe_ops.register(registry)
+    return cpp_ops.register(registry, dispatch_key) + moe_ops.register(registry, dispatch_key)
 
 
 @hookimpl
-def opmux_default_priority(op_name: str, platform: Any) -> list[str] | None:
+def opmux_register(registry: OpRegistry, platform: PlatformLike) -> None:
+    """Register the providers on the ``CPU`` key (CPU tensors exist on every platform)."""
+    register(registry, "CPU")
+
+
+@hookimpl
+def opmux_default_priority(op_name: str, platform: PlatformLike) -> list[str] | None:
+    """``cpp`` first for the ops it serves, ``grouped`` first for ``fused_moe``."""
     if op_name == "fused_moe":
         return ["grouped", "native"]
     return ["cpp", "native"] if op_name in SERVED_OPS else None

@@ -1,32 +1,34 @@
-"""Just-in-time build of the opmux CPU kernels (``csrc/cpu``) into a content-keyed cache.
+"""Just-in-time build of the opmux CPU kernels (``csrc/cpu``) into the shared build cache.
 
 The kernels are compiled with :func:`torch.utils.cpp_extension.load` (ninja) the first time they
 are needed and loaded as a plain shared library (``is_python_module=False``): its static
 ``TORCH_LIBRARY(opmux_cpu, m)`` registration makes ``torch.ops.opmux_cpu.*`` available.
 
-The build folder is ``$OPMUX_CACHE_DIR/cpu/<key>`` (default ``~/.cache/opmux``), where ``<key>``
+The library lives in ``$OPMUX_CACHE_DIR/cpu/<key>`` (default ``~/.cache/opmux``), where ``<key>``
 hashes the kernel sources, the torch version, the compiler, the compiler flags and the host CPU
-flags (``-march=native`` code must not be shared between CPUs with different ISAs). A second
-process with the same key finds the objects up to date and only loads the library.
+flags (``-march=native`` code must not be shared between CPUs with different ISAs). Building,
+the integrity stamp checked before loading, rebuilding a damaged entry and the build lock are
+:mod:`opmux.plugins._build_cache`'s; a second process with the same key verifies the stamp and
+only loads the library.
 
-A failed build (no compiler, no ninja, compile error) never raises out of :func:`build_status`:
-it returns ``(False, message)`` with the compiler output so that the ``cpp`` provider can be
-registered as unsupported and the reason shown in the plugin report. :func:`build` raises
-:class:`opmux.BuildError` instead, for the ``opmux build`` command.
+A failed build (no compiler, no ninja, compile error, unwritable cache) never raises out of
+:func:`build_status`: it returns ``(False, message)`` with the compiler output so that the
+``cpp`` provider can be registered as unsupported and the reason shown in the plugin report.
+:func:`build` raises :class:`opmux.BuildError` instead, for the ``opmux build`` command.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import platform
-import threading
 import warnings
 from pathlib import Path
 
+from opmux.core import config
 from opmux.core.errors import BuildError
+from opmux.plugins._build_cache import BuildCache, hash_key
 
-__all__ = ["CFLAGS", "LDFLAGS", "build", "build_dir", "build_status", "source_dir", "sources"]
+__all__ = ["CACHE", "CFLAGS", "LDFLAGS", "build", "build_dir", "build_status", "source_dir",
+           "sources"]
 
 CFLAGS: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-Wno-unused-function")
 """Compiler flags; part of the cache key."""
@@ -35,8 +37,9 @@ LDFLAGS: tuple[str, ...] = ("-fopenmp",)
 """Linker flags; part of the cache key."""
 
 _LIB_PREFIX = "opmux_cpu_kernels"
-_lock = threading.Lock()
-_status: tuple[bool, str] | None = None
+
+CACHE = BuildCache("cpu", f"{_LIB_PREFIX}.so", "opmux cpu kernels")
+"""The cache entry, lock and per-process status of the CPU kernel library."""
 
 
 def source_dir() -> Path:
@@ -63,55 +66,28 @@ def _cpu_flags() -> str:
     return platform.machine()
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("OPMUX_CACHE_DIR") or str(Path.home() / ".cache" / "opmux")
-    return Path(root).expanduser()
-
-
 def _key() -> str:
     import torch
 
-    h = hashlib.sha256()
-    for path in sorted(source_dir().glob("*")):
-        if path.suffix in (".cpp", ".h"):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-    for part in (
-        torch.__version__,
-        os.environ.get("CXX", "c++"),
-        " ".join(CFLAGS),
-        " ".join(LDFLAGS),
-        _cpu_flags(),
-    ):
-        h.update(b"\0" + part.encode())
-    return h.hexdigest()[:16]
+    root = source_dir()
+    inputs = [p for p in root.glob("*") if p.suffix in (".cpp", ".h")]
+    return hash_key(root, inputs, (torch.__version__, config.cxx(),
+                                   " ".join(CFLAGS), " ".join(LDFLAGS), _cpu_flags()))
 
 
 def build_dir() -> Path:
     """The cache folder the current sources, flags and CPU build into."""
-    return _cache_root() / "cpu" / _key()
+    return CACHE.entry(_key())
 
 
-def _compile_and_load(verbose: bool) -> str:
-    """Compile (or find up to date) and load the library; returns its path."""
+def _compile(directory: Path, verbose: bool) -> Path:
+    """Compile the kernels into the empty folder ``directory``; return the library path."""
     srcs = sources()
     if not srcs:
         raise BuildError(f"opmux cpu kernels: no C++ sources found under {source_dir()}")
-    directory = build_dir()
-    library = directory / f"{_LIB_PREFIX}.so"
-    if library.is_file():
-        # The folder name hashes everything the library depends on: load it without ninja.
-        import torch
-
-        try:
-            torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
-            return str(library)
-        except OSError:  # a truncated library from an interrupted build: rebuild below
-            pass
     # imported only to compile: it pulls in setuptools (~0.4 s of start-up)
     from torch.utils import cpp_extension
 
-    directory.mkdir(parents=True, exist_ok=True)
     # ninja's own output (the compiler's messages) travels in the exception on failure.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -129,9 +105,18 @@ def _compile_and_load(verbose: bool) -> str:
             notes = "".join(f"\nwarning: {w.message}" for w in caught)
             raise BuildError(
                 f"opmux cpu kernels failed to build in {directory} "
-                f"(CXX={os.environ.get('CXX', 'c++')!r}): {type(exc).__name__}: {exc}{notes}"
+                f"(CXX={config.cxx()!r}): {type(exc).__name__}: {exc}{notes}"
             ) from exc
-    return str(path)
+    return Path(path)
+
+
+def _load(verbose: bool) -> str:
+    """Build if needed (verified cache entry), load the library; describe what was loaded."""
+    import torch
+
+    library = CACHE.ensure(_key(), lambda directory: _compile(directory, verbose))
+    torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+    return f"loaded {library}"
 
 
 def build(verbose: bool = False) -> str:
@@ -153,13 +138,4 @@ def build_status(verbose: bool = False) -> tuple[bool, str]:
     :param verbose: print the compiler command lines and output (first call only).
     :returns: ``(True, "loaded <library path>")`` or ``(False, <error with compiler output>)``.
     """
-    global _status
-    if _status is not None:
-        return _status
-    with _lock:
-        if _status is None:
-            try:
-                _status = (True, f"loaded {_compile_and_load(verbose)}")
-            except Exception as exc:  # recorded, shown by the plugin report: never silent
-                _status = (False, str(exc))
-    return _status
+    return CACHE.status(lambda: _load(verbose))

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from opmux.core.errors import OpInputError
 from opmux.ops._activation_checks import (
     check_elementwise,
     check_fatrelu_and_mul,
@@ -22,6 +21,7 @@ from opmux.ops._activation_checks import (
     check_swigluoai_and_mul,
     check_xielu,
 )
+from opmux.ops._checks import kernel_error
 from opmux.ops.activation import sparsity_std_multiplier
 
 __all__ = [
@@ -54,7 +54,9 @@ def _run(kernel: Callable[..., None], *args: Any) -> None:
     try:
         kernel(*args)
     except ValueError as exc:
-        raise OpInputError(str(exc)) from None
+        # the kernel ``<op>_out`` serves catalog op ``<op>``
+        op = getattr(kernel, "__name__", "kernel").removesuffix("_out")
+        raise kernel_error(op, _PROVIDER, exc) from None
 
 
 def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.registry import OpRegistry
 from opmux.ops.moe import check_expert_ids, check_fused_moe_args
+from opmux.plugins._registration import OpTable, RegistryLike, register_table
 
-__all__ = ["PROVIDER", "fused_moe_grouped", "register"]
+__all__ = ["OPS", "PROVIDER", "fused_moe_grouped", "register"]
 
 PROVIDER = "grouped"
 """Provider name of the grouped implementation."""
@@ -156,7 +156,10 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
     return out if dtype == torch.float32 else out.to(dtype)
 
 
-def register(registry: OpRegistry) -> None:
-    """Register provider ``grouped`` of ``fused_moe`` for dispatch key ``CPU``."""
-    op = registry.get_op("fused_moe")
-    op.register_impl(PROVIDER, dispatch_key="CPU", supported=True)(fused_moe_grouped)
+OPS: OpTable = {"fused_moe": (fused_moe_grouped, None)}
+"""Op name -> (impl, supports_args) of the ``grouped`` provider."""
+
+
+def register(registry: RegistryLike, dispatch_key: str = "CPU") -> list[str]:
+    """Register provider ``grouped`` of ``fused_moe``; returns the ``op:provider`` pairs."""
+    return register_table(registry, PROVIDER, dispatch_key, OPS)

@@ -12,7 +12,7 @@ from opmux.core.plugins import hookimpl
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
-    from opmux.platforms import Platform
+    from opmux.plugins._registration import PlatformLike
 
 __all__ = ["opmux_default_priority", "opmux_plugin_info", "opmux_register", "register"]
 
@@ -42,13 +42,13 @@ def register(registry: OpRegistry, dispatch_key: str = "CUDA") -> list[str]:
 
 
 @hookimpl
-def opmux_register(registry: OpRegistry, platform: Platform) -> None:
+def opmux_register(registry: OpRegistry, platform: PlatformLike) -> None:
     """Register the providers on the ``CUDA`` key (the key of both CUDA and ROCm torch)."""
     register(registry, "CUDA")
 
 
 @hookimpl
-def opmux_default_priority(op_name: str, platform: Platform) -> list[str] | None:
+def opmux_default_priority(op_name: str, platform: PlatformLike) -> list[str] | None:
     """Per-op order; see :mod:`opmux.plugins.cuda.priority` for the reasoning."""
     from opmux.plugins.cuda.priority import default_priority
 

@@ -1,7 +1,8 @@
 """Provider ``cuda_c``: the CUDA C++ kernels of ``csrc/cuda``, built just in time.
 
 The sources are compiled with :func:`torch.utils.cpp_extension.load` (nvcc + ninja) into
-``$OPMUX_CACHE_DIR/cuda_c/<key>`` (default ``~/.cache/opmux``), where ``<key>`` hashes the
+``$OPMUX_CACHE_DIR/cuda_c/<key>`` (default ``~/.cache/opmux``; verified, atomically installed
+and rebuilt when damaged by :mod:`opmux.plugins._build_cache`), where ``<key>`` hashes the
 sources, the torch version and its CUDA version, and loaded as a plain library whose
 ``TORCH_LIBRARY(opmux_cuda, m)`` makes ``torch.ops.opmux_cuda.*`` available. The build runs
 when the provider is registered on a machine with a CUDA build of torch, nvcc and a visible
@@ -13,10 +14,7 @@ before anything is written (``advance_step_flashattn``, ``reshape_and_cache``) r
 and raise :class:`~opmux.core.errors.OpInputError`, the rest is checked in C++.
 """
 
-import hashlib
-import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +23,19 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
-from opmux.plugins.cuda.validation import check, validate_advance_step, validate_reshape_and_cache
+from opmux.ops._checks import (
+    check_advance_step_flashattn,
+    check_reshape_and_cache,
+    check_rms_norm,
+    check_silu_and_mul,
+)
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
+    from opmux.plugins._build_cache import BuildCache
 
 __all__ = [
+    "CACHE",
     "CUDA_CFLAGS",
     "PROVIDER",
     "advance_step_flashattn",
@@ -51,8 +56,16 @@ CUDA_CFLAGS: tuple[str, ...] = ("-O3", "--expt-relaxed-constexpr", "-std=c++20")
 """nvcc flags; part of the cache key."""
 
 _LIB_NAME = "opmux_cuda_kernels"
-_lock = threading.Lock()
-_built: list[str] = []
+
+
+def _make_cache() -> "BuildCache":
+    from opmux.plugins._build_cache import BuildCache
+
+    return BuildCache("cuda_c", f"{_LIB_NAME}.so", "opmux cuda_c kernels")
+
+
+CACHE = _make_cache()
+"""The cache entry, lock and per-process status of the CUDA C++ kernel library."""
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -69,19 +82,17 @@ def sources() -> list[Path]:
 
 
 def _key() -> str:
-    h = hashlib.sha256()
-    for path in sorted(source_dir().glob("*")):
-        if path.suffix in (".cu", ".cpp", ".h", ".cuh"):
-            h.update(path.name.encode() + b"\0" + path.read_bytes())
-    for part in (torch.__version__, str(torch.version.cuda), " ".join(CUDA_CFLAGS)):
-        h.update(b"\0" + part.encode())
-    return h.hexdigest()[:16]
+    from opmux.plugins._build_cache import hash_key
+
+    root = source_dir()
+    inputs = [p for p in root.glob("*") if p.suffix in (".cu", ".cpp", ".h", ".cuh")]
+    return hash_key(root, inputs, (torch.__version__, str(torch.version.cuda),
+                                   " ".join(CUDA_CFLAGS)))
 
 
 def build_dir() -> Path:
     """``$OPMUX_CACHE_DIR/cuda_c/<key>``: where the current sources build."""
-    root = os.environ.get("OPMUX_CACHE_DIR") or str(Path.home() / ".cache" / "opmux")
-    return Path(root).expanduser() / "cuda_c" / _key()
+    return CACHE.entry(_key())
 
 
 def cuda_c_status() -> tuple[bool, str]:
@@ -104,44 +115,57 @@ def cuda_c_status() -> tuple[bool, str]:
     return True, f"CUDA {torch.version.cuda}, sources in {source_dir()}"
 
 
+def _compile(directory: Path, verbose: bool) -> Path:
+    """Compile the kernels into the empty folder ``directory``; return the library path."""
+    from torch.utils import cpp_extension
+
+    try:
+        path = cpp_extension.load(
+            name=_LIB_NAME, sources=[str(s) for s in sources()],
+            extra_cflags=["-O3", "-std=c++20"], extra_cuda_cflags=list(CUDA_CFLAGS),
+            build_directory=str(directory), verbose=verbose, is_python_module=False,
+        )
+    except Exception as exc:
+        raise BuildError(f"opmux cuda_c kernels failed to build in {directory}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    return Path(path)
+
+
+def _load(verbose: bool) -> str:
+    possible, reason = cuda_c_status()
+    if not possible:
+        raise BuildError(f"opmux cuda_c kernels cannot be built here: {reason}")
+    library = CACHE.ensure(_key(), lambda directory: _compile(directory, verbose))
+    torch.ops.load_library(str(library))  # type: ignore[no-untyped-call]
+    return str(library)
+
+
 def build(verbose: bool = False) -> str:
-    """Compile (or find up to date) and load the kernels; idempotent within a process.
+    """Compile (or find verified in the cache) and load the kernels; once per process.
 
     :param verbose: print the compiler commands.
     :return: the path of the loaded library.
-    :raises BuildError: the toolchain is missing or the compiler failed.
+    :raises BuildError: the toolchain is missing, the compiler failed or the cache is not
+        writable.
     """
-    with _lock:
-        if _built:
-            return _built[0]
-        possible, reason = cuda_c_status()
-        if not possible:
-            raise BuildError(f"opmux cuda_c kernels cannot be built here: {reason}")
-        from torch.utils import cpp_extension
-
-        directory = build_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        try:
-            path = cpp_extension.load(
-                name=_LIB_NAME, sources=[str(s) for s in sources()],
-                extra_cflags=["-O3", "-std=c++20"], extra_cuda_cflags=list(CUDA_CFLAGS),
-                build_directory=str(directory), verbose=verbose, is_python_module=False,
-            )
-        except Exception as exc:
-            raise BuildError(f"opmux cuda_c kernels failed to build in {directory}: "
-                             f"{type(exc).__name__}: {exc}") from exc
-        _built.append(str(path))
-        return str(path)
+    ok, message = CACHE.status(lambda: _load(verbose))
+    if not ok:
+        raise BuildError(message)
+    return message
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
-    """``silu(x[..., :d]) * x[..., d:]`` (CUDA C++)."""
+    """``silu(x[..., :d]) * x[..., d:]`` (CUDA C++; strided inputs are read through a
+    contiguous copy)."""
+    check_silu_and_mul(x, provider=PROVIDER)
     out: Tensor = torch.ops.opmux_cuda.silu_and_mul(x)
     return out
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    """RMS norm in fp32, returned in ``x.dtype`` (CUDA C++)."""
+    """RMS norm in fp32, returned in ``x.dtype`` (CUDA C++; strided inputs are read through
+    a contiguous copy)."""
+    check_rms_norm(x, weight, eps, provider=PROVIDER)
     out: Tensor = torch.ops.opmux_cuda.rms_norm(x, weight, eps)
     return out
 
@@ -149,10 +173,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor) -> None:
     """Scatter key/value rows into the paged caches; slot -1 skips (CUDA C++)."""
-    validate_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                               provider=PROVIDER)
-    check(slot_mapping.dtype == torch.int64, "reshape_and_cache", "slot_mapping",
-          "dtype torch.int64", slot_mapping.dtype, provider=PROVIDER)
+    # the catalog's check; index values only where reading them costs no device sync
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, provider=PROVIDER,
+                            read_data=getattr(key, "is_cpu", False))
     torch.ops.opmux_cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -161,26 +184,34 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                            input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
                            block_tables: Tensor) -> None:
     """Advance decode state by one token in place (CUDA C++)."""
-    validate_advance_step(num_seqs, num_queries, block_size, input_tokens, sampled_token_ids,
-                          input_positions, seq_lens, slot_mapping, block_tables,
-                          provider=PROVIDER)
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, provider=PROVIDER,
+                                 read_data=getattr(input_tokens, "is_cpu", False))
     torch.ops.opmux_cuda.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                                 sampled_token_ids, input_positions, seq_lens,
                                                 slot_mapping, block_tables)
 
 
 def _silu_supports(x: Tensor) -> bool:
-    return x.dtype in _FLOATS and x.dim() >= 1 and x.shape[-1] % 2 == 0
+    return (isinstance(x, Tensor) and x.dtype in _FLOATS and x.dim() >= 1
+            and x.shape[-1] % 2 == 0)
 
 
 def _rms_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
-    return (x.dtype in _FLOATS and weight.dtype in _FLOATS and x.dim() >= 1
-            and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
+    return (isinstance(x, Tensor) and isinstance(weight, Tensor) and x.dtype in _FLOATS
+            and weight.dtype in _FLOATS and x.dim() >= 1 and weight.dim() == 1
+            and weight.shape[0] == x.shape[-1])
 
 
 def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                   slot_mapping: Tensor) -> bool:
-    # the kernel writes rows of Hkv*D contiguous elements inside each cache block
+    # the kernel writes rows of Hkv*D contiguous elements inside each cache block, at one
+    # block stride shared by both caches (so K and V may be two views of one buffer, as
+    # kv[:, 0] and kv[:, 1]); other layouts run on the next provider
+    tensors = (key, value, key_cache, value_cache, slot_mapping)
+    if not all(isinstance(t, Tensor) for t in tensors) or key_cache.dim() != 4:
+        return False
     return (slot_mapping.dtype == torch.int64 and key.dtype in _FLOATS
             and key_cache.dtype in _FLOATS and key.dim() == 3 and key_cache.dim() == 4
             and value.dtype == key.dtype and value_cache.dtype == key_cache.dtype
@@ -189,11 +220,23 @@ def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Te
             and value_cache.stride() == key_cache.stride())
 
 
+def _adv_supports(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
+                  sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
+                  slot_mapping: Tensor, block_tables: Tensor) -> bool:
+    # the kernel reads sampled ids through their row stride and block tables by rows with
+    # contiguous columns, and writes contiguous state vectors; other layouts run on the
+    # next provider
+    state = (input_tokens, input_positions, seq_lens, slot_mapping)
+    return (all(isinstance(t, Tensor) and t.is_contiguous() for t in state)
+            and isinstance(block_tables, Tensor) and block_tables.dim() == 2
+            and block_tables.stride(1) == 1)
+
+
 _IMPLS: dict[str, tuple[Callable[..., Any], Callable[..., bool] | None]] = {
     "silu_and_mul": (silu_and_mul, _silu_supports),
     "rms_norm": (rms_norm, _rms_supports),
     "reshape_and_cache": (reshape_and_cache, _rac_supports),
-    "advance_step_flashattn": (advance_step_flashattn, None),
+    "advance_step_flashattn": (advance_step_flashattn, _adv_supports),
 }
 
 
@@ -204,19 +247,13 @@ def register(registry: "OpRegistry", dispatch_key: str = "CUDA") -> list[str]:
     :param dispatch_key: torch dispatch key served (``CUDA``).
     :return: the ``op:provider`` pairs registered.
     """
+    from opmux.plugins._registration import register_table
+
     supported, reason = cuda_c_status()
     if supported:
         try:
             build()
         except BuildError as exc:
             supported, reason = False, str(exc)
-    known = {op.name: op for op in registry.list_ops()}
-    done = []
-    for op_name, (fn, predicate) in _IMPLS.items():
-        op = known.get(op_name)
-        if op is None:
-            continue
-        op.register_impl(PROVIDER, dispatch_key=dispatch_key, supported=supported,
-                         supports_args=predicate, reason=reason)(fn)
-        done.append(f"{op_name}:{PROVIDER}")
-    return done
+    return register_table(registry, PROVIDER, dispatch_key, _IMPLS, supported=supported,
+                          reason=reason)

@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.plugins.cuda.triton_runtime import one_config_when_interpreting
-from opmux.plugins.cuda.validation import check
+from opmux.ops._checks import check_gelu_and_mul, check_silu_and_mul
+from opmux.plugins.cuda.triton_runtime import PROVIDER, one_config_when_interpreting
 
 __all__ = ["gelu_and_mul", "gelu_and_mul_supports", "silu_and_mul", "silu_and_mul_supports"]
 
@@ -66,10 +66,7 @@ def _act_and_mul_kernel(  # type: ignore[no-untyped-def]
              mask=mask)
 
 
-def _launch(op: str, x: torch.Tensor, act: int) -> torch.Tensor:
-    check(x.dtype in _DTYPES, op, "x", "float32/float16/bfloat16", x.dtype)
-    check(x.dim() >= 1 and x.shape[-1] % 2 == 0, op, "x", "last dimension even (2*d)",
-          tuple(x.shape))
+def _launch(x: torch.Tensor, act: int) -> torch.Tensor:
     d = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
@@ -88,19 +85,20 @@ def _launch(op: str, x: torch.Tensor, act: int) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` (Triton)."""
-    return _launch("silu_and_mul", x, _ACT_SILU)
+    check_silu_and_mul(x, provider=PROVIDER)
+    return _launch(x, _ACT_SILU)
 
 
 def silu_and_mul_supports(x: torch.Tensor) -> bool:
-    """Float dtypes and an even last dimension."""
-    return x.dtype in _DTYPES and x.dim() >= 1 and x.shape[-1] % 2 == 0
+    """Float dtypes (not float64) and an even last dimension."""
+    return (isinstance(x, torch.Tensor) and x.dtype in _DTYPES and x.dim() >= 1
+            and x.shape[-1] % 2 == 0)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]`` (Triton)."""
-    check(approximate in ("none", "tanh"), "gelu_and_mul", "approximate", "'none' or 'tanh'",
-          repr(approximate))
-    return _launch("gelu_and_mul", x, _ACT_GELU if approximate == "none" else _ACT_GELU_TANH)
+    check_gelu_and_mul(x, approximate, provider=PROVIDER)
+    return _launch(x, _ACT_GELU if approximate == "none" else _ACT_GELU_TANH)
 
 
 def gelu_and_mul_supports(x: torch.Tensor, approximate: str = "none") -> bool:

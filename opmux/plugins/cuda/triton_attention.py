@@ -148,7 +148,7 @@ def _validate(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     # the catalog's checks; index values are read only where that costs no device sync
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap, provider="triton",
-                          read_data=query.device.type == "cpu")
+                          read_data=getattr(query, "is_cpu", False))
     check(query.dtype in _DTYPES, "paged_attention", "query", "float32/float16/bfloat16",
           query.dtype)
 
@@ -196,8 +196,11 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
                              seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                              sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None) -> bool:
-    """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts."""
-    return (query.dtype in _DTYPES and key_cache.dtype == query.dtype
+    """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts (any
+    strides: the kernel addresses query, caches and output through them)."""
+    tensors = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    return (all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in _DTYPES
+            and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
             and key_cache.shape[3] == query.shape[2] and key_cache.shape[2] > 0
             and query.shape[1] % key_cache.shape[2] == 0

@@ -1,16 +1,19 @@
 """Triton kernels for the KV-cache bookkeeping ops ``reshape_and_cache`` and
 ``advance_step_flashattn``.
 
-Both mutate their arguments in place and validate everything before the launch, so a bad
-call writes nothing.
+Both mutate their arguments in place and run the catalog's check (provider ``triton``)
+before the launch, so a bad call writes nothing and they reject exactly what native rejects.
+Index values (slot and block ranges) are read only for CPU tensors (the interpreter): on a
+GPU that read would cost a device sync per call. Every tensor is addressed through its
+strides (strided caches and slot mappings, 1-d or strided sampled ids, strided block tables).
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from opmux.ops._checks import check_advance_step_flashattn, check_reshape_and_cache
 from opmux.plugins.cuda.triton_runtime import next_pow2
-from opmux.plugins.cuda.validation import validate_advance_step, validate_reshape_and_cache
 
 __all__ = [
     "advance_step_flashattn",
@@ -50,7 +53,8 @@ def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Write ``key[t]``/``value[t]`` to cache slot ``slot_mapping[t]``; slot -1 skips (Triton)."""
-    validate_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
+                            provider="triton", read_data=getattr(key, "is_cpu", False))
     tokens, hkv, d = key.shape
     if tokens == 0 or hkv == 0 or d == 0:
         return
@@ -66,49 +70,62 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
 def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
-    """Float tensors, 3-D key/value, 4-D caches, an integer slot mapping."""
-    return (key.dtype in _DTYPES and value.dtype in _DTYPES and key_cache.dtype in _DTYPES
+    """Float tensors, 3-D key/value, 4-D caches, an int64 slot mapping (any strides)."""
+    return (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+            and isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)
+            and isinstance(slot_mapping, torch.Tensor) and key.dtype in _DTYPES
+            and value.dtype in _DTYPES and key_cache.dtype in _DTYPES
             and value_cache.dtype in _DTYPES and key.dim() == 3 and key_cache.dim() == 4
-            and slot_mapping.dtype in (torch.int64, torch.int32))
+            and slot_mapping.dtype == torch.int64)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _advance_step_kernel(  # type: ignore[no-untyped-def]
-    tokens_ptr, sampled_ptr, sampled_stride, positions_ptr, seq_lens_ptr, slots_ptr,
-    block_tables_ptr, bt_stride, num_seqs, num_queries, block_size,
+    tokens_ptr, tok_st, sampled_ptr, sampled_stride, positions_ptr, pos_st, seq_lens_ptr,
+    len_st, slots_ptr, slot_st, block_tables_ptr, bt_stride, bt_col_stride, num_seqs,
+    num_queries, block_size,
     BLOCK: tl.constexpr,
 ):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < num_seqs
     is_query = i < num_queries
     pad = live & (i >= num_queries)
-    sampled = tl.load(sampled_ptr + i * sampled_stride, mask=is_query, other=0)
-    pos = tl.load(seq_lens_ptr + i, mask=is_query, other=0)
-    blk = tl.load(block_tables_ptr + i.to(tl.int64) * bt_stride + pos // block_size,
+    i64 = i.to(tl.int64)
+    sampled = tl.load(sampled_ptr + i64 * sampled_stride, mask=is_query, other=0)
+    pos = tl.load(seq_lens_ptr + i64 * len_st, mask=is_query, other=0)
+    blk = tl.load(block_tables_ptr + i64 * bt_stride
+                  + (pos // block_size).to(tl.int64) * bt_col_stride,
                   mask=is_query, other=0)
     slot = blk.to(tl.int64) * block_size + (pos % block_size)
-    tl.store(tokens_ptr + i, sampled, mask=is_query)
-    tl.store(positions_ptr + i, pos.to(tl.int64), mask=is_query)
-    tl.store(seq_lens_ptr + i, pos + 1, mask=is_query)
-    tl.store(slots_ptr + i, slot, mask=is_query)
-    tl.store(tokens_ptr + i, tl.zeros_like(sampled), mask=pad)
-    tl.store(positions_ptr + i, tl.zeros_like(sampled), mask=pad)
-    tl.store(slots_ptr + i, tl.full([BLOCK], -1, tl.int64), mask=pad)
+    tl.store(tokens_ptr + i64 * tok_st, sampled, mask=is_query)
+    tl.store(positions_ptr + i64 * pos_st, pos.to(tl.int64), mask=is_query)
+    tl.store(seq_lens_ptr + i64 * len_st, pos + 1, mask=is_query)
+    tl.store(slots_ptr + i64 * slot_st, slot, mask=is_query)
+    tl.store(tokens_ptr + i64 * tok_st, tl.zeros_like(sampled), mask=pad)
+    tl.store(positions_ptr + i64 * pos_st, tl.zeros_like(sampled), mask=pad)
+    tl.store(slots_ptr + i64 * slot_st, tl.full([BLOCK], -1, tl.int64), mask=pad)
 
 
 def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                            input_tokens: torch.Tensor, sampled_token_ids: torch.Tensor,
                            input_positions: torch.Tensor, seq_lens: torch.Tensor,
                            slot_mapping: torch.Tensor, block_tables: torch.Tensor) -> None:
-    """Advance decode state by one token in place (Triton); padding rows get slot -1."""
-    validate_advance_step(num_seqs, num_queries, block_size, input_tokens, sampled_token_ids,
-                          input_positions, seq_lens, slot_mapping, block_tables)
+    """Advance decode state by one token in place (Triton); padding rows get slot -1.
+
+    Every tensor is read and written through its strides (strided state vectors, 1-d or
+    strided sampled ids, strided block tables).
+    """
+    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables, provider="triton",
+                                 read_data=getattr(input_tokens, "is_cpu", False))
     if num_seqs == 0:
         return
     block = min(next_pow2(num_seqs), 1024)
     _advance_step_kernel[(triton.cdiv(num_seqs, block),)](
-        input_tokens, sampled_token_ids, sampled_token_ids.stride(0), input_positions, seq_lens,
-        slot_mapping, block_tables, block_tables.stride(0), num_seqs, num_queries, block_size,
+        input_tokens, input_tokens.stride(0), sampled_token_ids, sampled_token_ids.stride(0),
+        input_positions, input_positions.stride(0), seq_lens, seq_lens.stride(0),
+        slot_mapping, slot_mapping.stride(0), block_tables, block_tables.stride(0),
+        block_tables.stride(1), num_seqs, num_queries, block_size,
         BLOCK=block, num_warps=4,
     )
-

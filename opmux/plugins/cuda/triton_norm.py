@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.plugins.cuda.triton_runtime import next_pow2
-from opmux.plugins.cuda.validation import check
+from opmux.ops._checks import check_fused_add_rms_norm, check_rms_norm
+from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
 
 __all__ = [
     "fused_add_rms_norm",
@@ -91,17 +91,6 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _check_common(op: str, x: torch.Tensor, weight: torch.Tensor) -> int:
-    check(x.dtype in _DTYPES, op, "x", "float32/float16/bfloat16", x.dtype)
-    check(x.dim() >= 1, op, "x", "at least 1 dimension", tuple(x.shape))
-    d = x.shape[-1]
-    check(weight.dim() == 1 and weight.shape[0] == d, op, "weight", f"shape ({d},)",
-          tuple(weight.shape))
-    check(weight.dtype in _DTYPES, op, "weight", "float32/float16/bfloat16", weight.dtype)
-    check(weight.device == x.device, op, "weight", f"device {x.device}", weight.device)
-    return d
-
-
 def _launch(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor,
             out2: torch.Tensor, res_out2: torch.Tensor | None, eps: float) -> None:
     rows, d = x2.shape
@@ -122,7 +111,8 @@ def _launch(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor,
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps) * weight`` in fp32, returned in ``x.dtype`` (Triton)."""
-    d = _check_common("rms_norm", x, weight)
+    check_rms_norm(x, weight, eps, provider=PROVIDER)
+    d = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return out
@@ -132,19 +122,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 def rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
     """Float ``x`` and ``weight``, ``weight`` of shape ``(x.shape[-1],)``."""
-    return (x.dtype in _DTYPES and weight.dtype in _DTYPES and x.dim() >= 1
+    return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and x.dtype in _DTYPES and weight.dtype in _DTYPES and x.dim() >= 1
             and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """``r = x + residual; (rms_norm(r, weight, eps), r)`` as new tensors (Triton)."""
-    op = "fused_add_rms_norm"
-    d = _check_common(op, x, weight)
-    check(residual.shape == x.shape, op, "residual", f"shape {tuple(x.shape)}",
-          tuple(residual.shape))
-    check(residual.dtype == x.dtype, op, "residual", f"dtype {x.dtype}", residual.dtype)
-    check(residual.device == x.device, op, "residual", f"device {x.device}", residual.device)
+    check_fused_add_rms_norm(x, residual, weight, eps, provider=PROVIDER)
+    d = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
@@ -157,5 +144,5 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 def fused_add_rms_norm_supports(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                 eps: float = 1e-6) -> bool:
     """As :func:`rms_norm_supports`, plus ``residual`` matching ``x`` in shape and dtype."""
-    return (rms_norm_supports(x, weight, eps) and residual.shape == x.shape
-            and residual.dtype == x.dtype)
+    return (rms_norm_supports(x, weight, eps) and isinstance(residual, torch.Tensor)
+            and residual.shape == x.shape and residual.dtype == x.dtype)

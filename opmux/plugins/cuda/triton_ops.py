@@ -13,13 +13,11 @@ import importlib
 import importlib.util
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from opmux.core.errors import ProviderUnavailableError
+from opmux.plugins._registration import RegistryLike, find_op
 from opmux.plugins.cuda.triton_runtime import PROVIDER, triton_status
-
-if TYPE_CHECKING:
-    from opmux.core.registry import OpRegistry
 
 __all__ = ["KERNELS", "register"]
 
@@ -66,7 +64,7 @@ def _unavailable(op_name: str, native: Callable[..., Any], reason: str) -> Calla
     return impl
 
 
-def register(registry: OpRegistry, dispatch_key: str = "CUDA") -> list[str]:
+def register(registry: RegistryLike, dispatch_key: str = "CUDA") -> list[str]:
     """Register provider ``triton`` for every catalog op ``registry`` holds.
 
     :param registry: the registry (the global one from the plugin hook; tests pass their own).
@@ -76,10 +74,9 @@ def register(registry: OpRegistry, dispatch_key: str = "CUDA") -> list[str]:
     """
     supported, reason = triton_status()
     have_triton = _have_triton()
-    known = {op.name: op for op in registry.list_ops()}
     done: list[str] = []
     for op_name, (module_name, pred_name) in KERNELS.items():
-        op = known.get(op_name)
+        op = find_op(registry, op_name)
         if op is None:
             continue
         predicate: Callable[..., bool] | None = None

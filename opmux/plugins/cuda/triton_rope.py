@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.plugins.cuda.triton_runtime import next_pow2
-from opmux.plugins.cuda.validation import check
+from opmux.ops._checks import check_rotary_embedding
+from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
 
 __all__ = ["rotary_embedding", "rotary_embedding_supports"]
 
@@ -75,36 +75,29 @@ def _rope_kernel(  # type: ignore[no-untyped-def]
 
 
 def _as_rows(t: torch.Tensor, tokens: int) -> torch.Tensor:
-    t2 = t.reshape(tokens, -1)
+    t2 = t.reshape(tokens, t.numel() // tokens)
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                      cos_sin_cache: torch.Tensor, head_size: int, is_neox: bool = True
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary embedding on the first ``rot`` dims of every head; new (query, key) (Triton)."""
-    op = "rotary_embedding"
-    check(positions.dtype in (torch.int64, torch.int32), op, "positions", "int64 or int32",
-          positions.dtype)
-    tokens = positions.numel()
-    check(query.dtype in _DTYPES, op, "query", "float32/float16/bfloat16", query.dtype)
-    check(key.dtype == query.dtype, op, "key", f"dtype {query.dtype}", key.dtype)
-    check(query.dim() >= 1 and query.shape[0] == tokens, op, "query",
-          f"first dimension {tokens} (positions.numel())", tuple(query.shape))
-    check(key.dim() >= 1 and key.shape[0] == tokens, op, "key",
-          f"first dimension {tokens} (positions.numel())", tuple(key.shape))
-    check(head_size > 0, op, "head_size", "> 0", head_size)
+    """Rotary embedding on the first ``rot`` dims of every head; new (query, key) (Triton).
+
+    Takes every layout native takes (#19): positions of any shape, queries ``[*P, H*D]`` or
+    ``[*P, H, D]``; positions are read contiguously (a strided or stride-0 view is copied,
+    #11), query/key rows through their token stride.
+    """
+    check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
+                           provider=PROVIDER,
+                           read_data=not getattr(query, "is_cuda", False))
+    flat = positions.reshape(-1)
+    if flat.stride(0) != 1:
+        flat = flat.contiguous()
+    tokens = flat.shape[0]
     q_width = query.numel() // max(tokens, 1)
     k_width = key.numel() // max(tokens, 1)
-    check(q_width % head_size == 0, op, "query", f"row width a multiple of {head_size}", q_width)
-    check(k_width % head_size == 0, op, "key", f"row width a multiple of {head_size}", k_width)
-    check(cos_sin_cache.dim() == 2, op, "cos_sin_cache", "2-D [max_position, rot]",
-          tuple(cos_sin_cache.shape))
     rot = cos_sin_cache.shape[1]
-    check(rot % 2 == 0 and 0 < rot <= head_size, op, "cos_sin_cache",
-          f"an even rotary width in [2, {head_size}]", rot)
-    check(cos_sin_cache.dtype in _DTYPES, op, "cos_sin_cache", "float32/float16/bfloat16",
-          cos_sin_cache.dtype)
     q_out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     k_out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
     if tokens == 0 or (q_width == 0 and k_width == 0):
@@ -117,8 +110,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     q_blocks = triton.cdiv(num_heads, block_h)
     k_blocks = triton.cdiv(num_kv_heads, block_h)
     _rope_kernel[(tokens, q_blocks + k_blocks)](
-        positions.reshape(-1), q2, k2, q_out.view(tokens, q_width),
-        k_out.view(tokens, k_width), cache,
+        flat, q2, k2, q_out.view(tokens, q_width), k_out.view(tokens, k_width), cache,
         q2.stride(0), k2.stride(0), q_width, k_width, cache.stride(0),
         num_heads, num_kv_heads, head_size, rot, q_blocks,
         IS_NEOX=bool(is_neox), BLOCK_H=block_h, D_PAD=d_pad,
@@ -131,7 +123,9 @@ def rotary_embedding_supports(positions: torch.Tensor, query: torch.Tensor, key:
                               cos_sin_cache: torch.Tensor, head_size: int,
                               is_neox: bool = True) -> bool:
     """Float query/key of one dtype, integer positions, an even ``rot <= head_size``."""
-    return (query.dtype in _DTYPES and key.dtype == query.dtype
+    return (isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor)
+            and isinstance(key, torch.Tensor) and isinstance(cos_sin_cache, torch.Tensor)
+            and query.dtype in _DTYPES and key.dtype == query.dtype
             and cos_sin_cache.dtype in _DTYPES and cos_sin_cache.dim() == 2
             and positions.dtype in (torch.int64, torch.int32)
             and 0 < cos_sin_cache.shape[1] <= head_size and cos_sin_cache.shape[1] % 2 == 0)

@@ -9,9 +9,10 @@ the kernel modules must be imported after it is switched on; nothing here import
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Sequence
 from typing import Any
+
+from opmux.core import config
 
 __all__ = [
     "PROVIDER",
@@ -27,7 +28,7 @@ PROVIDER = "triton"
 
 def interpreting() -> bool:
     """Whether Triton's interpreter is on (env var or knob); False when Triton is absent."""
-    if os.environ.get("TRITON_INTERPRET", "0").strip().lower() in {"1", "true", "on", "yes"}:
+    if config.triton_interpret():
         return True
     if importlib.util.find_spec("triton") is None:
         return False

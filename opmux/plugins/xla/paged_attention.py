@@ -43,12 +43,13 @@ from typing import Final, Optional
 import torch
 from torch import Tensor
 
-from opmux.core.errors import OpInputError
+from opmux.core.errors import OpInputError, UnknownOpError
 from opmux.core.op import Op, OpImpl
-from opmux.core.registry import OpRegistry, global_registry, register_op
+from opmux.core.registry import global_registry
+from opmux.plugins._registration import RegistryLike
 from opmux.plugins.xla.static_attention import check_inputs, static_paged_attention
 
-__all__ = ["NAMESPACE", "PROVIDERS", "QUALNAME", "install", "paged_attention_op",
+__all__ = ["NAMESPACE", "PROVIDERS", "QUALNAME", "paged_attention_op", "register",
            "xla_gpu_paged_attention"]
 
 NAMESPACE: Final = "xla_gpu"
@@ -60,7 +61,6 @@ PROVIDERS: Final = ("static_xla", "catalog_cuda", "catalog_cpu")
 """Providers this module registers, in default priority order."""
 
 
-@register_op(name="paged_attention", namespace=NAMESPACE)
 def xla_gpu_paged_attention(
     query: Tensor,
     kv_cache: Tensor,
@@ -101,8 +101,10 @@ def xla_gpu_paged_attention(
 
 
 def paged_attention_op() -> Op:
-    """The :class:`~opmux.Op` behind ``torch.ops.xla_gpu.paged_attention``."""
-    return xla_gpu_paged_attention
+    """The :class:`~opmux.Op` behind ``torch.ops.xla_gpu.paged_attention`` (defined, with its
+    providers, in the global registry on first use if the plugin has not done it yet)."""
+    register(global_registry())
+    return global_registry().get_op(QUALNAME)
 
 
 # ---------------------------------------------------------------------------- providers
@@ -202,15 +204,17 @@ def catalog_cpu(
     result = query.new_zeros(query.shape)
     if count == 0 or end == first:
         return result
-    args = (query[:end], kv_cache[0], kv_cache[1],
+    # the catalog op's offsets start at 0: rebase the live rows
+    args = (query[first:end], kv_cache[0], kv_cache[1],
             block_tables[:count].clamp(0, kv_cache.shape[1] - 1).to(torch.int32),
-            context_lens[:count].to(torch.int32), query_start_loc[: count + 1].to(torch.int32),
+            context_lens[:count].to(torch.int32),
+            (query_start_loc[: count + 1] - first).to(torch.int32),
             scale, sliding_window, soft_cap)
     impl = _catalog_impl("cpp")
     fn = impl.fn if impl is not None and (
         impl.supports_args is None or impl.supports_args(*args)) else _catalog().native
     out: Tensor = fn(*args)
-    result[first:end] = out[first:end]
+    result[first:end] = out
     return result
 
 
@@ -231,8 +235,6 @@ def fake_paged_attention(
     return query.new_empty(query.shape)
 
 
-xla_gpu_paged_attention.register_fake(fake_paged_attention)
-
 
 def _catalog() -> Op:
     return global_registry().get_op(CATALOG_OP)
@@ -245,18 +247,34 @@ def _catalog_impl(provider: str) -> Optional[OpImpl]:
     return impl
 
 
-# ------------------------------------------------------------------------ installation
-def install(registry: OpRegistry) -> Optional[Op]:
-    """Register this module's providers on the op (idempotent).
+# ------------------------------------------------------------------------ registration
+def _define() -> Op:
+    """The op in the global registry, defined (native and fake) on the first call."""
+    glob = global_registry()
+    try:
+        return glob.get_op(QUALNAME)
+    except UnknownOpError:
+        op = glob.register_op(xla_gpu_paged_attention, name="paged_attention",
+                              namespace=NAMESPACE)
+        op.register_fake(fake_paged_attention)
+        return op
 
-    The op lives in the global registry (it is defined when this module is imported);
-    any other registry does not own it, so nothing is installed there.
 
-    :returns: the op, or ``None`` when ``registry`` is not the global registry.
+def register(registry: RegistryLike, dispatch_key: str | None = None) -> list[str]:
+    """Define the op and register this module's providers (the registration contract).
+
+    The op is defined here, when the plugin registers, never at import. It lives in the
+    global registry (its torch namespace ``xla_gpu`` is process-wide): any other registry
+    does not own it and gets nothing. Idempotent.
+
+    :param registry: the registry the plugin registers into.
+    :param dispatch_key: register only the provider of this key (``XLA``, ``CUDA`` or
+        ``CPU``); ``None`` registers all three (each provider serves its own key).
+    :returns: the ``op:provider`` pairs registered by this call.
     """
     if registry is not global_registry():
-        return None
-    op = xla_gpu_paged_attention
+        return []
+    op = _define()
     has_xla = importlib.util.find_spec("torch_xla") is not None
     has_cuda = torch.cuda.is_available()
     table = (
@@ -264,11 +282,10 @@ def install(registry: OpRegistry) -> Optional[Op]:
         ("catalog_cuda", "CUDA", has_cuda, "no CUDA device", catalog_cuda),
         ("catalog_cpu", "CPU", True, None, catalog_cpu),
     )
-    present = op.impls
-    if all(name in present for name, *_ in table):
-        return op
-    for name, key, supported, reason, fn in table:
-        if name not in present:
-            op.register_impl(name, dispatch_key=key, supported=supported, reason=reason)(fn)
+    done = []
     # registration order is the priority: each provider serves its own key
-    return op
+    for name, key, supported, reason, fn in table:
+        if name not in op.impls and dispatch_key in (None, key):
+            op.register_impl(name, dispatch_key=key, supported=supported, reason=reason)(fn)
+            done.append(f"{QUALNAME}:{name}")
+    return done

@@ -88,7 +88,7 @@ def test_build_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(_build, "source_root", lambda: bad)
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(_build, "_module", None)
-    monkeypatch.setattr(_build, "_status", None)
+    monkeypatch.setattr(_build.CACHE, "cached_status", None)
     ok, message = _build.build_status()
     assert not ok
     assert "broken.cpp" in message and "failed to build" in message

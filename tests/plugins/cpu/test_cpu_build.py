@@ -97,7 +97,7 @@ def test_build_raises_build_error_on_failure(monkeypatch: pytest.MonkeyPatch) ->
     from opmux.core.errors import BuildError
     from opmux.plugins.cpu import _build
 
-    monkeypatch.setattr(_build, "_status", (False, "compiler said no"))
+    monkeypatch.setattr(_build.CACHE, "cached_status", (False, "compiler said no"))
     with pytest.raises(BuildError, match="compiler said no"):
         _build.build()
 
@@ -137,17 +137,19 @@ def test_unsupported_registration_keeps_reason(monkeypatch: pytest.MonkeyPatch) 
     class FakeOp:
         def __init__(self, name: str) -> None:
             self.name = name
+            self.namespace = "opmux"
 
         def register_impl(self, provider: str, **kw: Any) -> Any:
             calls.append((self.name, {"provider": provider, **kw}))
             return lambda fn: fn
 
     class FakeRegistry:
-        def get_op(self, name: str) -> FakeOp:
-            return FakeOp(name)
+        def list_ops(self) -> list[FakeOp]:
+            return [FakeOp(name) for name in cpp_ops.OPS]
 
-    monkeypatch.setattr(_build, "_status", (False, "c++: not found"))
-    assert cpp_ops.register(FakeRegistry()) == (False, "c++: not found")
+    monkeypatch.setattr(_build.CACHE, "cached_status", (False, "c++: not found"))
+    done = cpp_ops.register(FakeRegistry())  # type: ignore[arg-type]
+    assert done == [f"{name}:cpp" for name in cpp_ops.OPS]
     assert {name for name, _ in calls} == set(cpp_ops.OPS)
     for _, kw in calls:
         assert kw["provider"] == "cpp" and kw["dispatch_key"] == "CPU"

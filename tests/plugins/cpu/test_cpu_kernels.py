@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from opmux.core.errors import OpInputError
+from opmux.testing import paged_batch
 
 pytestmark = pytest.mark.slow  # the session fixture compiles the extension on first use
 
@@ -29,14 +29,11 @@ def cpp() -> Any:
     return cpp_ops
 
 
-def native(name: str) -> Callable[..., Any] | None:
-    """The native reference from the op catalog, when the catalog defines the op."""
+def native(name: str) -> Callable[..., Any]:
+    """The native reference from the op catalog (every op tested here is in it)."""
     import opmux
 
-    try:
-        return opmux.get_op(name).impls["native"].fn  # type: ignore[no-any-return]
-    except (KeyError, AttributeError):
-        return None
+    return opmux.get_op(name).impls["native"].fn  # type: ignore[no-any-return]
 
 
 def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
@@ -45,10 +42,7 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, scale: floa
 
 
 def check_native(name: str, got: Any, *args: Any, dtype: torch.dtype, scale: float = 1.0) -> None:
-    fn = native(name)
-    if fn is None:
-        return
-    want = fn(*args)
+    want = native(name)(*args)
     pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
     for g, w in pairs:
         close(g, w, dtype, scale)
@@ -83,10 +77,13 @@ def test_fused_add_rms_norm(cpp: Any, dtype: torch.dtype) -> None:
 
 
 def test_rms_norm_rejects_mismatched_weight(cpp: Any) -> None:
-    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'cpp'\): weight must be"):
+    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'cpp'\): argument 'weight' "
+                                           r"expected shape \[8\]"):
         cpp.rms_norm(torch.randn(4, 8), torch.randn(7), 1e-6)
-    with pytest.raises(OpInputError, match="weight dtype must equal x dtype"):
+    # a dtype the shared check accepts but the kernel does not: the kernel's own check
+    with pytest.raises(OpInputError, match="weight dtype must equal x dtype") as info:
         cpp.rms_norm(torch.randn(4, 8), torch.randn(8, dtype=torch.bfloat16), 1e-6)
+    assert (info.value.op, info.value.provider) == ("opmux::rms_norm", "cpp")
 
 
 # ----------------------------------------------------------------------------- activations
@@ -112,7 +109,7 @@ def test_gelu_and_mul(cpp: Any, dtype: torch.dtype, approximate: str) -> None:
 
 
 def test_gelu_and_mul_rejects_unknown_approximation(cpp: Any) -> None:
-    with pytest.raises(OpInputError, match=r"approximate must be one of \['none', 'tanh'\]"):
+    with pytest.raises(OpInputError, match=r"'approximate' expected one of \['none', 'tanh'\]"):
         cpp.gelu_and_mul(torch.randn(2, 8), "erf")
 
 
@@ -144,8 +141,12 @@ def test_rotary_embedding(cpp: Any, dtype: torch.dtype, is_neox: bool, rot: int)
 def test_rotary_embedding_rejects_position_out_of_range(cpp: Any) -> None:
     cache = torch.randn(8, 16)
     q, k = torch.randn(2, 32), torch.randn(2, 16)
-    with pytest.raises(OpInputError, match=r"positions\[1\] = 8 is outside \[0, 8\)"):
+    # the kernel checks the range (one pass) before writing; same error type and attributes
+    with pytest.raises(OpInputError, match=r"'positions' rejected by the kernel: "
+                                           r"positions\[1\] = 8 is outside \[0, 8\)") as info:
         cpp.rotary_embedding(torch.tensor([0, 8]), q, k, cache, 16, True)
+    assert (info.value.op, info.value.provider, info.value.argument) == (
+        "opmux::rotary_embedding", "cpp", "positions")
 
 
 # ----------------------------------------------------------------------------- kv cache
@@ -167,37 +168,30 @@ def test_reshape_and_cache(cpp: Any, dtype: torch.dtype) -> None:
 def test_reshape_and_cache_bad_slot_writes_nothing(cpp: Any) -> None:
     key = torch.randn(3, 1, 8)
     kc, vc = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
-    with pytest.raises(OpInputError, match=r"slot_mapping\[2\] = 8 is outside \[-1, 8\)"):
+    # the impl runs the catalog's check (one message format) ...
+    with pytest.raises(OpInputError, match=r"opmux::reshape_and_cache \(provider 'cpp'\): "
+                                           r"argument 'slot_mapping' expected -1 \(skip\) or "
+                                           r"slots in \[0, 8\).*got values in \[0, 8\]"):
         cpp.reshape_and_cache(key, key, kc, vc, torch.tensor([0, 1, 8]))
     assert not kc.any() and not vc.any()
-    with pytest.raises(OpInputError, match="must share a dtype"):
+    with pytest.raises(OpInputError, match=r"'key' expected the cache's dtype"):
         cpp.reshape_and_cache(key.half(), key.half(), kc, vc, torch.tensor([0, 1, 2]))
+    # ... and the kernel keeps its own guard, read through the slot mapping's stride
+    kernel = torch.ops.opmux_cpu.reshape_and_cache
+    with pytest.raises(ValueError, match=r"slot_mapping\[2\] = 8 is outside \[-1, 8\)"):
+        kernel(key, key, kc, vc, torch.tensor([[0, 9], [1, 9], [8, 0]])[:, 0])
+    with pytest.raises(ValueError, match="must share a dtype"):
+        kernel(key.half(), key.half(), kc, vc, torch.tensor([0, 1, 2]))
+    assert not kc.any() and not vc.any()
 
 
 def _paged_case(dtype: torch.dtype, heads: int, kv_heads: int, d: int, bs: int,
                 q_lens: list[int], kv_lens: list[int], seed: int = 0) -> dict[str, Any]:
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [math.ceil(k / bs) for k in kv_lens]
-    n_blocks = sum(blocks_per_seq) + 3
-    perm = torch.randperm(n_blocks, generator=gen)
-    max_blocks = max(blocks_per_seq) + 1
-    bt = torch.full((len(kv_lens), max_blocks), -1, dtype=torch.int32)
-    used = 0
-    for i, nb in enumerate(blocks_per_seq):
-        bt[i, :nb] = perm[used: used + nb].int()
-        used += nb
-    n_tok = sum(q_lens)
-    qkv = torch.randn(n_tok, heads + 2, d, generator=gen).to(dtype)
-    return {
-        "query": qkv[:, :heads],  # non-contiguous across tokens
-        "key_cache": torch.randn(n_blocks, bs, kv_heads, d, generator=gen).to(dtype),
-        "value_cache": torch.randn(n_blocks, bs, kv_heads, d, generator=gen).to(dtype),
-        "block_tables": bt,
-        "seq_lens": torch.tensor(kv_lens, dtype=torch.int32),
-        "query_start_loc": torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()],
-                                        dtype=torch.int32),
-        "scale": d ** -0.5,
-    }
+    batch = paged_batch(q_lens, kv_lens, heads=heads, kv_heads=kv_heads, head_size=d,
+                        block_size=bs, dtype=dtype, unused=-1, seed=seed).as_dict()
+    wide = torch.cat([batch["query"], batch["query"][:, :2]], dim=1)
+    return {**batch, "query": wide[:, :heads],  # non-contiguous across tokens
+            "scale": d ** -0.5}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -212,9 +206,7 @@ def test_paged_attention_ragged(cpp: Any, dtype: torch.dtype, heads: int, kv_hea
     want = ref.paged_attention(**case, sliding_window=window, soft_cap=cap)
     assert got.shape == case["query"].shape and got.dtype == dtype
     close(got, want, dtype, scale=2)
-    fn = native("paged_attention")
-    if fn is not None:
-        close(got, fn(*case.values(), window, cap), dtype, scale=2)
+    close(got, native("paged_attention")(*case.values(), window, cap), dtype, scale=2)
 
 
 @pytest.mark.parametrize("d,bs", [(80, 16), (128, 128), (32, 5)])
@@ -233,16 +225,42 @@ def test_paged_attention_long_prefill_window(cpp: Any) -> None:
 
 def test_paged_attention_errors(cpp: Any) -> None:
     case = _paged_case(torch.float32, 4, 2, 32, 16, q_lens=[2], kv_lens=[5])
-    with pytest.raises(OpInputError, match="must be contiguous int32"):
-        cpp.paged_attention(**{**case, "block_tables": case["block_tables"].long()})
-    with pytest.raises(OpInputError, match=r"has 2 query rows but seq_lens\[0\] = 1"):
-        cpp.paged_attention(**{**case, "seq_lens": torch.tensor([1], dtype=torch.int32)})
+    kernel = torch.ops.opmux_cpu.paged_attention_out
+    out = torch.empty(case["query"].shape)
+
+    def both(match: str, argument: str, kernel_match: str, **change: Any) -> None:
+        args = {**case, **change}
+        with pytest.raises(OpInputError, match=rf"opmux::paged_attention \(provider 'cpp'\): "
+                                               rf"argument '{argument}' expected {match}"):
+            cpp.paged_attention(**args)
+        with pytest.raises(ValueError, match=kernel_match):
+            kernel(out, *args.values(), -1, 0.0)  # the kernel's own guard
+
+    # int64 tables are valid (native takes them): the kernel refuses them, so cpp declines
+    wide = {**case, "block_tables": case["block_tables"].long()}
+    assert not cpp._paged_attention_ok(**wide)
+    with pytest.raises(ValueError, match="must be contiguous int32"):
+        kernel(out, *wide.values(), -1, 0.0)
+    both(r"kv_len >= q_len=2", "seq_lens", r"has 2 query rows but seq_lens\[0\] = 1",
+         seq_lens=torch.tensor([1], dtype=torch.int32))
     bad = case["block_tables"].clone()
     bad[0, 0] = 10_000
-    with pytest.raises(OpInputError, match=r"block_tables\[0, 0\] = 10000 is outside"):
-        cpp.paged_attention(**{**case, "block_tables": bad})
-    with pytest.raises(OpInputError, match="must share a dtype"):
-        cpp.paged_attention(**{**case, "query": case["query"].half()})
+    both(r"block ids in \[0, \d+\)", "block_tables",
+         r"block_tables\[0, 0\] = 10000 is outside", block_tables=bad)
+    both("the cache's dtype", "query", "must share a dtype", query=case["query"].half())
+    # #11 item 4: the visible window, query offsets and lengths are checked as native does
+    with pytest.raises(OpInputError, match=r"'query_start_loc' expected non-decreasing "
+                                           r"offsets from 0"):
+        cpp.paged_attention(**{**case, "query_start_loc": torch.tensor([1, 2],
+                                                                         dtype=torch.int32)})
+    with pytest.raises(OpInputError, match=r"'seq_lens' expected values in \[0, "):
+        cpp.paged_attention(**{**case, "seq_lens": torch.tensor([-1], dtype=torch.int32)})
+    # #11 item 15: one meaning everywhere: 0 / negative is an error, None means none
+    with pytest.raises(OpInputError, match=r"'sliding_window' expected None or a positive"):
+        cpp.paged_attention(**case, sliding_window=0)
+    for cap in (0.0, -1.0):
+        with pytest.raises(OpInputError, match=r"'soft_cap' expected None or a positive"):
+            cpp.paged_attention(**case, soft_cap=cap)
 
 
 # ----------------------------------------------------------------------------- advance step
@@ -278,19 +296,66 @@ def test_advance_step_padding_rows(cpp: Any) -> None:
     assert args[4][3].item() == -1
 
 
-@pytest.mark.parametrize("index,bad,match", [
-    (3, torch.tensor([6, 8, 6, 6], dtype=torch.int64), "seq_lens must be Int, got Long"),
-    (0, torch.zeros(4, dtype=torch.int32), "input_tokens must be Long, got Int"),
-    (2, torch.zeros(8, dtype=torch.int64)[::2], "input_positions must be contiguous"),
-    (4, torch.zeros(5, dtype=torch.int64), "slot_mapping must have first dim num_seqs=4"),
-    (1, torch.tensor([[1], [2]]), r"sampled_token_ids must be \[num_queries=3, 1\]"),
+@pytest.mark.parametrize("index,bad,argument,match", [
+    (3, torch.tensor([6, 8, 6, 6], dtype=torch.int64), "seq_lens",
+     "seq_lens must be Int, got Long"),
+    (0, torch.zeros(4, dtype=torch.int32), "input_tokens", "input_tokens must be Long, got Int"),
+    (2, torch.zeros(1, dtype=torch.int64).expand(4), "input_positions",
+     "input_positions must be contiguous"),
+    (4, torch.zeros(5, dtype=torch.int64), "slot_mapping",
+     "slot_mapping must have first dim num_seqs=4"),
+    (1, torch.tensor([[1], [2]]), "sampled_token_ids",
+     r"sampled_token_ids must be \[num_queries=3, 1\]"),
+    (5, torch.tensor([[0], [1], [-1], [3]], dtype=torch.int32), "block_tables",
+     r"block_tables\[2, 0\] = -1 \(the block of the next position\)"),
 ])
 def test_advance_step_rejects_bad_input_and_writes_nothing(cpp: Any, index: int, bad: Any,
-                                                           match: str) -> None:
+                                                           argument: str, match: str) -> None:
     args = _step_args()
     args[index] = bad
     before = [a.clone() for a in args]
-    with pytest.raises(OpInputError, match=rf"advance_step_flashattn \(provider 'cpp'\): {match}"):
+    # the impl: the catalog's check, naming the argument
+    with pytest.raises(OpInputError, match=rf"advance_step_flashattn \(provider 'cpp'\): "
+                                           rf"argument '{argument}' expected") as info:
         cpp.advance_step_flashattn(4, 3, 16, *args)
+    assert (info.value.argument, info.value.provider) == (argument, "cpp")
+    # the kernel's own guard
+    with pytest.raises(ValueError, match=rf"advance_step_flashattn \(provider 'cpp'\): {match}"):
+        torch.ops.opmux_cpu.advance_step_flashattn(4, 3, 16, *args)
     for got, exp in zip(args, before, strict=True):
         assert torch.equal(got, exp)
+
+
+def test_advance_step_declines_strided_state(cpp: Any) -> None:
+    # native writes strided state vectors; the kernel writes contiguous arrays, so cpp
+    # declines them and native serves the call
+    args = _step_args()
+    args[2] = torch.full((8,), 5, dtype=torch.int64)[::2]
+    assert not cpp._advance_step_ok(4, 3, 16, *args)
+    with pytest.raises(OpInputError, match=r"rejected by the kernel: "
+                                           r"input_positions must be contiguous"):
+        cpp.advance_step_flashattn(4, 3, 16, *args)
+
+
+def test_advance_step_reads_strided_ids_and_tables(cpp: Any) -> None:
+    # #11 item 5: 1-d or strided sampled ids, extra rows and strided block tables are what
+    # native accepts; cpp serves them (through their strides) and agrees with native
+    tables = torch.tensor([[0, 5], [1, 6], [2, 7], [3, 8]], dtype=torch.int32)
+    sampled_variants = [
+        torch.tensor([11, 12, 13]),
+        torch.tensor([[11, 0], [12, 0], [13, 0]])[:, :1],
+        torch.tensor([[11], [12], [13], [99], [98]]),
+        torch.tensor([11, 0, 12, 0, 13, 0])[::2],
+    ]
+    table_variants = [tables, tables.t().contiguous().t(),
+                      torch.cat([tables, tables], 1)[:, ::2]]
+    for sampled in sampled_variants:
+        for bt in table_variants:
+            got, want = _step_args(), _step_args()
+            got[1], got[5] = sampled, bt
+            want[1], want[5] = sampled, bt
+            assert cpp._advance_step_ok(4, 3, 5, *got)
+            cpp.advance_step_flashattn(4, 3, 5, *got)
+            native("advance_step_flashattn")(4, 3, 5, *want)  # type: ignore[misc]
+            for g, w in zip(got, want, strict=True):
+                assert torch.equal(g, w)

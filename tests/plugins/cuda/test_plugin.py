@@ -57,7 +57,7 @@ def test_cuda_c_build_dir_is_keyed(monkeypatch: pytest.MonkeyPatch, tmp_path: ob
 def test_cuda_c_build_refuses_with_reason_when_impossible(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
     monkeypatch.setattr(cuda_c, "cuda_c_status", lambda: (False, "no toolkit here"))
-    monkeypatch.setattr(cuda_c, "_built", [])
+    monkeypatch.setattr(cuda_c.CACHE, "cached_status", None)
     with pytest.raises(opmux.OpmuxError, match="cannot be built here: no toolkit here"):
         cuda_c.build()
 

@@ -64,7 +64,8 @@ def test_activation_non_contiguous_and_errors(k: Any, device: torch.device) -> N
     close(k.act.silu_and_mul(x), native("silu_and_mul")(x), torch.float32)
     with pytest.raises(OpInputError, match=r"gelu_and_mul \(provider 'triton'\).*approximate"):
         k.act.gelu_and_mul(x, "erf")
-    with pytest.raises(OpInputError, match=r"silu_and_mul .*last dimension even"):
+    with pytest.raises(OpInputError,
+                       match=r"silu_and_mul \(provider 'triton'\).*even last dimension"):
         k.act.silu_and_mul(torch.randn(2, 5, device=device))
     assert not k.act.silu_and_mul_supports(torch.randn(2, 4, dtype=torch.float64))
 
@@ -161,7 +162,9 @@ def test_reshape_and_cache(k: Any, device: torch.device, dtype: torch.dtype) -> 
     native("reshape_and_cache")(key, value, want_k, want_v, slots)
     k.cache.reshape_and_cache(key, value, kc, vc, slots)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
-    k.cache.reshape_and_cache(key, value, kc, vc, slots.to(torch.int32))  # int32 slots
+    with pytest.raises(OpInputError, match=r"'slot_mapping' expected dtype int64"):
+        k.cache.reshape_and_cache(key, value, kc, vc, slots.to(torch.int32))  # as native
+    assert not k.cache.reshape_and_cache_supports(key, value, kc, vc, slots.to(torch.int32))
     assert torch.equal(kc, want_k)
     empty = key[:0]
     k.cache.reshape_and_cache(empty, empty, kc, vc, slots[:0])
@@ -175,7 +178,7 @@ def test_reshape_and_cache_errors_write_nothing(k: Any, device: torch.device) ->
     with pytest.raises(OpInputError, match=r"reshape_and_cache \(provider 'triton'\).*slot_map"):
         k.cache.reshape_and_cache(key, key, kc, vc, torch.zeros(2, dtype=torch.int64))
     wrong = torch.zeros(2, 4, 3, 8, device=device)
-    with pytest.raises(OpInputError, match="'key_cache' expected trailing dims"):
+    with pytest.raises(OpInputError, match=r"'key' expected \[T, 3, 8\] \(the cache's Hkv"):
         k.cache.reshape_and_cache(key, key, wrong, wrong, torch.zeros(3, device=device).long())
     assert not kc.any() and not vc.any()
 
@@ -216,6 +219,23 @@ def test_advance_step_vs_native_with_padding(k: Any, device: torch.device,
     assert s["slot_mapping"][num_queries:].eq(-1).all()
 
 
+def test_advance_step_writes_through_strided_state(k: Any, device: torch.device) -> None:
+    # state vectors as columns of one buffer, sampled ids 1-d, a column-strided table
+    s = _step_state(device, [5, 9, 3], [[4, 2, 9], [0, 7, 1], [3, 5, 8]], [7, 8, 9])
+    want = {name: t.clone() for name, t in s.items()}
+    native("advance_step_flashattn")(3, 3, 4, **want)
+    buf = torch.full((3, 4), 99, dtype=torch.int64, device=device)
+    lens = torch.zeros(3, 2, dtype=torch.int32, device=device)
+    lens[:, 1] = s["seq_lens"]
+    strided = {"input_tokens": buf[:, 0], "sampled_token_ids": s["sampled_token_ids"][:, 0],
+               "input_positions": buf[:, 1], "seq_lens": lens[:, 1], "slot_mapping": buf[:, 2],
+               "block_tables": s["block_tables"].t().contiguous().t()}
+    k.cache.advance_step_flashattn(3, 3, 4, **strided)
+    for name in ("input_tokens", "input_positions", "seq_lens", "slot_mapping"):
+        assert torch.equal(strided[name], want[name]), name
+    assert buf[:, 3].eq(99).all() and lens[:, 0].eq(0).all()
+
+
 def test_advance_step_errors_write_nothing(k: Any, device: torch.device) -> None:
     s = _step_state(device, [6, 8], [[0], [1]], [1, 2])
     before = {name: t.clone() for name, t in s.items()}
@@ -223,11 +243,12 @@ def test_advance_step_errors_write_nothing(k: Any, device: torch.device) -> None
     with pytest.raises(OpInputError, match=r"advance_step_flashattn \(provider 'triton'\).*"
                                            r"seq_lens.*int32"):
         k.cache.advance_step_flashattn(2, 2, 16, **bad)
-    with pytest.raises(OpInputError, match="num_seqs=3"):
+    with pytest.raises(OpInputError, match=r"'input_tokens' expected shape \[3\] \(num_seqs\)"):
         k.cache.advance_step_flashattn(3, 2, 16, **s)
-    with pytest.raises(OpInputError, match="contiguous"):
+    with pytest.raises(OpInputError, match=r"'slot_mapping' expected a tensor whose elements "
+                                           r"do not overlap"):
         k.cache.advance_step_flashattn(
-            2, 2, 16, **dict(s, slot_mapping=torch.zeros(2, 2, dtype=torch.int64)[:, 0]))
+            2, 2, 16, **dict(s, slot_mapping=torch.zeros(1, dtype=torch.int64).expand(2)))
     for name in s:
         assert torch.equal(s[name], before[name]), name
 

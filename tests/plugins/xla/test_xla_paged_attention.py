@@ -12,9 +12,9 @@ from opmux.plugins.xla import paged_attention as pa
 from opmux.plugins.xla.static_attention import static_paged_attention
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def op() -> opmux.Op:
-    opmux.load_plugins()
+    opmux.load_plugins()  # the plugin defines the op when it registers, not at import
     return opmux.get_op("xla_gpu::paged_attention")
 
 
@@ -227,3 +227,27 @@ def test_cuda_route_converts_layout_without_host_reads(
         out = pa.catalog_cuda(*case.args())  # type: ignore[arg-type]
     assert calls == [1]
     torch.testing.assert_close(out, loop_reference(case), atol=1e-4, rtol=1e-4)
+
+
+_DEFINED_WHEN = """
+import torch, opmux.plugins.xla.paged_attention
+defined = lambda: hasattr(torch.ops.xla_gpu, "paged_attention")
+before = defined()
+opmux.load_plugins()
+print(before, defined())
+"""
+
+
+def test_op_is_defined_by_the_plugin_not_by_import() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.check_output([sys.executable, "-c", _DEFINED_WHEN], text=True)
+    assert out.split() == ["False", "True"]
+
+
+def test_register_is_idempotent_and_global_only(op: opmux.Op,
+                                                registry: opmux.OpRegistry) -> None:
+    assert pa.register(opmux.global_registry()) == []  # already registered by the plugin
+    assert pa.register(registry) == []  # the op is not another registry's
+    assert pa.paged_attention_op() is op

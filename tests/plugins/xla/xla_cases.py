@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from opmux.testing import paged_batch
+
 
 @dataclass
 class Case:
@@ -71,21 +73,21 @@ def make_case(
     max_blocks = max_blocks if max_blocks is not None else max([*need, 1])
     batch = batch_bucket if batch_bucket is not None else n
     tokens = token_bucket if token_bucket is not None else sum(q_lens)
-    num_blocks = sum(need) + 3
-    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    live = paged_batch(q_lens, kv_lens, heads=heads, kv_heads=kv_heads, head_size=head_size,
+                       block_size=block_size, dtype=dtype, pad_rows=tokens - sum(q_lens),
+                       extra_columns=max_blocks - max(need, default=0), unused=-2,
+                       generator=gen)
+    num_blocks = live.key_cache.shape[0]
     # garbage in unused table slots and padding rows: out-of-range and negative ids
     tables = torch.randint(-2, num_blocks + 5, (batch, max_blocks), generator=gen).to(torch.int32)
-    used = 0
-    for i, nb in enumerate(need):
-        tables[i, :nb] = perm[used: used + nb]
-        used += nb
+    tables[:n] = torch.where(live.block_tables == -2, tables[:n], live.block_tables)
     qsl = torch.zeros(batch + 1, dtype=torch.int32)
-    qsl[1: n + 1] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
+    qsl[: n + 1] = live.query_start_loc
     qsl[n + 1:] = torch.randint(0, tokens + 3, (batch - n,), generator=gen).to(torch.int32)
     ctx = torch.randint(0, max_blocks * block_size + 7, (batch,), generator=gen).to(torch.int32)
-    ctx[:n] = torch.tensor(kv_lens, dtype=torch.int32)
-    query = torch.randn(tokens, heads, head_size, generator=gen).to(dtype)
-    kv = torch.randn(2, num_blocks, block_size, kv_heads, head_size, generator=gen).to(dtype)
+    ctx[:n] = live.seq_lens
+    query = live.query
+    kv = torch.stack([live.key_cache, live.value_cache])
     return Case(query, kv, ctx, tables, qsl, torch.tensor([n], dtype=torch.int32),
                 head_size ** -0.5, sliding_window, soft_cap, list(q_lens), list(kv_lens))
 

@@ -12,9 +12,13 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["add_arguments", "run"]
+from opmux.cli.table import format_table
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP: Final = "time each supported provider against native here"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +58,8 @@ def _time_providers(op: Any, providers: list[str], device: str,
 
 def run(ns: argparse.Namespace) -> int:
     """Run ``opmux bench`` with parsed options; returns the exit status."""
+    from opmux.cli.check import select_ops
     from opmux.testing.cases import has_cases
-    from opmux.testing.check_cli import select_ops
 
     ops = select_ops(ns.op, "bench")
     if ops is None:
@@ -73,14 +77,9 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("op", "provider", "ms/pass", "vs native")
-    cells = [[r["op"], r["provider"], f"{r['ms']:.3f}", f"{r['speedup_vs_native']:.2f}x"]
-             for r in rows]
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *cells, strict=False)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
-    print("  ".join("-" * w for w in widths))
-    for c in cells:
-        print("  ".join(str(v).ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    print(format_table([(r["op"], r["provider"], f"{r['ms']:.3f}",
+                         f"{r['speedup_vs_native']:.2f}x") for r in rows],
+                       ("op", "provider", "ms/pass", "vs native")))
     print(f"\none pass = every conformance case the providers accept, on {ns.device}; "
           f"median of {ns.repeat} interleaved rounds")
     return 0

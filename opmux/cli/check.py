@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["add_arguments", "run"]
+from opmux.cli.table import format_table
+
+__all__ = ["HELP", "add_arguments", "run", "select_ops"]
+
+HELP: Final = "conformance of providers against native"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,14 +30,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON report")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print every case of every provider")
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths)),
-             *(fmt.format(*r) for r in rows)]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def select_ops(names: list[str], command: str) -> list[Any] | None:
@@ -90,8 +86,8 @@ def run(ns: argparse.Namespace) -> int:
         worst = max((x.ratio for x in r.cases if x.status == "pass"), default=0.0)
         rows.append([r.op, r.provider, r.verdict(), str(c["pass"]), str(c["fail"] + c["error"]),
                      str(c["skip"]), f"{worst:.3g}", r.reason])
-    print(_table(rows, ["op", "provider", "result", "pass", "fail", "skip", "err/tol",
-                        "note"]))
+    print(format_table(rows, ["op", "provider", "result", "pass", "fail", "skip", "err/tol",
+                              "note"]))
     for r in reports:
         if ns.verbose or not r.ok:
             print()

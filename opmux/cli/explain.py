@@ -1,0 +1,98 @@
+"""``opmux explain OP --shape ...``: which provider would run for such arguments, and why."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+from typing import Any, Final
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP: Final = "which provider would run for such arguments, and why"
+
+_DTYPES: Final = {"float32": "float32", "fp32": "float32", "float16": "float16",
+                  "fp16": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                  "float64": "float64", "int32": "int32", "int64": "int64", "bool": "bool",
+                  "int8": "int8", "uint8": "uint8"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``explain`` options to ``parser``."""
+    parser.add_argument("op")
+    parser.add_argument("--shape", action="append", default=[],
+                        help="shape of each Tensor argument in order, e.g. 4,256 (repeat)")
+    parser.add_argument("--dtype", action="append", default=[],
+                        help="dtype of each Tensor argument (one value applies to the rest)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--arg", action="append", default=[],
+                        help="non-tensor argument name=value")
+    parser.add_argument("--json", action="store_true")
+
+
+def _parse_value(text: str) -> Any:
+    low = text.lower()
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
+    """The op and zero-filled arguments of the requested shapes and dtypes."""
+    import torch
+
+    import opmux
+    from opmux.core.errors import ConfigError
+
+    op = opmux.get_op(ns.op)
+    shapes = [tuple(int(d) for d in s.split(",") if d.strip()) for s in ns.shape]
+    dtypes = [_DTYPES.get(d.lower()) for d in ns.dtype] or ["float32"]
+    if None in dtypes:
+        raise ConfigError(f"--dtype: unknown dtype in {ns.dtype}; valid: {sorted(_DTYPES)}")
+    extra = {}
+    for item in ns.arg:
+        name, sep, value = str(item).partition("=")
+        if not sep:
+            raise ConfigError(f"--arg {item!r}: expected name=value")
+        extra[name] = _parse_value(value)
+    args: list[Any] = []
+    tensor_i = 0
+    for param in op.signature.parameters.values():
+        if param.name in extra:
+            args.append(extra.pop(param.name))
+        elif param.annotation in (torch.Tensor, "Tensor", "torch.Tensor"):
+            if tensor_i >= len(shapes):
+                raise ConfigError(
+                    f"op {op.qualname!r} takes Tensor {param.name!r}: give one --shape per "
+                    f"Tensor argument, in order; signature {op.schema}")
+            dtype = getattr(torch, str(dtypes[min(tensor_i, len(dtypes) - 1)]))
+            args.append(torch.zeros(shapes[tensor_i], dtype=dtype, device=ns.device))
+            tensor_i += 1
+        elif param.default is not inspect.Parameter.empty:
+            args.append(param.default)
+        else:
+            raise ConfigError(f"op {op.qualname!r}: give --arg {param.name}=VALUE "
+                              f"(signature {op.schema})")
+    if extra:
+        raise ConfigError(f"op {op.qualname!r} has no parameter(s) {sorted(extra)}")
+    return op, args
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Print the explanation (or JSON); returns the exit status."""
+    op, args = _explain_args(ns)
+    chosen = op.dispatch(*args)
+    if ns.json:
+        print(json.dumps({"op": op.qualname, "chosen": chosen.provider,
+                          "dispatch_key": chosen.dispatch_key, "priority": op.priority(),
+                          "explanation": op.explain(*args).splitlines()}, indent=2))
+    else:
+        print(op.explain(*args))
+    return 0

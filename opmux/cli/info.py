@@ -1,0 +1,109 @@
+"""``opmux info``: platform, detectors, plugins, ops and providers, CustomOp layers, versions.
+
+Everything the command shows is gathered by :func:`info_data` (also the ``--json`` output) and
+printed by :func:`run`, one section after the other; a new section goes in both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+from typing import Any, Final
+
+from opmux.cli.table import format_table
+
+__all__ = ["HELP", "add_arguments", "info_data", "run"]
+
+HELP: Final = "platform, detectors, plugins, ops, providers, versions"
+
+_STACKS: Final = ("torch", "pluggy", "triton", "torch_xla", "mindspore", "torch_npu", "numpy")
+
+
+def _versions() -> dict[str, str | None]:
+    """Version of each stack: ``None`` when absent, ``"installed"`` without metadata."""
+    out: dict[str, str | None] = {}
+    for dist in _STACKS:
+        out[dist] = None if importlib.util.find_spec(dist) is None else "installed"
+        for name in (dist.replace("_", "-"), dist):
+            if out[dist] is None:
+                break
+            try:
+                out[dist] = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    return out
+
+
+def info_data() -> dict[str, Any]:
+    """Everything ``opmux info`` shows, as plain data."""
+    import opmux
+    from opmux.core.custom_op import custom_op_settings
+    from opmux.platforms import detections
+
+    opmux.load_plugins()
+    platform = opmux.current_platform()
+    ops = []
+    for op in opmux.list_ops():
+        order = op.priority()
+        providers = []
+        for name, impl in op.impls.items():
+            providers.append({
+                "provider": name, "dispatch_key": impl.dispatch_key,
+                "supported": impl.supported, "reason": impl.reason,
+                "rank": order.index(name) + 1 if name in order else None,
+            })
+        ops.append({"op": op.qualname, "schema": op.schema, "priority": order,
+                    "priority_source": op.priority_source(), "providers": providers})
+    return {
+        "platform": platform.describe(),
+        "detectors": [d.as_dict() for d in detections()],
+        "plugins": [r.as_dict() for r in opmux.plugin_report()],
+        "ops": ops,
+        "custom_ops": opmux.custom_op_counts(),
+        "custom_op_settings": custom_op_settings(),
+        "versions": _versions(),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``info`` options to ``parser``."""
+    parser.add_argument("--json", action="store_true")
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Print the report (a table per section, or JSON); returns the exit status."""
+    data = info_data()
+    if ns.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0
+    p = data["platform"]
+    print(f"platform: {p['name']} (device {p['device_type']}, dispatch key {p['dispatch_key']})")
+    print()
+    print(format_table([(d["name"], "yes" if d["claimed"] else "no", d["reason"])
+                        for d in data["detectors"]], ("detector", "claims", "reason")))
+    print()
+    print(format_table([(r["name"], r["status"], ",".join(r["platforms"]) or "-",
+                         r["reason"].splitlines()[0] if r["reason"] else "")
+                        for r in data["plugins"]], ("plugin", "status", "platforms", "reason")))
+    print()
+    rows = []
+    for op in data["ops"]:
+        for pr in sorted(op["providers"], key=lambda x: (x["rank"] is None, x["rank"] or 0)):
+            rows.append((op["op"], pr["provider"], pr["dispatch_key"],
+                         "yes" if pr["supported"] else f"no: {pr['reason'] or ''}".strip(),
+                         pr["rank"] or "-", op["priority_source"]))
+    print(format_table(rows, ("op", "provider", "key", "supported", "rank", "priority from")))
+    counts, cfg = data["custom_ops"], data["custom_op_settings"]
+    print(f"\ncustom ops: base {cfg['base']} ({cfg['source']}), overrides "
+          f"{cfg['overrides'] or '-'}, compile mode {cfg['compile_mode']}")
+    names = sorted(set(counts["enabled"]) | set(counts["disabled"]) | set(cfg["layers"]))
+    print(format_table([(n, "yes" if cfg["layers"].get(n, False) else "no",
+                         counts["enabled"].get(n, 0), counts["disabled"].get(n, 0))
+                        for n in names],
+                       ("custom op layer", "enabled now", "built enabled", "built disabled")))
+    print()
+    print("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in data["versions"].items()))
+    return 0

@@ -1,0 +1,76 @@
+"""The registration contract every built-in plugin's provider modules follow.
+
+Each provider module has one entry point, ``register(registry, dispatch_key=...) -> list[str]``:
+it registers its providers on the ops ``registry`` holds for the torch dispatch key
+``dispatch_key`` and returns the ``"op:provider"`` pairs it registered (the same form as
+:attr:`opmux.PluginRecord.providers`). Keyword-only options may follow (the ``mindspore``
+provider's ``lazy``). The per-op tables stay in the provider modules (``OPS = {op: (impl,
+supports_args)}``); :func:`register_table` turns one such table into registrations, with the
+same ``supported`` flag and reason for all of them (a failed build marks every op).
+
+Predicates are named ``<op>_supports`` (``_<op>_supports`` when private), as the Triton modules
+and the example vendor do; the ``cpp`` table (``_<op>_ok``), ``cuda_c`` (abbreviated op names)
+and ``mindspore`` (``supports_args``) still carry their earlier names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from opmux.core.op import Op
+
+__all__ = ["Impl", "OpTable", "PlatformLike", "RegistryLike", "find_op", "register_table"]
+
+Impl = tuple[Callable[..., Any], Callable[..., bool] | None]
+"""``(impl, supports_args)`` of one op; ``None`` when the provider takes every input."""
+
+OpTable = Mapping[str, Impl]
+"""Op name -> :data:`Impl`, the shape of every provider module's table."""
+
+
+class RegistryLike(Protocol):
+    """What provider registration needs of a registry (:class:`opmux.OpRegistry` has it)."""
+
+    def list_ops(self) -> list[Op]: ...
+
+
+class PlatformLike(Protocol):
+    """What the built-in plugins' hooks read of a platform (:class:`opmux.Platform` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+def find_op(registry: RegistryLike, name: str) -> Op | None:
+    """The op called ``name`` in ``registry``: the catalog's (namespace ``opmux``) first, else
+    the only op of that name in another namespace (test registries), else ``None``."""
+    matches = [op for op in registry.list_ops() if op.name == name]
+    for op in matches:
+        if op.namespace == "opmux":
+            return op
+    return matches[0] if len(matches) == 1 else None
+
+
+def register_table(registry: RegistryLike, provider: str, dispatch_key: str, table: OpTable,
+                   *, supported: bool = True, reason: str | None = None) -> list[str]:
+    """Register ``provider`` for every op of ``table`` that ``registry`` holds.
+
+    :param registry: where the ops are looked up (:func:`find_op`); ops it lacks are skipped.
+    :param provider: the provider name.
+    :param dispatch_key: the torch dispatch key served.
+    :param table: op name -> ``(impl, supports_args)``.
+    :param supported: the static availability of every impl (e.g. the build outcome).
+    :param reason: why they are unsupported (shown by ``explain`` and ``opmux info``).
+    :returns: the ``"op:provider"`` pairs registered, in table order.
+    """
+    done: list[str] = []
+    for name, (fn, predicate) in table.items():
+        op = find_op(registry, name)
+        if op is None:
+            continue
+        op.register_impl(provider, dispatch_key=dispatch_key, supported=supported,
+                         supports_args=predicate, reason=reason)(fn)
+        done.append(f"{name}:{provider}")
+    return done

@@ -1,0 +1,122 @@
+"""Bad inputs of the KV-cache and MoE ops (#11 item 7), beyond the generic table test.
+
+The rows themselves live in :mod:`opmux.testing.bad_inputs_cache` and
+:mod:`opmux.testing.bad_inputs_moe` and run through native and every CPU provider in
+``tests/ops/test_bad_inputs.py``. Here: their coverage, Python scalars of the wrong type
+(called directly: through the op, torch's schema parser refuses them before opmux runs),
+and the Triton kernels of the cache ops on every row (triton lane).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+import opmux
+from opmux.testing.bad_inputs import BadInput, bad_inputs_for
+
+CACHE_OPS = ("reshape_and_cache", "paged_attention", "advance_step_flashattn")
+MOE_OPS = ("topk_softmax", "grouped_topk", "fused_moe")
+TRITON_FUNCS = {"reshape_and_cache": "triton_cache", "advance_step_flashattn": "triton_cache",
+                "paged_attention": "triton_attention"}
+
+
+def test_registry_covers_cache_and_moe_ops() -> None:
+    counts = {name: len(bad_inputs_for(name)) for name in CACHE_OPS + MOE_OPS}
+    assert all(n >= 5 for n in counts.values()), counts
+    assert sum(counts.values()) >= 80, counts
+
+
+def _scalar_rows() -> list[Any]:
+    """(op, args, argument): wrong Python types for scalar arguments."""
+    kc = torch.zeros(4, 4, 2, 8)
+    tables = torch.zeros(1, 2, dtype=torch.int32)
+    attn = [torch.zeros(1, 2, 8), kc, kc, tables, torch.ones(1, dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32), 0.35, None, None]
+    step = [4, 3, 4, torch.zeros(4, dtype=torch.int64), torch.zeros(3, 1, dtype=torch.int64),
+            torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int32),
+            torch.zeros(4, dtype=torch.int64), torch.zeros(4, 2, dtype=torch.int32)]
+    logits = torch.randn(3, 8)
+    rows = []
+    for i, value, argument in ((6, "0.35", "scale"), (7, 2.5, "sliding_window"),
+                               (7, True, "sliding_window"), (8, "1", "soft_cap")):
+        rows.append(("paged_attention", (*attn[:i], value, *attn[i + 1:]), argument))
+    for i, value, argument in ((0, "4", "num_seqs"), (0, 4.0, "num_seqs"),
+                               (1, None, "num_queries"), (2, 4.5, "block_size")):
+        rows.append(("advance_step_flashattn", (*step[:i], value, *step[i + 1:]), argument))
+    rows += [("reshape_and_cache", (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8), kc, kc, [0]),
+              "slot_mapping"),
+             ("topk_softmax", (logits, 2.0, True), "topk"),
+             ("topk_softmax", (logits, None, True), "topk"),
+             ("topk_softmax", (logits, 2, "yes"), "renormalize"),
+             ("grouped_topk", (logits, 2, True, 4.0, 2), "num_expert_group"),
+             ("grouped_topk", (logits, 2, True, 4, 2, None), "scoring_func"),
+             ("grouped_topk", (logits, 2, True, 4, 2, "softmax", [0.0] * 8),
+              "e_score_correction_bias"),
+             ("grouped_topk", (logits, 2, True, 4, 2, "softmax", None, "2"),
+              "routed_scaling_factor")]
+    return [pytest.param(*r, id=f"{r[0]}-{r[2]}-{i}") for i, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize(("name", "args", "argument"), _scalar_rows())
+def test_wrong_scalar_types_are_input_errors(name: str, args: tuple[Any, ...],
+                                             argument: str) -> None:
+    opmux.load_plugins()
+    op = opmux.get_op(name)
+    for provider, impl in op.impls.items():
+        if not impl.supported or impl.dispatch_key not in ("CPU", "CompositeExplicitAutograd"):
+            continue
+        with pytest.raises(opmux.OpInputError) as info:
+            impl.fn(*args)
+        assert (info.value.argument, info.value.provider) == (argument, provider)
+        # the predicates never raise on such input
+        assert impl.supports_args is None or impl.supports_args(*args) in (True, False)
+
+
+def _triton_rows() -> list[Any]:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return []
+    return [pytest.param(name, row, id=f"{name}-triton-{row.label}", marks=pytest.mark.triton)
+            for name in CACHE_OPS for row in bad_inputs_for(name)]
+
+
+_TRITON_ROWS = _triton_rows()
+
+
+@pytest.mark.skipif(not _TRITON_ROWS, reason="triton is not installed in this lane")
+@pytest.mark.parametrize(("name", "row"),
+                         _TRITON_ROWS or [pytest.param("", None, marks=pytest.mark.triton)])
+def test_bad_input_triton_cache_ops(name: str, row: BadInput) -> None:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.fail("run the triton lane with TRITON_INTERPRET=1 (no GPU here)")
+    import importlib
+
+    fn = getattr(importlib.import_module(f"opmux.plugins.cuda.{TRITON_FUNCS[name]}"), name)
+    before = [a.clone() if isinstance(a, torch.Tensor) and a.device.type != "meta" else None
+              for a in row.args]
+    with pytest.raises(opmux.OpInputError) as info:
+        fn(*row.args, **row.kwargs)
+    err = info.value
+    assert (err.op, err.provider, err.argument) == (f"opmux::{name}", "triton", row.argument)
+    for a, b in zip(row.args, before, strict=True):
+        if b is not None:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("name", "row"), [
+    pytest.param(name, row, id=f"{name}-cuda_c-{row.label}")
+    for name in ("reshape_and_cache", "advance_step_flashattn") for row in bad_inputs_for(name)])
+def test_bad_input_cuda_c_cache_ops(name: str, row: BadInput) -> None:
+    """cuda_c runs the catalog's check before its kernels (values too, for CPU tensors), so
+    it refuses every row the same way on a machine without CUDA."""
+    from opmux.plugins.cuda import cuda_c
+
+    with pytest.raises(opmux.OpInputError) as info:
+        getattr(cuda_c, name)(*row.args, **row.kwargs)
+    err = info.value
+    assert (err.op, err.provider, err.argument) == (f"opmux::{name}", "cuda_c", row.argument)

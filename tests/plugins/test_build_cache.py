@@ -1,0 +1,285 @@
+"""The shared build cache: stamps, atomic install, rebuilds of damaged entries, locking.
+
+Fault injection (hardening #11): a truncated, empty or garbage library in the cache, an
+unwritable cache folder and two processes building at once. Tests that load a damaged real
+library run in a subprocess, so that a regression (a SIGBUS when a truncated library is
+mapped) fails the test instead of killing pytest. They reuse the CPU kernels built once for
+the session: the good entry is copied into a temporary cache and damaged there, and the
+rebuild relinks from the intact objects (seconds, not a full compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import opmux
+from opmux.plugins import _build_cache
+from opmux.plugins._build_cache import STAMP, BuildCache, hash_key, verify
+
+LIB = "libfake.so"
+
+
+def _fake_build(payload: bytes = b"\x7fELF" + b"x" * 4000) -> Any:
+    calls: list[Path] = []
+
+    def build(directory: Path) -> Path:
+        calls.append(directory)
+        (directory / "part.o").write_bytes(b"object")
+        (directory / LIB).write_bytes(payload)
+        return directory / LIB
+
+    build.calls = calls  # type: ignore[attr-defined]
+    return build
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BuildCache]:
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
+    made = BuildCache("fake", LIB, "fake library")
+    yield made
+    _build_cache._caches.remove(made)
+
+
+def test_build_is_stamped_and_installed_once(cache: BuildCache, tmp_path: Path) -> None:
+    build = _fake_build()
+    path = cache.ensure("k1", build)
+    assert path == tmp_path / "cache" / "fake" / "k1" / LIB
+    stamp = json.loads((path.parent / STAMP).read_text())
+    assert stamp["library"] == LIB and stamp["size"] == path.stat().st_size
+    assert set(stamp["files"]) == {"part.o"}
+    assert verify(path.parent, LIB) is None
+    assert cache.ensure("k1", build) == path and len(build.calls) == 1 and cache.builds == 1
+    # the build ran in a temporary folder that is gone; nothing else is left next to the entry
+    assert sorted(p.name for p in path.parents[1].iterdir()) == ["k1", "k1.lock"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "no-stamp", "missing"])
+def test_damaged_entry_is_rebuilt(cache: BuildCache, damage: str) -> None:
+    path = cache.ensure("k", _fake_build())
+    good = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(good[:1000])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "garbage":
+        path.write_bytes(bytes(reversed(good)))  # same size, other content
+    elif damage == "no-stamp":
+        (path.parent / STAMP).unlink()
+    else:
+        path.unlink()
+    assert verify(path.parent, LIB) is not None
+    build = _fake_build()
+    assert cache.ensure("k", build) == path
+    assert len(build.calls) == 1 and path.read_bytes() == good
+    assert verify(path.parent, LIB) is None
+
+
+def test_intact_objects_are_salvaged_damaged_ones_not(cache: BuildCache) -> None:
+    path = cache.ensure("k", _fake_build())
+    path.write_bytes(b"")
+    seen: list[set[str]] = []
+
+    def build(directory: Path) -> Path:
+        seen.append({p.name for p in directory.iterdir()})
+        return _fake_build()(directory)  # type: ignore[no-any-return]
+
+    cache.ensure("k", build)
+    assert seen == [{"part.o"}]  # the checksum still matched: ninja may reuse it
+    path.write_bytes(b"")
+    (path.parent / "part.o").write_bytes(b"damaged")
+    seen.clear()
+    cache.ensure("k", build)
+    assert seen == [set()]
+
+
+def test_failed_build_leaves_nothing(cache: BuildCache, tmp_path: Path) -> None:
+    def broken(directory: Path) -> Path:
+        (directory / LIB).write_bytes(b"half a libr")
+        raise opmux.BuildError("compiler said no")
+
+    ok, message = cache.status(lambda: str(cache.ensure("k", broken)))
+    assert (ok, message) == (False, "compiler said no")
+    assert sorted(p.name for p in (tmp_path / "cache" / "fake").iterdir()) == ["k.lock"]
+    # the status is cached for the process; the library never appeared
+    assert cache.status(lambda: "unreachable") == (False, "compiler said no")
+
+
+def test_a_build_that_writes_no_library_is_an_error(cache: BuildCache) -> None:
+    with pytest.raises(opmux.BuildError, match="no library was written"):
+        cache.ensure("k", lambda directory: directory / LIB)
+
+
+def test_unwritable_cache_dir_is_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(blocker / "cache"))
+    made = BuildCache("fake", LIB, "fake library")
+    try:
+        ok, message = made.status(lambda: str(made.ensure("k", _fake_build())))
+    finally:
+        _build_cache._caches.remove(made)
+    assert not ok
+    assert "fake library: the build cache" in message and "is not writable" in message
+    assert "set OPMUX_CACHE_DIR to a writable folder" in message
+
+
+def test_hash_key_covers_names_contents_and_parts(tmp_path: Path) -> None:
+    (tmp_path / "a.cpp").write_text("int a;")
+    (tmp_path / "b.h").write_text("int b;")
+    files = [tmp_path / "a.cpp", tmp_path / "b.h"]
+    key = hash_key(tmp_path, files, ("torch 2", "c++"))
+    assert len(key) == 16 and key == hash_key(tmp_path, reversed(files), ("torch 2", "c++"))
+    assert key != hash_key(tmp_path, files, ("torch 3", "c++"))
+    (tmp_path / "b.h").write_text("int b2;")
+    assert key != hash_key(tmp_path, files, ("torch 2", "c++"))
+
+
+_RACE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from opmux.plugins._build_cache import BuildCache
+    cache = BuildCache("fake", "libfake.so", "fake library")
+    def build(directory):
+        time.sleep(1.0)  # long enough for the other process to arrive meanwhile
+        (directory / "libfake.so").write_bytes(b"library")
+        return directory / "libfake.so"
+    Path(sys.argv[1]).touch()
+    while len(list(Path(sys.argv[1]).parent.glob("ready-*"))) < 2:
+        time.sleep(0.01)
+    print(cache.ensure("k", build), cache.builds)
+""")
+
+
+def test_two_processes_fake_build_once(tmp_path: Path) -> None:
+    env = {**os.environ, "OPMUX_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, str(tmp_path / f"ready-{i}")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    paths, builds = zip(*(out.split() for out, _ in outs), strict=True)
+    assert len(set(paths)) == 1 and sorted(builds) == ["0", "1"]
+
+
+# ----------------------------------------------------------------- the real CPU kernels
+_PROBE = textwrap.dedent("""
+    import json, sys
+    import opmux
+    from opmux.plugins.cpu import _build
+    from opmux.testing import check_provider
+    opmux.load_plugins()
+    ok, message = _build.build_status()
+    checks = {}
+    if ok:
+        for name in ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention"):
+            report = check_provider(name, "cpp")
+            checks[name] = [report.ok, report.format() if not report.ok else ""]
+    impl = opmux.get_op("rms_norm").impls["cpp"]
+    print(json.dumps({"ok": ok, "message": message, "builds": _build.CACHE.builds,
+                      "supported": impl.supported, "reason": impl.reason, "checks": checks}))
+""")
+
+
+@pytest.fixture(scope="module")
+def good_entry() -> Path:
+    from opmux.plugins.cpu import _build
+
+    ok, message = _build.build_status()
+    assert ok, message
+    return _build.build_dir()
+
+
+def _copy_entry(good: Path, root: Path) -> Path:
+    entry = root / "cpu" / good.name
+    shutil.copytree(good, entry, symlinks=True)
+    return entry
+
+
+def _probe(cache_root: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", _PROBE],
+                          env={**os.environ, "OPMUX_CACHE_DIR": str(cache_root)},
+                          capture_output=True, text=True, timeout=600, check=False)
+    # a negative return code is a signal: -7 is the SIGBUS of a mapped truncated library
+    assert proc.returncode == 0, f"rc {proc.returncode}: {proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("damage", ["truncated-4k", "truncated-450k", "empty", "garbage"])
+def test_damaged_cpu_library_is_rebuilt_and_ops_are_correct(good_entry: Path, tmp_path: Path,
+                                                            damage: str) -> None:
+    entry = _copy_entry(good_entry, tmp_path)
+    library = entry / "opmux_cpu_kernels.so"
+    good = library.read_bytes()
+    if damage.startswith("truncated"):
+        library.write_bytes(good[: {"truncated-4k": 4096, "truncated-450k": 450_000}[damage]])
+    elif damage == "empty":
+        library.write_bytes(b"")
+    else:
+        library.write_bytes(os.urandom(len(good)))
+    result = _probe(tmp_path)
+    assert result["ok"], result["message"]
+    assert result["message"] == f"loaded {library}" and result["builds"] == 1
+    assert result["supported"] and result["reason"] is None
+    assert result["checks"] and all(ok for ok, _ in result["checks"].values()), result["checks"]
+    assert verify(entry, library.name) is None
+    # the next process verifies and loads: no second build
+    assert _probe(tmp_path)["builds"] == 0
+
+
+def test_unwritable_cache_dir_leaves_cpp_unsupported_with_reason(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = _probe(blocker / "cache")
+    assert not result["ok"] and not result["supported"]
+    assert "is not writable" in result["reason"] and "OPMUX_CACHE_DIR" in result["reason"]
+
+
+_BUILD_NOW = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from opmux.plugins.cpu import _build
+    Path(sys.argv[1]).touch()
+    while len(list(Path(sys.argv[1]).parent.glob("ready-*"))) < 2:
+        time.sleep(0.01)
+    ok, message = _build.build_status()
+    print(ok, _build.CACHE.builds, message)
+""")
+
+
+def _race(cache_root: Path, flags: Path) -> list[list[str]]:
+    env = {**os.environ, "OPMUX_CACHE_DIR": str(cache_root)}
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD_NOW, str(flags / f"ready-{i}")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    return [out.split() for out, _ in outs]
+
+
+def test_two_processes_rebuild_a_damaged_entry_once(good_entry: Path, tmp_path: Path) -> None:
+    entry = _copy_entry(good_entry, tmp_path / "cache")
+    (entry / "opmux_cpu_kernels.so").write_bytes(b"")
+    results = _race(tmp_path / "cache", tmp_path)
+    assert [r[0] for r in results] == ["True", "True"]
+    assert sorted(r[1] for r in results) == ["0", "1"]
+    assert results[0][2:] == results[1][2:] == ["loaded", str(entry / "opmux_cpu_kernels.so")]
+
+
+@pytest.mark.slow
+def test_two_processes_build_from_an_empty_cache_once(good_entry: Path, tmp_path: Path) -> None:
+    results = _race(tmp_path / "cache", tmp_path)
+    assert [r[0] for r in results] == ["True", "True"]
+    assert sorted(r[1] for r in results) == ["0", "1"]
+    library = tmp_path / "cache" / "cpu" / good_entry.name / "opmux_cpu_kernels.so"
+    assert verify(library.parent, library.name) is None

@@ -1,0 +1,59 @@
+"""One registration contract for every built-in plugin's provider modules."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+import opmux
+from opmux.plugins._registration import find_op, register_table
+
+#: every ``register`` of the built-in plugins: entry modules and provider modules
+REGISTER_MODULES = [
+    "opmux.plugins.cpu", "opmux.plugins.cpu.cpp_ops", "opmux.plugins.cpu.moe_ops",
+    "opmux.plugins.cuda", "opmux.plugins.cuda.triton_ops", "opmux.plugins.cuda.cuda_c",
+    "opmux.plugins.ascend", "opmux.plugins.ascend.dlpack_provider",
+    "opmux.plugins.xla.paged_attention",
+]
+
+
+@pytest.mark.parametrize("module", REGISTER_MODULES)
+def test_register_has_one_shape(module: str) -> None:
+    fn = importlib.import_module(module).register
+    params = list(inspect.signature(fn).parameters.values())
+    assert [p.name for p in params[:2]] == ["registry", "dispatch_key"], module
+    assert params[1].default is not inspect.Parameter.empty  # the plugin's own key
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[2:]), module
+    assert inspect.signature(fn).return_annotation in ("list[str]", list[str]), module
+
+
+@pytest.mark.parametrize("plugin", ["cpu", "cuda", "ascend", "xla"])
+def test_hooks_are_typed(plugin: str) -> None:
+    module = importlib.import_module(f"opmux.plugins.{plugin}")
+    for hook in ("opmux_plugin_info", "opmux_register", "opmux_default_priority"):
+        fn = getattr(module, hook, None)
+        if fn is None:
+            continue
+        annotations = inspect.get_annotations(fn)
+        assert "Any" not in {str(annotations.get(p)) for p in ("registry", "platform")}, hook
+        assert "return" in annotations, hook
+
+
+def test_register_table_registers_what_the_registry_holds(registry: opmux.OpRegistry,
+                                                          ns: str) -> None:
+    op = registry.register_op(opmux.ops.rms_norm.native, name="rms_norm", namespace=ns)
+    native = op.impls["native"].fn
+    table = {"rms_norm": (native, None), "silu_and_mul": (native, None)}
+    done = register_table(registry, "p", "CPU", table, supported=False, reason="no compiler")
+    assert done == ["rms_norm:p"]  # silu_and_mul is not in this registry: skipped
+    impl = op.impls["p"]
+    assert (impl.supported, impl.reason, impl.dispatch_key) == (False, "no compiler", "CPU")
+
+
+def test_find_op_prefers_the_catalog() -> None:
+    opmux.load_plugins()  # defines xla_gpu::paged_attention next to the catalog's
+    found = find_op(opmux.global_registry(), "paged_attention")
+    assert found is not None and found.qualname == "opmux::paged_attention"
+    assert find_op(opmux.global_registry(), "no_such_op") is None
