@@ -22,6 +22,7 @@ from opmux.ops.activation import (
     xielu,
 )
 from opmux.ops.attention import paged_attention
+from opmux.ops.attention_extra import concat_and_cache_mla, encoder_attention, mla_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
 from opmux.ops.layernorm import (
@@ -51,7 +52,9 @@ __all__ = [
     "apply_rotary_emb",
     "causal_conv1d",
     "causal_conv1d_update",
+    "concat_and_cache_mla",
     "dual_chunk_rotary_embedding",
+    "encoder_attention",
     "fatrelu_and_mul",
     "fused_add_rms_norm",
     "fused_moe",
@@ -62,6 +65,7 @@ __all__ = [
     "gemma_fused_add_rms_norm",
     "gemma_rms_norm",
     "grouped_topk",
+    "mla_attention",
     "moe",
     "mul_and_silu",
     "paged_attention",

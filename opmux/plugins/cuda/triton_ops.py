@@ -49,6 +49,9 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "gemma_fused_add_rms_norm": ("triton_norm_more", "gemma_fused_add_rms_norm_supports"),
     "rms_norm_gated": ("triton_norm_more", "rms_norm_gated_supports"),
     "quant_fp8": ("triton_quant", "quant_fp8_supports"),
+    "encoder_attention": ("triton_attention_extra", "encoder_attention_supports"),
+    "concat_and_cache_mla": ("triton_attention_extra", "concat_and_cache_mla_supports"),
+    "mla_attention": ("triton_attention_extra", "mla_attention_supports"),
     "ssd_chunk_scan": ("triton_ssd", "ssd_chunk_scan_supports"),
     "ssd_state_update": ("triton_ssd", "ssd_state_update_supports"),
 }

@@ -1,0 +1,295 @@
+"""Input checks of the cache and attention ops (``reshape_and_cache``, ``paged_attention``,
+``advance_step_flashattn``); re-exported by :mod:`opmux.ops._checks`."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Final
+
+import torch
+from torch import Tensor
+
+from opmux.ops._checks import (
+    INDEX_DTYPES,
+    _shape,
+    _type_name,
+    check_dtype,
+    check_floating,
+    check_int,
+    check_rank,
+    check_real,
+    check_same_device,
+    check_tensor,
+    has_data,
+    input_error,
+    is_concrete,
+    require,
+)
+
+# ---------------------------------------------------------------------------------- cache
+_CACHE_LAYOUT: Final = "[num_blocks, block_size, Hkv, D]"
+
+
+def _no_overlap(op: str, provider: str, name: str, t: Tensor) -> None:
+    # a written tensor must not alias itself (an expanded, stride-0 view): the writes would
+    # race and their result would depend on the order. Symbolic layouts are checked when the
+    # compiled graph runs the op on real tensors.
+    if not is_concrete(*t.shape, *t.stride()):
+        return
+    if torch._debug_has_internal_overlap(t) == 1:
+        raise input_error(op, provider, name, "a tensor whose elements do not overlap "
+                          "(no stride-0 dimension of size > 1)",
+                          f"strides {list(t.stride())} for {_shape(t)}")
+
+
+def _check_cache_pair(op: str, provider: str, key_cache: Tensor,
+                      value_cache: Tensor) -> tuple[int, int, int, int]:
+    """Shapes, dtypes and device of the paged caches; returns ``(num_blocks, block_size,
+    Hkv, D)`` (symbolic under ``torch.compile``, never ``int()``-ed).
+
+    Any strides are accepted (#19): NHD or permuted HND buffers, K and V as two views of one
+    allocation (``kv[:, 0]``, ``kv[:, 1]``), block-sliced views.
+    """
+    key_cache = check_tensor(op, provider, "key_cache", key_cache)
+    value_cache = check_tensor(op, provider, "value_cache", value_cache)
+    check_rank(op, provider, "key_cache", key_cache, 4, _CACHE_LAYOUT)
+    check_floating(op, provider, "key_cache", key_cache)
+    check_rank(op, provider, "value_cache", value_cache, 4, _CACHE_LAYOUT)
+    for a, b in zip(value_cache.shape, key_cache.shape, strict=True):
+        require(a == b, op, provider, "value_cache",
+                lambda: f"key_cache's shape {list(key_cache.shape)}", lambda: _shape(value_cache))
+    if value_cache.dtype != key_cache.dtype:
+        raise input_error(op, provider, "value_cache", f"key_cache's dtype {key_cache.dtype}",
+                          value_cache.dtype)
+    check_same_device(op, provider, key_cache, value_cache=value_cache)
+    nb, bs, hkv, d = key_cache.shape
+    require(bs > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive block_size "
+            "in dim 1", lambda: _shape(key_cache))
+    require(hkv > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive Hkv in "
+            "dim 2", lambda: _shape(key_cache))
+    require(d > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive D in dim 3",
+            lambda: _shape(key_cache))
+    return nb, bs, hkv, d
+
+
+def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                            slot_mapping: Tensor, *, provider: str = "native",
+                            read_data: bool = True) -> None:
+    """Validate ``reshape_and_cache``; reads ``slot_mapping`` (range) when ``read_data``.
+
+    The caches may be any strided, non-overlapping view of ``[num_blocks, block_size, Hkv,
+    D]`` with a positive block size, Hkv and D; ``key``/``value`` and ``slot_mapping`` any
+    view of their shapes.
+    """
+    op = "reshape_and_cache"
+    nb, bs, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
+    _no_overlap(op, provider, "key_cache", key_cache)
+    _no_overlap(op, provider, "value_cache", value_cache)
+    key = check_tensor(op, provider, "key", key)
+    value = check_tensor(op, provider, "value", value)
+    slot_mapping = check_tensor(op, provider, "slot_mapping", slot_mapping)
+    check_rank(op, provider, "key", key, 3, "[T, Hkv, D]")
+    require(key.shape[1] == hkv, op, provider, "key",
+            lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: _shape(key))
+    require(key.shape[2] == d, op, provider, "key",
+            lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: _shape(key))
+    check_rank(op, provider, "value", value, 3, "[T, Hkv, D] (key's shape)")
+    for a, b in zip(value.shape, key.shape, strict=True):
+        require(a == b, op, provider, "value", lambda: f"key's shape {list(key.shape)}",
+                lambda: _shape(value))
+    for name, t in (("key", key), ("value", value)):
+        if t.dtype != key_cache.dtype:
+            raise input_error(op, provider, name, f"the cache's dtype {key_cache.dtype}",
+                              t.dtype)
+    check_dtype(op, provider, "slot_mapping", slot_mapping, (torch.int64,))
+    check_rank(op, provider, "slot_mapping", slot_mapping, 1, "[T] (one slot per token)")
+    require(slot_mapping.shape[0] == key.shape[0], op, provider, "slot_mapping",
+            lambda: f"shape [{key.shape[0]}] (one slot per token)", lambda: _shape(slot_mapping))
+    check_same_device(op, provider, key_cache, key=key, value=value, slot_mapping=slot_mapping)
+    if read_data and slot_mapping.numel() > 0 and has_data(slot_mapping):
+        _check_slots(op, provider, slot_mapping, nb * bs)
+
+
+_FEW_SLOTS: Final = 256
+"""Up to this many tokens the slot values are checked in Python (a few microseconds for a
+decode batch, against tens for the tensor ops)."""
+
+
+def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
+    if slot_mapping.numel() <= _FEW_SLOTS:
+        values = slot_mapping.tolist()
+        lo, hi = min(values), max(values)
+        used = [v for v in values if v >= 0]
+        repeated = len(used) - len(set(used))
+    else:
+        # no boolean-mask indexing: it costs milliseconds at a few thousand tokens here
+        lo, hi = (int(v) for v in torch.aminmax(slot_mapping))
+        ordered = torch.sort(slot_mapping.reshape(-1)).values
+        repeated = int(((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)).sum())
+    if lo < -1 or hi >= num_slots:
+        raise input_error(op, provider, "slot_mapping",
+                          f"-1 (skip) or slots in [0, {num_slots}) (num_blocks*block_size)",
+                          f"values in [{lo}, {hi}]")
+    if repeated:
+        # two tokens writing one slot would leave a provider-dependent winner
+        raise input_error(op, provider, "slot_mapping", "distinct slots (each slot written "
+                          "at most once per call; -1 may repeat)",
+                          f"{repeated} repeated slot(s)")
+
+
+def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
+                          block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
+                          scale: float, sliding_window: int | None = None,
+                          soft_cap: float | None = None, *, provider: str = "native",
+                          read_data: bool = True) -> None:
+    """Validate ``paged_attention``; reads the index tensors when ``read_data``.
+
+    Static checks: the caches as in :func:`check_reshape_and_cache` (any strides, overlap
+    allowed since they are only read); ``query [T, H, D]`` in the caches' dtype with
+    ``H % Hkv == 0``; int32/int64 index tensors of matching lengths; ``scale`` a real
+    number; ``sliding_window`` None or a positive int; ``soft_cap`` None or a positive float
+    (0 and negative values are errors, never "none": one meaning everywhere).
+
+    Value checks: ``query_start_loc`` starts at 0, never decreases and ends at most at T;
+    ``0 <= kv_len <= max_blocks*block_size``; ``q_len <= kv_len``; every block a sequence
+    reads lies in ``[0, num_blocks)``.
+    """
+    op = "paged_attention"
+    query = check_tensor(op, provider, "query", query)
+    nb, bs, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
+    check_rank(op, provider, "query", query, 3, "[T, H, D]")
+    if query.dtype != key_cache.dtype:
+        raise input_error(op, provider, "query", f"the cache's dtype {key_cache.dtype}",
+                          query.dtype)
+    # sizes stay symbolic under torch.compile: int() would specialise them (#11 item 6)
+    num_tokens, heads, head_size = query.shape
+    require(head_size == d, op, provider, "query",
+            lambda: f"head size {d} (the cache's D) in dim 2", lambda: _shape(query))
+    require(heads % hkv == 0, op, provider, "query",
+            lambda: f"a head count divisible by the cache's Hkv={hkv}", lambda: f"H={heads}")
+    block_tables = check_tensor(op, provider, "block_tables", block_tables)
+    seq_lens = check_tensor(op, provider, "seq_lens", seq_lens)
+    query_start_loc = check_tensor(op, provider, "query_start_loc", query_start_loc)
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
+        check_dtype(op, provider, name, t, INDEX_DTYPES)
+    check_rank(op, provider, "block_tables", block_tables, 2, "[S, max_blocks]")
+    num_seqs, max_blocks = block_tables.shape
+    check_rank(op, provider, "seq_lens", seq_lens, 1, "[S] (block_tables' S)")
+    require(seq_lens.shape[0] == num_seqs, op, provider, "seq_lens",
+            lambda: f"shape [{num_seqs}] (block_tables' S)", lambda: _shape(seq_lens))
+    check_rank(op, provider, "query_start_loc", query_start_loc, 1, "[S + 1]")
+    require(query_start_loc.shape[0] == num_seqs + 1, op, provider, "query_start_loc",
+            lambda: f"shape [{num_seqs + 1}] (S + 1)", lambda: _shape(query_start_loc))
+    check_real(op, provider, "scale", scale)
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window,
+                                                              (int, torch.SymInt)):
+            raise input_error(op, provider, "sliding_window", "None or a positive int",
+                              _type_name(sliding_window))
+        require(sliding_window > 0, op, provider, "sliding_window", "None or a positive int",
+                sliding_window)
+    if soft_cap is not None:
+        check_real(op, provider, "soft_cap", soft_cap)
+        require(soft_cap > 0, op, provider, "soft_cap", "None or a positive float", soft_cap)
+    # the cache (the engine's persistent state) sets the device the others must match
+    check_same_device(op, provider, key_cache, query=query, block_tables=block_tables,
+                      seq_lens=seq_lens, query_start_loc=query_start_loc)
+    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
+        return
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) or qsl[-1] > num_tokens:
+        raise input_error(op, provider, "query_start_loc",
+                          f"non-decreasing offsets from 0 to at most T={num_tokens}", qsl)
+    for i, kv_len in enumerate(lens):
+        q_len = qsl[i + 1] - qsl[i]
+        if kv_len < 0 or kv_len > max_blocks * bs:
+            raise input_error(op, provider, "seq_lens", f"values in [0, {max_blocks * bs}] "
+                              f"(max_blocks*block_size) for sequence {i}", kv_len)
+        if q_len > 0 and kv_len < q_len:
+            raise input_error(op, provider, "seq_lens", f"kv_len >= q_len={q_len} (the "
+                              f"queries are the last tokens of the sequence) for sequence {i}",
+                              kv_len)
+    needed = [(n + bs - 1) // bs for n in lens]
+    if num_seqs and max(needed) > 0:
+        cols = torch.arange(max_blocks, device=block_tables.device)
+        used = cols.unsqueeze(0) < torch.tensor(needed, device=block_tables.device).unsqueeze(1)
+        # unused columns read as block 0 (valid), so they never hide a bad id in use
+        ids = torch.where(used, block_tables, 0)
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= nb:
+            raise input_error(op, provider, "block_tables",
+                              f"block ids in [0, {nb}) (num_blocks) for the blocks in use",
+                              f"ids in [{lo}, {hi}]")
+
+
+def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                                 input_tokens: Tensor, sampled_token_ids: Tensor,
+                                 input_positions: Tensor, seq_lens: Tensor,
+                                 slot_mapping: Tensor, block_tables: Tensor, *,
+                                 provider: str = "native", read_data: bool = True) -> None:
+    """Validate ``advance_step_flashattn``; reads ``seq_lens``/``block_tables`` when asked.
+
+    The four state tensors are ``[num_seqs]`` vectors, any non-overlapping view (they are
+    written in place; #11 asks every op to take strided views, so the contiguity rule of
+    earlier versions is gone: providers whose kernels need contiguous state decline);
+    ``sampled_token_ids`` is ``[num_queries]`` or ``[rows >= num_queries, 1]`` and
+    ``block_tables`` ``[num_seqs, max_blocks]``, both any view. Value checks: each next
+    position fits the block table and its block id is not negative.
+    """
+    op = "advance_step_flashattn"
+    check_int(op, provider, "num_seqs", num_seqs, minimum=0)
+    check_int(op, provider, "num_queries", num_queries, minimum=0)
+    require(num_queries <= num_seqs, op, provider, "num_queries",
+            lambda: f"an int in [0, num_seqs={num_seqs}]", num_queries)
+    check_int(op, provider, "block_size", block_size, minimum=1)
+    vectors = (("input_tokens", input_tokens, torch.int64),
+               ("input_positions", input_positions, torch.int64),
+               ("seq_lens", seq_lens, torch.int32),
+               ("slot_mapping", slot_mapping, torch.int64))
+    for name, t, dtype in vectors:
+        t = check_tensor(op, provider, name, t)
+        check_dtype(op, provider, name, t, (dtype,))
+        check_rank(op, provider, name, t, 1, "[num_seqs]")
+        require(t.shape[0] == num_seqs, op, provider, name,
+                lambda: f"shape [{num_seqs}] (num_seqs)", lambda t=t: _shape(t))
+        _no_overlap(op, provider, name, t)
+    sampled = check_tensor(op, provider, "sampled_token_ids", sampled_token_ids)
+    check_dtype(op, provider, "sampled_token_ids", sampled, (torch.int64,))
+    if sampled.dim() == 1:
+        require(sampled.shape[0] == num_queries, op, provider, "sampled_token_ids",
+                lambda: f"shape [{num_queries}, 1] or [{num_queries}] (num_queries)",
+                lambda: _shape(sampled))
+    elif sampled.dim() == 2:
+        require(sampled.shape[0] >= num_queries, op, provider, "sampled_token_ids",
+                lambda: f"shape [{num_queries}, 1] (num_queries; extra rows are ignored)",
+                lambda: _shape(sampled))
+        require(sampled.shape[1] == 1, op, provider, "sampled_token_ids",
+                lambda: f"shape [{num_queries}, 1] (num_queries)", lambda: _shape(sampled))
+    else:
+        raise input_error(op, provider, "sampled_token_ids",
+                          f"shape [{num_queries}, 1] (num_queries)", _shape(sampled))
+    block_tables = check_tensor(op, provider, "block_tables", block_tables)
+    check_dtype(op, provider, "block_tables", block_tables, (torch.int32,))
+    check_rank(op, provider, "block_tables", block_tables, 2, "[num_seqs, max_blocks]")
+    require(block_tables.shape[0] == num_seqs, op, provider, "block_tables",
+            lambda: f"shape [{num_seqs}, max_blocks] (num_seqs rows)",
+            lambda: _shape(block_tables))
+    check_same_device(op, provider, input_tokens, sampled_token_ids=sampled,
+                      input_positions=input_positions, seq_lens=seq_lens,
+                      slot_mapping=slot_mapping, block_tables=block_tables)
+    if not (read_data and is_concrete(num_queries) and num_queries > 0
+            and has_data(seq_lens, block_tables)):
+        return
+    lens = seq_lens[:num_queries]
+    lo, hi = (int(v) for v in torch.aminmax(lens))
+    capacity = int(block_tables.shape[1]) * block_size
+    if lo < 0 or hi >= capacity:
+        raise input_error(op, provider, "seq_lens", f"values in [0, {capacity}) (the next "
+                          f"position must fit max_blocks*block_size) for the first "
+                          f"{num_queries} sequences", f"values in [{lo}, {hi}]")
+    blocks = block_tables[:num_queries].gather(1, (lens.long() // block_size).unsqueeze(1))
+    if int(blocks.min()) < 0:
+        raise input_error(op, provider, "block_tables", "non-negative block ids at the next "
+                          "position of each sequence", blocks.flatten().tolist())
