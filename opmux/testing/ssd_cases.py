@@ -71,8 +71,8 @@ def ssd_chunk_scan_cases() -> Iterator[Case]:
                    state_dtype=torch.bfloat16, strided=True, groups=1)
     yield Case("bf16-state-strided", (i["x"], i["dt"], i["A"], i["B"], i["C"], i["ssm_state"],
                                       i["state_indices"], i["query_start_loc"], None,
-                                      i["D"].unsqueeze(-1).expand(4, 8), None, None, False,
-                                      0.0, None, 4))
+                                      i["D"].unsqueeze(-1) * torch.linspace(0.5, 1.5, 8),
+                                      None, None, False, 0.0, None, 4))
     i = ssd_inputs("fp32-clamp-int64", [6, 2], heads=6, groups=3, state_size=5)
     yield Case("fp32-clamp-int64", (i["x"], i["dt"], i["A"], i["B"], i["C"], i["ssm_state"],
                                     i["state_indices"].long(), i["query_start_loc"].long(),

@@ -110,9 +110,9 @@ def _launch(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
         d = D.float()
         d = (d.unsqueeze(-1) if d.dim() == 1 else d).expand(heads, head_dim).contiguous()
     bias = None if dt_bias is None else dt_bias.to(torch.float32).contiguous()
-    slots = state_indices.to(torch.int64)
-    qsl = None if query_start_loc is None else query_start_loc.to(torch.int64)
-    init = None if has_initial_state is None else has_initial_state.to(torch.int8)
+    slots = state_indices.to(torch.int64).contiguous()
+    qsl = None if query_start_loc is None else query_start_loc.to(torch.int64).contiguous()
+    init = None if has_initial_state is None else has_initial_state.to(torch.int8).contiguous()
     block_p = min(next_pow2(head_dim), 32)
     zs = z.stride() if z is not None else (0, 0, 0)
     _ssd_kernel[(batch, heads, triton.cdiv(head_dim, block_p))](
