@@ -4,7 +4,7 @@ LANES ?= core triton mindspore xla
 
 .PHONY: demo info test $(addprefix test-,$(LANES))
 
-demo:  ## the main job: a tiny decoder through opmux ops, checked against native
+demo:  ## the main job: a random Llama checkpoint written here, generated through opmux, checked against native
 	@bash .ci/lane core -- opmux demo
 
 info:

@@ -3,14 +3,21 @@
 Both run in this process on the same inputs (top-k softmax routing of random logits);
 the script checks they agree, then prints the best-of-N and median time of each and the
 ratio of the bests, for float32 and bfloat16. Target: grouped >= 3x native.
+Where vLLM's CPU kernel library loads (``--vllm-lib``, default vLLM 0.32's
+``_C_AVX512.abi3.so`` under ``/work/vllm032``; never a dependency), its
+``_C::cpu_fused_moe`` (weights prepacked once with ``_C::prepack_moe_weight``, ISA
+``vec``) runs in the same loop; the ``vs vLLM`` column is vLLM's best time over
+grouped's (above 1: grouped is faster).
 Run: ``python benchmarks/moe_cpu.py [--dtype fp32] [--tokens 64]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable
+from typing import Optional
 
 import torch
 from timing import samples
@@ -19,6 +26,41 @@ from opmux.ops.moe import fused_moe, topk_softmax
 from opmux.plugins.cpu.moe_ops import fused_moe_grouped
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_VLLM_LIB = "/work/vllm032/src/vllm/_C_AVX512.abi3.so"
+
+
+def load_vllm(path: str) -> bool:
+    """Load vLLM's CPU kernels if the library is there and loads; say why not otherwise."""
+    if not os.path.exists(path):
+        print(f"vLLM kernels: {path} not found; comparing with native only")
+        return False
+    try:
+        torch.ops.load_library(path)
+        torch.ops._C.cpu_fused_moe  # noqa: B018  (raises if the op is absent)
+    except (OSError, RuntimeError, AttributeError) as exc:
+        print(f"vLLM kernels: {path} did not load ({type(exc).__name__}: {exc})")
+        return False
+    return True
+
+
+def vllm_call(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+              ids: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``_C::cpu_fused_moe`` on weights prepacked once (as vLLM does after loading)."""
+    packed = []
+    for w in (w1, w2):
+        out = torch.empty_like(w)
+        torch.ops._C.prepack_moe_weight(w, out, "vec")
+        packed.append(out)
+    w13p, w2p = packed
+    weights32, ids32 = weights.float().contiguous(), ids.to(torch.int32).contiguous()
+
+    def call() -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops._C.cpu_fused_moe(out, x, w13p, w2p, None, None, weights32, ids32, False,
+                                   "silu", "vec")
+        return out
+
+    return call
 
 
 def time_ms(fns: list[Callable[[], object]], *, repeats: int) -> list[tuple[float, float]]:
@@ -38,7 +80,9 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--dtype", choices=sorted(_DTYPES), nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--vllm-lib", default=_VLLM_LIB)
     args = parser.parse_args()
+    args.vllm = load_vllm(args.vllm_lib)
     worst = float("inf")
     for name in args.dtype:
         worst = min(worst, run(args, name))
@@ -54,21 +98,33 @@ def run(args: argparse.Namespace, dtype_name: str) -> float:
     w2 = (torch.randn(e, d, i, generator=g) * i ** -0.5).to(dtype)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {dtype_name}, "
           f"E={e} top-{args.topk} d={d} I={i}, best (median) of {args.repeats}")
-    print(f"{'tokens':>7}{'native ms':>20}{'grouped ms':>20}{'speed-up':>10}")
+    print(f"{'tokens':>7}{'native ms':>20}{'grouped ms':>20}{'speed-up':>10}"
+          + (f"{'vLLM ms':>20}{'vs vLLM':>10}" if args.vllm else ""))
     worst = float("inf")
     for tokens in args.tokens:
         x = torch.randn(tokens, d, generator=g).to(dtype)
         weights, ids = topk_softmax(torch.randn(tokens, e, generator=g), args.topk, True)
         tol = 1e-4 if dtype == torch.float32 else 3e-2
-        torch.testing.assert_close(fused_moe_grouped(x, w1, w2, weights, ids),
-                                   fused_moe.native(x, w1, w2, weights, ids), atol=tol, rtol=tol)
+        want = fused_moe.native(x, w1, w2, weights, ids)
+        torch.testing.assert_close(fused_moe_grouped(x, w1, w2, weights, ids), want,
+                                   atol=tol, rtol=tol)
         call = (x, w1, w2, weights, ids)
-        (native, native_med), (grouped, grouped_med) = time_ms([lambda a=call: fused_moe.native(*a),  # type: ignore[misc]
-                                   lambda a=call: fused_moe_grouped(*a)],  # type: ignore[misc]
-                                  repeats=args.repeats)
+        fns: list[Callable[[], object]] = [lambda a=call: fused_moe.native(*a),  # type: ignore[misc]
+                                           lambda a=call: fused_moe_grouped(*a)]  # type: ignore[misc]
+        vllm: Optional[Callable[[], torch.Tensor]] = None
+        if args.vllm:
+            vllm = vllm_call(*call)
+            torch.testing.assert_close(vllm(), want, atol=tol, rtol=tol)
+            fns.append(vllm)
+        times = time_ms(fns, repeats=args.repeats)
+        (native, native_med), (grouped, grouped_med) = times[:2]
         worst = min(worst, native / grouped)
-        print(f"{tokens:>7}{native:>11.2f} ({native_med:>6.2f}){grouped:>11.2f} "
-              f"({grouped_med:>6.2f}){native / grouped:>9.2f}x")
+        line = (f"{tokens:>7}{native:>11.2f} ({native_med:>6.2f}){grouped:>11.2f} "
+                f"({grouped_med:>6.2f}){native / grouped:>9.2f}x")
+        if vllm is not None:
+            best, med = times[2]
+            line += f"{best:>11.2f} ({med:>6.2f}){best / grouped:>9.2f}x"
+        print(line)
     return worst
 
 

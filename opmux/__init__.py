@@ -97,4 +97,8 @@ def __getattr__(name: str) -> Any:
         import opmux.distributed as distributed
 
         return distributed
+    if name == "models":
+        import opmux.models as models
+
+        return models
     raise AttributeError(f"module 'opmux' has no attribute {name!r}")

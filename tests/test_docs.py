@@ -23,6 +23,8 @@ DOCTEST_MODULES = [
     "opmux.core.runners",
     "opmux.core.forward_context",
     "opmux.layers.moe",
+    "opmux.layers.moe_methods",
+    "opmux.layers.moe_router",
     "opmux.layers.rotary",
     "opmux.ops.cache",
     "opmux.testing",

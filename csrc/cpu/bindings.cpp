@@ -60,6 +60,28 @@ TORCH_LIBRARY(opmux_cpu, m) {
   m.def(
       "quant_fp8_group_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, int group_size, "
       "bool use_ue8m0) -> ()");
+  m.def(
+      "encoder_attention_out(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, "
+      "float scale) -> ()");
+  m.def(
+      "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, "
+      "Tensor slot_mapping) -> ()");
+  m.def(
+      "mla_latent_attention_out(Tensor(a!) out, Tensor q_lat, Tensor kv_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+      "causal_conv1d_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor(b!) conv_states, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state, bool silu) -> ()");
+  m.def(
+      "selective_scan_out(Tensor(a!) out, Tensor u, Tensor(b!) ssm_states, Tensor delta, "
+      "Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "bool delta_softplus, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state) -> ()");
+  m.def(
+      "ssd_scan_out(Tensor(a!) out, Tensor(b!) ssm_state, Tensor x, Tensor dt, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor state_indices, "
+      "Tensor? query_start_loc, Tensor? has_initial_state, bool dt_softplus, float dt_min, "
+      "float dt_max) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
@@ -88,4 +110,10 @@ TORCH_LIBRARY_IMPL(opmux_cpu, CPU, m) {
   m.impl("quant_fp8_static_out", &opmux_cpu::quant_fp8_static_out);
   m.impl("quant_fp8_dynamic_out", &opmux_cpu::quant_fp8_dynamic_out);
   m.impl("quant_fp8_group_out", &opmux_cpu::quant_fp8_group_out);
+  m.impl("encoder_attention_out", &opmux_cpu::encoder_attention_out);
+  m.impl("concat_and_cache_mla", &opmux_cpu::concat_and_cache_mla);
+  m.impl("mla_latent_attention_out", &opmux_cpu::mla_latent_attention_out);
+  m.impl("causal_conv1d_out", &opmux_cpu::causal_conv1d_out);
+  m.impl("selective_scan_out", &opmux_cpu::selective_scan_out);
+  m.impl("ssd_scan_out", &opmux_cpu::ssd_scan_out);
 }

@@ -80,4 +80,40 @@ void quant_fp8_dynamic_out(at::Tensor& q, at::Tensor& scale_out, const at::Tenso
 void quant_fp8_group_out(at::Tensor& q, at::Tensor& scale_out, const at::Tensor& x,
                          int64_t group_size, bool use_ue8m0);
 
+// Encoder attention and MLA (attention_extra.cpp, issue 14).
+void encoder_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, const at::Tensor& cu_seqlens, double scale);
+void concat_and_cache_mla(const at::Tensor& kv_c, const at::Tensor& k_pe, at::Tensor& kv_cache,
+                          const at::Tensor& slot_mapping);
+void mla_latent_attention_out(at::Tensor& out, const at::Tensor& q_lat,
+                              const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                              const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                              double scale);
+// State-space kernels (ssm.cpp). Without query_start_loc every row is its own sequence
+// (decode) and starts from its slot's state; slot -1 is padding.
+void causal_conv1d_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, at::Tensor& conv_states,
+                       const std::optional<at::Tensor>& query_start_loc,
+                       const std::optional<at::Tensor>& cache_indices,
+                       const std::optional<at::Tensor>& has_initial_state, bool silu);
+void selective_scan_out(at::Tensor& out, const at::Tensor& u, at::Tensor& ssm_states,
+                        const at::Tensor& delta, const at::Tensor& A, const at::Tensor& B,
+                        const at::Tensor& C, const std::optional<at::Tensor>& D,
+                        const std::optional<at::Tensor>& z,
+                        const std::optional<at::Tensor>& delta_bias, bool delta_softplus,
+                        const std::optional<at::Tensor>& query_start_loc,
+                        const std::optional<at::Tensor>& cache_indices,
+                        const std::optional<at::Tensor>& has_initial_state);
+
+// Mamba-2 SSD scan (ssd.cpp): prefill over query_start_loc, or decode (one token per slot)
+// when query_start_loc is None. dt_max < 0 means no upper clamp.
+void ssd_scan_out(at::Tensor& out, at::Tensor& ssm_state, const at::Tensor& x,
+                  const at::Tensor& dt, const at::Tensor& A, const at::Tensor& B,
+                  const at::Tensor& C, const std::optional<at::Tensor>& D,
+                  const std::optional<at::Tensor>& z, const std::optional<at::Tensor>& dt_bias,
+                  const at::Tensor& state_indices,
+                  const std::optional<at::Tensor>& query_start_loc,
+                  const std::optional<at::Tensor>& has_initial_state, bool dt_softplus,
+                  double dt_min, double dt_max);
+
 }  // namespace opmux_cpu

@@ -1,4 +1,5 @@
-"""The ``opmux`` command: ``info``, ``explain``, ``check``, ``bench``, ``demo``, ``build``.
+"""The ``opmux`` command: ``info``, ``explain``, ``check``, ``bench``, ``demo``, ``build``,
+``generate``.
 
 One module per command (``opmux.cli.<command>``), each with ``HELP``, ``add_arguments(parser)``
 and ``run(namespace) -> exit status``; tables are printed by :mod:`opmux.cli.table`. Errors
@@ -11,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from opmux.cli import bench, build, check, explain, info
+from opmux.cli import bench, build, check, explain, generate, info
 from opmux.core import config
 
 __all__ = ["main"]
@@ -26,9 +27,10 @@ def _parser() -> argparse.ArgumentParser:
                 ("explain", explain.HELP, explain.add_arguments, explain.run),
                 ("check", check.HELP, check.add_arguments, check.run),
                 ("bench", bench.HELP, bench.add_arguments, bench.run),
-                ("demo", "a tiny decoder through opmux ops, checked vs native",
+                ("demo", "a random Llama checkpoint through opmux, checked vs native",
                  demo.add_arguments, demo.run),
-                ("build", build.HELP, build.add_arguments, build.run))
+                ("build", build.HELP, build.add_arguments, build.run),
+                ("generate", generate.HELP, generate.add_arguments, generate.run))
     for name, help_text, add_arguments, run in commands:
         p = sub.add_parser(name, help=help_text)
         add_arguments(p)

@@ -42,10 +42,16 @@ from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
 from opmux.distributed import divide
 from opmux.layers._tensor_parallel import copy_checked, narrow_full, tp_coords
+from opmux.layers.moe_methods import experts_native
 from opmux.ops.communication import all_reduce_
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 
-__all__ = ["FusedMoE", "SharedExpertsMLP", "moe_forward", "moe_forward_shared"]
+__all__ = ["FusedMoE", "MoEOutput", "SharedExpertsMLP", "TransformersFusedMoE", "moe_forward",
+           "moe_forward_shared", "transformers_moe_forward"]
+
+#: What :class:`FusedMoE` returns: one tensor when called with ``router_logits`` (vLLM's
+#: form), else ``(shared_output, fused_output)``.
+MoEOutput = Tensor | tuple[Optional[Tensor], Tensor]
 
 
 class SharedExpertsMLP(torch.nn.Module):
@@ -101,23 +107,64 @@ class FusedMoE(CustomOp):
     :param reduce_results: all-reduce the TP ranks' partial outputs (default); otherwise
         each rank returns its partial sums (the caller reduces).
     :param disable_tp: do not shard (every rank holds the full experts).
+
+    vLLM 0.32's ``FusedMoE`` (``FusedMoEFactory``) arguments are accepted under its names:
+
+    :param params_dtype: the parameters' dtype (same as ``dtype``).
+    :param prefix: the layer's name in the model, used as ``layer_name`` when that is empty.
+    :param use_grouped_topk: route through ``grouped_topk``; ``False`` keeps plain top-k
+        softmax even with ``num_expert_group`` / ``topk_group`` given (vLLM's meaning);
+        ``None``: grouped iff the group sizes are given.
+    :param e_score_correction_bias: a ``[E]`` tensor owned by the caller (vLLM's form;
+        DeepSeek-V3 keeps it on its gate) instead of ``use_correction_bias``.
+    :param shared_experts: a module computing the shared experts' output from the hidden
+        states (vLLM's form), instead of ``shared_intermediate_size``. Under TP it must return
+        this rank's partial sums (as vLLM's, built with ``reduce_results=False``).
+    :param activation: ``"silu"`` (the only expert activation of the ``fused_moe`` op).
+    :param tp_size: ``None`` (the TP group's size) or ``1`` (no sharding, as ``disable_tp``).
+
+    The forward takes vLLM's ``(hidden_states, router_logits)`` and then returns one tensor,
+    shared plus routed output (reduced across TP ranks once); called with the hidden states
+    alone it routes through its own ``gate_weight`` and returns
+    ``(shared_output, fused_output)``. vLLM 0.32 keeps the expert weights on a
+    ``routed_experts`` submodule; opmux keeps them on the layer (``w13_weight``,
+    ``w2_weight``), as vLLM's ``FusedMoE`` layer class did before.
+
     :raises ConfigError: inconsistent sizes or routing options.
     :raises opmux.distributed.ParallelSizeError: the TP size does not divide
         ``intermediate_size`` or ``shared_intermediate_size``.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 *, layer_name: str, renormalize: bool = True,
+                 *, layer_name: str = "", renormalize: bool = True,
                  num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
                  scoring_func: str = "softmax", use_correction_bias: bool = False,
                  routed_scaling_factor: float = 1.0, shared_intermediate_size: int = 0,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[torch.device] = None, reduce_results: bool = True,
-                 disable_tp: bool = False) -> None:
+                 disable_tp: bool = False, params_dtype: Optional[torch.dtype] = None,
+                 prefix: str = "", use_grouped_topk: Optional[bool] = None,
+                 e_score_correction_bias: Optional[Tensor] = None,
+                 shared_experts: Optional[torch.nn.Module] = None,
+                 activation: str = "silu", tp_size: Optional[int] = None) -> None:
         super().__init__()
+        layer_name = layer_name or prefix
+        dtype = _merge_dtype(layer_name, dtype, params_dtype)
+        grouped = _grouped_routing(layer_name, use_grouped_topk, num_expert_group, topk_group)
         _check_config(num_experts, top_k, hidden_size, intermediate_size, layer_name,
-                      num_expert_group, topk_group, scoring_func, use_correction_bias)
-        self.tp_rank, self.tp_size, self.tp_group_name = tp_coords(disable_tp)
+                      num_expert_group if grouped else None, topk_group if grouped else None,
+                      scoring_func,
+                      use_correction_bias or e_score_correction_bias is not None)
+        _check_vllm_extras(layer_name, num_experts, activation, e_score_correction_bias,
+                           shared_experts, shared_intermediate_size)
+        self.tp_rank, self.tp_size, self.tp_group_name = tp_coords(
+            disable_tp or tp_size == 1)
+        if tp_size is not None and tp_size != self.tp_size:
+            raise ConfigError(f"FusedMoE(layer_name={layer_name!r}): tp_size={tp_size} differs "
+                              f"from the tensor-parallel group's size {self.tp_size}; pass "
+                              f"None (the group's size) or 1 (no sharding)")
+        self.use_grouped_topk = grouped
+        self.activation = activation
         self.reduce_results = reduce_results
         where = f"FusedMoE(layer_name={layer_name!r})"
         #: this rank's slice of the expert intermediate size
@@ -145,23 +192,28 @@ class FusedMoE(CustomOp):
         #: routed experts' down projections, ``[E, d, I/tp]``.
         self.w2_weight = torch.nn.Parameter(
             torch.empty(num_experts, hidden_size, inter, **factory))
-        self.e_score_correction_bias: Optional[torch.nn.Parameter] = (
-            torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32, device=device))
+        self.e_score_correction_bias: Optional[Tensor] = (
+            e_score_correction_bias if e_score_correction_bias is not None
+            else torch.nn.Parameter(torch.zeros(num_experts, dtype=torch.float32,
+                                                device=device))
             if use_correction_bias else None)
-        self.shared_experts: Optional[SharedExpertsMLP] = (
-            SharedExpertsMLP(hidden_size, shared_per_partition, **factory)
+        self.shared_experts: Optional[torch.nn.Module] = (
+            shared_experts if shared_experts is not None
+            else SharedExpertsMLP(hidden_size, shared_per_partition, **factory)
             if shared_intermediate_size else None)
         self.reset_parameters()
         for param in self.parameters():
-            param.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+            if not hasattr(param, "weight_loader"):  # a given shared_experts keeps its own
+                param.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def reset_parameters(self) -> None:
         """Normal init scaled by fan-in (router, experts, shared experts)."""
         with torch.no_grad():
-            self.gate_weight.normal_(0.0, self.hidden_size ** -0.5)
+            if isinstance(getattr(self, "gate_weight", None), torch.nn.Parameter):
+                self.gate_weight.normal_(0.0, self.hidden_size ** -0.5)
             self.w13_weight.normal_(0.0, self.hidden_size ** -0.5)
             self.w2_weight.normal_(0.0, self.intermediate_size ** -0.5)
-        if self.shared_experts is not None:
+        if isinstance(self.shared_experts, SharedExpertsMLP):
             self.shared_experts.reset_parameters()
 
     # ----------------------------------------------------------- weight loading
@@ -185,7 +237,8 @@ class FusedMoE(CustomOp):
         """
         name = "FusedMoE"
         rank, inter = self.tp_rank, self.intermediate_size_per_partition
-        shared = self.shared_experts
+        shared = (self.shared_experts if isinstance(self.shared_experts, SharedExpertsMLP)
+                  else None)
         if param is self.w13_weight or (shared is not None and param is shared.gate_up_weight):
             per = inter if param is self.w13_weight else shared.intermediate_size  # type: ignore[union-attr]
             if param is self.w13_weight and expert_id is not None:
@@ -230,7 +283,8 @@ class FusedMoE(CustomOp):
     # ------------------------------------------------------------------ compute
     def route(self, router_logits: Tensor) -> tuple[Tensor, Tensor]:
         """``(topk_weights, topk_ids)`` for ``router_logits [T, E]``."""
-        if self.num_expert_group is not None and self.topk_group is not None:
+        if (self.use_grouped_topk and self.num_expert_group is not None
+                and self.topk_group is not None):
             return grouped_topk(router_logits, self.top_k, self.renormalize,  # type: ignore[no-any-return]
                                 self.num_expert_group, self.topk_group, self.scoring_func,
                                 self.e_score_correction_bias, self.routed_scaling_factor)
@@ -245,8 +299,11 @@ class FusedMoE(CustomOp):
         shared = self.shared_experts(hidden_states) if self.shared_experts is not None else None
         return shared, fused
 
-    def _flatten(self, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
+    def _flatten(self, hidden_states: Tensor, router_logits: Optional[Tensor]
+                 ) -> tuple[Tensor, Tensor]:
         x = hidden_states.reshape(-1, self.hidden_size)
+        if router_logits is not None:
+            return x, router_logits.reshape(-1, self.num_experts)
         return x, F.linear(x, self.gate_weight)
 
     def _reduce(self, t: Tensor) -> Tensor:
@@ -254,45 +311,160 @@ class FusedMoE(CustomOp):
             all_reduce_(t, self.tp_group_name)  # the experts' fresh partial sums: no copy
         return t
 
-    def forward_native(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
-        """The computation in line (ops still dispatch to their providers)."""
-        x, logits = self._flatten(hidden_states)
-        shared, fused = self.forward_impl(x, logits)
-        shape = hidden_states.shape
+    def _finish(self, shape: torch.Size, shared: Optional[Tensor], fused: Tensor,
+                combined: bool) -> MoEOutput:
+        if combined:  # vLLM's form: one tensor, shared + routed, one all-reduce
+            return self._reduce(fused if shared is None else shared + fused).view(shape)
         return (None if shared is None else self._reduce(shared).view(shape),
                 self._reduce(fused).view(shape))
 
-    def forward_layer_op(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
+    def forward_native(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
+                       ) -> MoEOutput:
+        """The computation in line (ops still dispatch to their providers).
+
+        :param hidden_states: ``[..., d]``.
+        :param router_logits: ``[T, E]`` computed by the caller's gate (vLLM's form): the
+            result is one tensor, shared plus routed output. ``None``: this layer's
+            ``gate_weight`` routes and the result is ``(shared_output, fused_output)``.
+        """
+        x, logits = self._flatten(hidden_states, router_logits)
+        shared, fused = self.forward_impl(x, logits)
+        return self._finish(hidden_states.shape, shared, fused, router_logits is not None)
+
+    def forward_layer_op(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
+                         ) -> MoEOutput:
         """Through the layer op: one opaque node resolved by ``layer_name`` at run time."""
-        x, logits = self._flatten(hidden_states)
-        shape = hidden_states.shape
+        x, logits = self._flatten(hidden_states, router_logits)
         if self.shared_experts is None:
-            fused = moe_forward(self.layer_name, x, logits)
-            return None, self._reduce(fused).view(shape)
-        shared, fused = moe_forward_shared(self.layer_name, x, logits)
-        return self._reduce(shared).view(shape), self._reduce(fused).view(shape)
+            shared, fused = None, moe_forward(self.layer_name, x, logits)
+        else:
+            shared, fused = moe_forward_shared(self.layer_name, x, logits)
+        return self._finish(hidden_states.shape, shared, fused, router_logits is not None)
 
-    def forward_cuda(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
-        return self.forward_layer_op(hidden_states)
+    def forward_cuda(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
+                     ) -> MoEOutput:
+        return self.forward_layer_op(hidden_states, router_logits)
 
-    def forward_xla(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
-        return self.forward_layer_op(hidden_states)
+    def forward_xla(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
+                    ) -> MoEOutput:
+        return self.forward_layer_op(hidden_states, router_logits)
 
-    def forward_npu(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
-        return self.forward_layer_op(hidden_states)
+    def forward_npu(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
+                    ) -> MoEOutput:
+        return self.forward_layer_op(hidden_states, router_logits)
 
-    def forward_cpu(self, hidden_states: Tensor) -> tuple[Optional[Tensor], Tensor]:
-        return self.forward_layer_op(hidden_states)
+    def forward_cpu(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
+                    ) -> MoEOutput:
+        return self.forward_layer_op(hidden_states, router_logits)
 
     def extra_repr(self) -> str:
         routing = (f"grouped(groups={self.num_expert_group}, keep={self.topk_group}, "
                    f"{self.scoring_func})" if self.num_expert_group is not None else "softmax")
-        shared = (self.shared_experts.intermediate_size if self.shared_experts is not None
-                  else 0)
+        shared = (self.shared_experts.intermediate_size
+                  if isinstance(self.shared_experts, SharedExpertsMLP)
+                  else -1 if self.shared_experts is not None else 0)
         return (f"layer_name={self.layer_name!r}, experts={self.num_experts}, "
                 f"top_k={self.top_k}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size}, routing={routing}, "
                 f"shared_intermediate={shared}, tp_size={self.tp_size}")
+
+
+@CustomOp.register("transformers_fused_moe")
+class TransformersFusedMoE(FusedMoE):
+    """The experts of a Hugging Face Transformers MoE block, routed by the model itself.
+
+    vLLM's Transformers backend replaces a model's ``experts`` module with this layer; the
+    model computes the routing and calls ``experts(hidden_states, topk_ids, topk_weights)``.
+    Semantics follow vLLM's ``TransformersFusedMoE`` as last shipped
+    (``vllm/model_executor/models/transformers/moe.py``, after v0.11.0; it is gone in 0.32):
+    the constructor is :class:`FusedMoE`'s, the forward runs the routed experts with the
+    given routing (ids as int32, weights as float32) and all-reduces the result across TP
+    ranks when ``reduce_results``. It has no router (``gate_weight``) and no shared
+    experts: the model keeps both.
+
+    The platform paths call the layer op ``opmux::transformers_moe_forward`` (one opaque
+    node resolved by ``layer_name`` in the forward context, as vLLM does); the disabled
+    path runs the same math in plain PyTorch in line.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.shared_experts is not None:
+            raise ConfigError(f"TransformersFusedMoE(layer_name={self.layer_name!r}): shared "
+                              f"experts belong to the Transformers model, not this layer")
+        del self.gate_weight  # the model routes
+
+    def _routed(self, hidden_states: Tensor, topk_ids: Tensor, topk_weights: Tensor,
+                native: bool) -> Tensor:
+        x = hidden_states.reshape(-1, self.hidden_size)
+        ids = topk_ids.reshape(x.shape[0], -1).to(torch.int32)
+        weights = topk_weights.reshape(x.shape[0], -1).to(torch.float32)
+        out = (experts_native(x, self.w13_weight, self.w2_weight, weights, ids) if native
+               else transformers_moe_forward(self.layer_name, x, ids, weights))
+        return self._reduce(out).view(hidden_states.shape)
+
+    def forward_native(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
+                       topk_weights: Tensor, **kwargs: Any) -> Tensor:
+        """Experts for ``hidden_states [..., d]`` routed by ``topk_ids`` / ``topk_weights``
+        ``[T, k]``; extra keyword arguments of the Transformers call are ignored."""
+        return self._routed(hidden_states, topk_ids, topk_weights, native=True)
+
+    def forward_layer_op(self, hidden_states: Tensor,  # type: ignore[override]
+                         topk_ids: Tensor, topk_weights: Tensor, **kwargs: Any) -> Tensor:
+        return self._routed(hidden_states, topk_ids, topk_weights, native=False)
+
+    def forward_cuda(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
+                     topk_weights: Tensor, **kwargs: Any) -> Tensor:
+        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
+
+    def forward_xla(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
+                    topk_weights: Tensor, **kwargs: Any) -> Tensor:
+        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
+
+    def forward_npu(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
+                    topk_weights: Tensor, **kwargs: Any) -> Tensor:
+        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
+
+    def forward_cpu(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
+                    topk_weights: Tensor, **kwargs: Any) -> Tensor:
+        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
+
+
+def _merge_dtype(layer_name: str, dtype: Optional[torch.dtype],
+                 params_dtype: Optional[torch.dtype]) -> Optional[torch.dtype]:
+    if dtype is not None and params_dtype is not None and dtype != params_dtype:
+        raise ConfigError(f"FusedMoE(layer_name={layer_name!r}): dtype={dtype} and "
+                          f"params_dtype={params_dtype} disagree; give one")
+    return dtype if dtype is not None else params_dtype
+
+
+def _grouped_routing(layer_name: str, use_grouped_topk: Optional[bool],
+                     num_expert_group: Optional[int], topk_group: Optional[int]) -> bool:
+    """vLLM's ``use_grouped_topk``; ``None`` (opmux's form): grouped iff both group sizes."""
+    if use_grouped_topk is None:
+        return num_expert_group is not None or topk_group is not None
+    if use_grouped_topk and (num_expert_group is None or topk_group is None):
+        raise ConfigError(f"FusedMoE(layer_name={layer_name!r}): use_grouped_topk=True needs "
+                          f"num_expert_group and topk_group, got num_expert_group="
+                          f"{num_expert_group}, topk_group={topk_group}")
+    return use_grouped_topk
+
+
+def _check_vllm_extras(layer_name: str, num_experts: int, activation: str,
+                       e_score_correction_bias: Optional[Tensor],
+                       shared_experts: Optional[torch.nn.Module],
+                       shared_intermediate_size: int) -> None:
+    where = f"FusedMoE(layer_name={layer_name!r})"
+    if activation != "silu":
+        raise ConfigError(f"{where}: activation must be 'silu' (the fused_moe op's "
+                          f"SiLU-and-mul experts), got {activation!r}")
+    if e_score_correction_bias is not None and tuple(e_score_correction_bias.shape) != (
+            num_experts,):
+        raise ConfigError(f"{where}: e_score_correction_bias must have shape "
+                          f"({num_experts},), got {tuple(e_score_correction_bias.shape)}")
+    if shared_experts is not None and shared_intermediate_size:
+        raise ConfigError(f"{where}: give shared_experts (a module) or "
+                          f"shared_intermediate_size, not both")
 
 
 def _check_config(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
@@ -358,3 +530,16 @@ def moe_forward_shared(layer: FusedMoE, hidden_states: Tensor, router_logits: Te
         raise OpmuxError(f"moe_forward_shared: layer {layer.layer_name!r} has no shared "
                          f"experts; call moe_forward")
     return shared, fused
+
+
+def _fake_transformers(layer_name: str, hidden_states: Tensor, topk_ids: Tensor,
+                       topk_weights: Tensor) -> Tensor:
+    return torch.empty_like(hidden_states)
+
+
+@register_layer_op("transformers_moe_forward", fake=_fake_transformers)
+def transformers_moe_forward(layer: TransformersFusedMoE, hidden_states: Tensor,
+                             topk_ids: Tensor, topk_weights: Tensor) -> Tensor:
+    """Routed experts of the layer ``layer_name`` with the model's routing (catalog op)."""
+    return fused_moe(hidden_states, layer.w13_weight,  # type: ignore[no-any-return]
+                     layer.w2_weight, topk_weights, topk_ids)

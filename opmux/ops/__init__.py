@@ -22,6 +22,7 @@ from opmux.ops.activation import (
     xielu,
 )
 from opmux.ops.attention import paged_attention
+from opmux.ops.attention_extra import concat_and_cache_mla, encoder_attention, mla_attention
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
 from opmux.ops.layernorm import (
@@ -35,6 +36,13 @@ from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
+from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
+from opmux.ops.ssm import (
+    causal_conv1d,
+    causal_conv1d_update,
+    selective_scan,
+    selective_state_update,
+)
 
 __all__ = [
     "advance_step_flashattn",
@@ -42,7 +50,11 @@ __all__ = [
     "all_reduce",
     "all_reduce_",
     "apply_rotary_emb",
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "concat_and_cache_mla",
     "dual_chunk_rotary_embedding",
+    "encoder_attention",
     "fatrelu_and_mul",
     "fused_add_rms_norm",
     "fused_moe",
@@ -53,6 +65,7 @@ __all__ = [
     "gemma_fused_add_rms_norm",
     "gemma_rms_norm",
     "grouped_topk",
+    "mla_attention",
     "moe",
     "mul_and_silu",
     "paged_attention",
@@ -64,7 +77,11 @@ __all__ = [
     "rms_norm",
     "rms_norm_gated",
     "rotary_embedding",
+    "selective_scan",
+    "selective_state_update",
     "silu_and_mul",
+    "ssd_chunk_scan",
+    "ssd_state_update",
     "swigluoai_and_mul",
     "topk_softmax",
     "xielu",

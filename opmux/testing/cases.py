@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from opmux.core.errors import RegistrationError, UnknownOpError
+from opmux.core.state import register_reset
 
 __all__ = ["Case", "CaseGenerator", "cases_for", "has_cases", "register_cases"]
 
@@ -109,9 +110,18 @@ def unregister_cases(op_name: str) -> None:
 
 def _ensure_catalog() -> None:
     if not _CATALOG_LOADED[0]:
-        import opmux.testing.catalog_cases  # noqa: F401  (registers the catalog generators)
+        from opmux.testing.catalog_cases import register_catalog_cases
 
+        register_catalog_cases()  # idempotent (replace=True); again after a reset
         _CATALOG_LOADED[0] = True
+
+
+@register_reset
+def _reset_for_tests() -> None:
+    """Forget every registered generator; the catalog's come back on the next lookup."""
+    with _LOCK:
+        _GENERATORS.clear()
+        _CATALOG_LOADED[0] = False
 
 
 def has_cases(op_name: str) -> bool:

@@ -473,6 +473,15 @@ def register_catalog_cases() -> None:
     from opmux.testing.activation_cases import register_activation_cases
 
     register_activation_cases()
+    from opmux.testing.attention_extra_cases import register_attention_extra_cases
+
+    register_attention_extra_cases()
+    from opmux.testing.ssm_cases import register_ssm_cases
+
+    register_ssm_cases()
+    from opmux.testing.ssd_cases import register_ssd_cases
+
+    register_ssd_cases()
 
 
 register_catalog_cases()

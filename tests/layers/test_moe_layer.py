@@ -10,7 +10,7 @@ import torch
 
 import opmux
 from opmux.core.forward_context import collect_layers, forward_context
-from opmux.layers.moe import FusedMoE, moe_forward_shared
+from opmux.layers.moe import FusedMoE, TransformersFusedMoE, moe_forward_shared
 
 
 @pytest.fixture(autouse=True)
@@ -165,3 +165,152 @@ def test_two_layer_model_inductor() -> None:
         compiled = torch.compile(model, fullgraph=True, backend="inductor")
         torch.testing.assert_close(compiled(x), model(x))
     assert time.perf_counter() - start < 120
+
+
+# ------------------------------------------------------------ vLLM 0.32's call forms
+class _SharedMLP(torch.nn.Module):
+    """A caller-built shared-experts module, as vLLM models pass one."""
+
+    def __init__(self, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(hidden, inter, bias=False)
+        self.down = torch.nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.up(x)))
+
+
+def _routed_reference(w13: torch.Tensor, w2: torch.Tensor, x: torch.Tensor,
+                      weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    inter = w2.shape[-1]
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = w13[e].double() @ x[t].double()
+            out[t] += float(weights[t, j]) * (
+                w2[e].double() @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
+    return out
+
+
+TOLS = {torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+        torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vllm_form_router_logits_and_shared_module(fresh_custom_ops: None,
+                                                   dtype: torch.dtype) -> None:
+    torch.manual_seed(5)
+    shared = _SharedMLP(16, 8).to(dtype)
+    bias = torch.nn.Parameter(torch.randn(8) * 0.1)
+    kwargs: dict[str, object] = {
+        "num_experts": 8, "top_k": 2, "hidden_size": 16, "intermediate_size": 12,
+        "params_dtype": dtype, "prefix": "model.layers.3.mlp.experts",
+        "use_grouped_topk": True, "num_expert_group": 4, "topk_group": 2,
+        "scoring_func": "sigmoid", "e_score_correction_bias": bias,
+        "shared_experts": shared, "routed_scaling_factor": 1.5}
+    layer = FusedMoE(**kwargs)  # type: ignore[arg-type]
+    assert layer.layer_name == "model.layers.3.mlp.experts" and layer.w13_weight.dtype == dtype
+    assert layer.e_score_correction_bias is bias
+    x = torch.randn(2, 3, 16).to(dtype)
+    logits = torch.randn(6, 8).to(dtype)
+    weights, ids = layer.route(logits)
+    flat = x.reshape(6, 16)
+    want = (_routed_reference(layer.w13_weight, layer.w2_weight, flat, weights, ids)
+            + shared(flat).double()).view(2, 3, 16)
+    with forward_context(layers={layer.layer_name: layer}):
+        out = layer(x, logits)
+    assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out.double(), want, **TOLS[dtype])
+    opmux.set_custom_ops("all,-fused_moe")
+    off = FusedMoE(**kwargs)  # type: ignore[arg-type]
+    off.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(off(x, logits).double(), want, **TOLS[dtype])
+
+
+def test_vllm_form_plain_topk_keeps_groups_informative() -> None:
+    """use_grouped_topk=False: plain softmax top-k even with group sizes (vLLM's meaning)."""
+    layer = FusedMoE(8, 2, 8, 8, prefix="p", use_grouped_topk=False, num_expert_group=4,
+                     topk_group=1)
+    logits = torch.randn(5, 8)
+    weights, ids = layer.route(logits)
+    want_w, want_ids = torch.softmax(logits, -1).topk(2, -1)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_w / want_w.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"activation": "gelu"}, "activation must be 'silu'"),
+    ({"tp_size": 2}, "tp_size=2 differs from the tensor-parallel group's size 1"),
+    ({"use_grouped_topk": True}, "use_grouped_topk=True needs num_expert_group"),
+    ({"dtype": torch.float32, "params_dtype": torch.bfloat16}, "disagree"),
+    ({"e_score_correction_bias": torch.zeros(3), "num_expert_group": 2, "topk_group": 1},
+     r"e_score_correction_bias must have shape \(4,\)"),
+    ({"shared_experts": torch.nn.Identity(), "shared_intermediate_size": 4}, "not both"),
+])
+def test_vllm_form_config_errors(kwargs: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {"num_experts": 4, "top_k": 2, "hidden_size": 8,
+                               "intermediate_size": 8, "prefix": "x"}
+    args.update(kwargs)
+    with pytest.raises(opmux.ConfigError, match=match):
+        FusedMoE(**args)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ TransformersFusedMoE
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transformers_fused_moe_enabled_and_disabled(fresh_custom_ops: None,
+                                                     dtype: torch.dtype) -> None:
+    torch.manual_seed(6)
+    layer = TransformersFusedMoE(num_experts=6, top_k=2, hidden_size=16,
+                                 intermediate_size=10, params_dtype=dtype,
+                                 prefix="model.layers.0.mlp.experts")
+    assert set(layer.state_dict()) == {"w13_weight", "w2_weight"}
+    x = torch.randn(7, 16).to(dtype)
+    probs = torch.softmax(torch.randn(7, 6), -1)
+    weights, ids = probs.topk(2, -1)  # int64 ids, as Transformers routes
+    want = _routed_reference(layer.w13_weight, layer.w2_weight, x, weights, ids)
+    with forward_context(layers=collect_layers(layer)):
+        out = layer(x, ids, weights.to(dtype), unused_transformers_kwarg=True)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out.double(), want, **TOLS[dtype])
+    opmux.set_custom_ops("all,-transformers_fused_moe")
+    off = TransformersFusedMoE(6, 2, 16, 10, params_dtype=dtype, prefix="off")
+    off.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(off(x, ids, weights).double(), want, **TOLS[dtype])
+    counts = opmux.custom_op_counts()
+    assert counts["enabled"]["transformers_fused_moe"] == 1
+    assert counts["disabled"]["transformers_fused_moe"] == 1
+    with pytest.raises(opmux.ConfigError, match="shared experts belong to the Transformers"):
+        TransformersFusedMoE(6, 2, 16, 10, prefix="s", shared_intermediate_size=4)
+
+
+class TransformersBlock(torch.nn.Module):
+    """A Transformers-style MoE block: the model routes, the experts layer computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(16, 6, bias=False)
+        self.experts = TransformersFusedMoE(6, 2, 16, 10, prefix="block.experts")
+        self.router = FusedMoE(6, 2, 16, 10, prefix="block.moe")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = torch.softmax(self.gate(x), -1).topk(2, -1)
+        y = x + self.experts(x, ids, weights)
+        return y + self.router(y, self.gate(y))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("enablement", ["all", "none"])
+def test_transformers_block_compiles_fullgraph(fresh_custom_ops: None,
+                                               enablement: str) -> None:
+    opmux.set_custom_ops(enablement)
+    torch.manual_seed(8)
+    block = TransformersBlock()
+    x = torch.randn(5, 16)
+    with forward_context(layers=collect_layers(block)):
+        explanation = torch._dynamo.explain(block)(x)
+        assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+        if enablement == "all":
+            code = explanation.graphs[0].code
+            assert "opmux.transformers_moe_forward.default('block.experts'" in code
+        compiled = torch.compile(block, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(x), block(x))

@@ -274,3 +274,21 @@ def test_ops_compile_fullgraph() -> None:
     assert explanation.graph_break_count == 0
     compiled = torch.compile(block, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, logits), block(x, logits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_provider_batched_layout(dtype: torch.dtype) -> None:
+    """Every expert active with short, uneven segments: the padded all-experts layout;
+    strided weights too."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(9, 32, generator=g).to(dtype)
+    w1 = (torch.randn(6, 32, 40, generator=g) * 0.2).to(dtype).transpose(1, 2)  # strided
+    w2 = (torch.randn(6, 32, 20, generator=g) * 0.2).to(dtype)
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5], [0, 2], [0, 4], [0, 5], [1, 3], [2, 0],
+                        [0, 3]], dtype=torch.int32)  # expert 0: 6 rows, others 2-3
+    weights = torch.softmax(torch.randn(9, 2, generator=g), -1)
+    got = fused_moe_grouped(x, w1, w2, weights, ids)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.double(), _per_token_reference(x, w1, w2, weights, ids),
+                               atol=tol, rtol=tol)

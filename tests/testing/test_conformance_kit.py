@@ -215,3 +215,14 @@ def test_catalog_provider_that_ignores_padding_slots_fails() -> None:
         op.unregister_impl("kit_test_padding_bug")
     assert result.status == "fail"
     assert "mutated argument 'key_cache'" in result.message
+
+
+def test_the_one_reset_forgets_registered_cases_and_keeps_the_catalogs() -> None:
+    from opmux.core.runtime import reset_for_tests
+    from opmux.testing import Case, cases_for, has_cases, register_cases
+
+    register_cases("rms_norm_reset_probe", lambda: iter([Case("one", ())]))
+    assert has_cases("rms_norm_reset_probe")
+    reset_for_tests()
+    assert not has_cases("rms_norm_reset_probe")
+    assert cases_for("rms_norm")  # the catalog's generators come back on the next lookup

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from opmux.core.state import register_reset
 from opmux.ops._checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
@@ -48,6 +49,12 @@ _to_dlpack: Callable[[Tensor], Any] = torch.utils.dlpack.to_dlpack  # type: igno
 # id(tensor) -> (weak reference, data pointer, MindSpore view)
 _views: dict[int, tuple[Any, int, Any]] = {}
 _from_dlpack: Callable[[Any], Any] | None = None
+
+
+@register_reset
+def _reset_for_tests() -> None:
+    """Drop every cached MindSpore view (the torch tensors are untouched)."""
+    _views.clear()
 _SyncFlag = tuple[Callable[[Any], bool], Callable[[Any, bool], None], Any]
 # (get_param, set_param, key) of MindSpore's context flag pynative_synchronize
 _sync_flag: _SyncFlag | None = None

@@ -30,6 +30,9 @@ SERVED_OPS = frozenset({
     "quick_gelu", "relu2", "swigluoai_and_mul", "xielu",
     "apply_rotary_emb", "dual_chunk_rotary_embedding",
     "gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp8",
+    "concat_and_cache_mla", "encoder_attention", "mla_attention",
+    "causal_conv1d", "causal_conv1d_update", "selective_scan", "selective_state_update",
+    "ssd_chunk_scan", "ssd_state_update",
 })
 
 

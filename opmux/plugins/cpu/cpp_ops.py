@@ -34,7 +34,7 @@ from opmux.ops._norm_quant_checks import (
     check_rms_norm_gated,
 )
 
-from . import _build, cpp_activation
+from . import _build, cpp_activation, cpp_attention_extra, cpp_ssd, cpp_ssm
 
 if TYPE_CHECKING:
     from opmux.plugins._registration import RegistryLike
@@ -450,6 +450,9 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     **cpp_activation.OPS,
     "apply_rotary_emb": (apply_rotary_emb, _apply_rotary_emb_ok),
     "dual_chunk_rotary_embedding": (dual_chunk_rotary_embedding, _dual_chunk_ok),
+    **cpp_attention_extra.OPS,
+    **cpp_ssm.OPS,
+    **cpp_ssd.OPS,
 }
 """Op name -> (impl, supports_args) of every op this provider serves."""
 

@@ -17,6 +17,13 @@ Two layouts, chosen once per call from the dtype and the mean segment length:
   layout BLAS prefers once the matmuls are compute-bound; bf16 measured no faster
   weight-major (slower at 64 tokens).
 
+When every expert received tokens and the segments are short (small batches), a third
+layout, *batched*, pads each segment to the longest one and runs each projection as one
+``bmm`` over all experts (weight-major for float32, token-major otherwise): two batched
+matmuls instead of two per expert, so two thread-pool fork/joins instead of 2E. The
+padding rows are zeros and never read back. Measured on E=8, d=1024, I=512 at 64 tokens
+on 2 contended threads: about half the time of the per-expert loop (medians).
+
 Temporaries are sized by the longest segment and reused across experts, which keeps
 fresh memory (and its page faults) per call small. An ``index_add_`` scatter of the
 weighted rows took about a fifth of the whole call at 1024 tokens; a gather, multiply and
@@ -76,6 +83,31 @@ def _experts_token_major(x: Tensor, w1: Tensor, w2: Tensor,
     return y
 
 
+def _experts_batched(x: Tensor, w1: Tensor, w2: Tensor, sorted_ids: Tensor,
+                     counts: list[int], longest: int) -> tuple[Tensor, Tensor]:
+    """All experts at once over segments padded to ``longest`` rows.
+
+    :returns: ``(y [E * longest, d], row)``: the padded outputs and, for each sorted row,
+        its row in ``y``.
+    """
+    rows, hidden = x.shape
+    experts = w1.shape[0]
+    inter = w2.shape[2]
+    starts = torch.tensor([0, *counts[:-1]], device=x.device).cumsum(0)
+    row = sorted_ids * longest + (torch.arange(rows, device=x.device) - starts[sorted_ids])
+    padded = x.new_zeros(experts * longest, hidden).index_copy_(0, row, x)
+    padded = padded.view(experts, longest, hidden)
+    if x.dtype == torch.float32:
+        gate_up = torch.bmm(w1, padded.transpose(1, 2))  # [E, 2I, L]
+        act = F.silu(gate_up[:, :inter], inplace=True).mul_(gate_up[:, inter:])
+        y = torch.bmm(w2, act).transpose(1, 2)  # [E, L, d] (a view)
+    else:
+        gate_up = torch.bmm(padded, w1.transpose(1, 2))  # [E, L, 2I]
+        act = torch.mul(F.silu(gate_up[..., :inter], inplace=True), gate_up[..., inter:])
+        y = torch.bmm(act, w2.transpose(1, 2))
+    return y.reshape(experts * longest, hidden), row
+
+
 @torch.no_grad()
 def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
                       topk_ids: Tensor) -> Tensor:
@@ -105,14 +137,19 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
             segments.append((e, start, n))
             start += n
     longest = max(counts)
-    if dtype == torch.float32 and rows <= WEIGHT_MAJOR_MAX_ROWS * len(segments):
-        y = _experts_weight_major(x, w1, w2, segments, longest)
-    else:
-        y = _experts_token_major(x, w1, w2, segments, longest)
-
-    # each token's weighted sum over its k rows (in the sorted layout), in float32
+    short = rows <= WEIGHT_MAJOR_MAX_ROWS * len(segments)
     inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(rows, device=order.device)
+    if short and len(segments) == experts:
+        y, row = _experts_batched(x, w1, w2, sorted_ids, counts, longest)
+        inverse[order] = row
+    else:
+        if dtype == torch.float32 and short:
+            y = _experts_weight_major(x, w1, w2, segments, longest)
+        else:
+            y = _experts_token_major(x, w1, w2, segments, longest)
+        inverse[order] = torch.arange(rows, device=order.device)
+
+    # each token's weighted sum over its k rows (in y's layout), in float32
     rows_f32 = y.to(torch.float32, memory_format=torch.contiguous_format)
     out = F.embedding_bag(inverse.view(tokens, top_k), rows_f32, mode="sum",
                           per_sample_weights=topk_weights.to(torch.float32))

@@ -41,10 +41,19 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "xielu": ("triton_activation_more", "xielu_supports"),
     "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
     "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
+    "causal_conv1d": ("triton_ssm", "causal_conv1d_supports"),
+    "causal_conv1d_update": ("triton_ssm", "causal_conv1d_update_supports"),
+    "selective_scan": ("triton_ssm", "selective_scan_supports"),
+    "selective_state_update": ("triton_ssm", "selective_state_update_supports"),
     "gemma_rms_norm": ("triton_norm_more", "gemma_rms_norm_supports"),
     "gemma_fused_add_rms_norm": ("triton_norm_more", "gemma_fused_add_rms_norm_supports"),
     "rms_norm_gated": ("triton_norm_more", "rms_norm_gated_supports"),
     "quant_fp8": ("triton_quant", "quant_fp8_supports"),
+    "encoder_attention": ("triton_attention_extra", "encoder_attention_supports"),
+    "concat_and_cache_mla": ("triton_attention_extra", "concat_and_cache_mla_supports"),
+    "mla_attention": ("triton_attention_extra", "mla_attention_supports"),
+    "ssd_chunk_scan": ("triton_ssd", "ssd_chunk_scan_supports"),
+    "ssd_state_update": ("triton_ssd", "ssd_state_update_supports"),
 }
 """Op name -> (kernel module in this package, name of its ``supports_args`` or None)."""
 

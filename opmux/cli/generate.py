@@ -1,0 +1,215 @@
+"""``opmux generate``: generate from a Hugging Face checkpoint directory through opmux.
+
+``--tp N`` runs tensor-parallel on N processes: under ``torchrun`` (``WORLD_SIZE`` set) each
+process is one rank; otherwise the command starts N copies of itself on this machine
+(``RANK``/``WORLD_SIZE`` on a free local port, gloo on CPU) and prints rank 0's output.
+Prompts are text (``--prompt``, encoded with the checkpoint's ``tokenizer.json`` through
+``tokenizers``) or token ids (``--prompt-ids 1,2,3``), in the order given. The report lists
+each op's provider and how many calls each provider served (counted during the run by
+:class:`~opmux.models.provider_tally.ProviderTally`; ``tokens_per_s`` includes that cost,
+a selection lookup per op call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from opmux.core.errors import ConfigError
+
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "generate from a Hugging Face checkpoint directory"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _text(s: str) -> tuple[str, str]:
+    return ("text", s)
+
+
+def _ids(s: str) -> tuple[str, str]:
+    try:
+        [int(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids, got {s!r}") from None
+    return ("ids", s)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``generate`` options to ``parser``."""
+    parser.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    parser.add_argument("--prompt", dest="prompts", action="append", type=_text,
+                        help="a text prompt (needs tokenizer.json); repeat for a batch")
+    parser.add_argument("--prompt-ids", dest="prompts", action="append", type=_ids,
+                        help="a prompt as token ids, e.g. 1,2,3; repeat for a batch")
+    parser.add_argument("--max-tokens", type=int, required=True, help="new tokens per prompt")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel processes")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="0: all tokens")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+
+
+def _argv(ns: argparse.Namespace) -> list[str]:
+    out = ["--model", str(ns.model), "--max-tokens", str(ns.max_tokens), "--dtype", ns.dtype,
+           "--tp", str(ns.tp), "--seed", str(ns.seed), "--temperature", str(ns.temperature),
+           "--top-k", str(ns.top_k), "--top-p", str(ns.top_p),
+           "--block-size", str(ns.block_size)]
+    for kind, value in ns.prompts:
+        out += ["--prompt" if kind == "text" else "--prompt-ids", value]
+    out += ["--ignore-eos"] * ns.ignore_eos + ["--json"] * ns.json
+    return out
+
+
+def _launch(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Start ``ns.tp`` ranks of this command on this machine; rank 0 reports.
+
+    When a rank fails, the others (which would wait for it in a collective) are stopped.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(ns.tp + 1)]
+        procs = []
+        for rank in range(ns.tp):
+            env = {**os.environ, "WORLD_SIZE": str(ns.tp), "RANK": str(rank),
+                   "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port),
+                   "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ns.tp))}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "opmux.cli", "generate", *_argv(ns)], env=env,
+                stdout=logs[ns.tp] if rank == 0 else subprocess.DEVNULL, stderr=logs[rank],
+                text=True))
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode for p in procs):  # one failed: stop the ones waiting on it
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                break
+            time.sleep(0.05)
+        codes = [p.wait() for p in procs]
+        logs[ns.tp].seek(0)
+        out.write(logs[ns.tp].read())
+        for rank, code in enumerate(codes):
+            if code:
+                logs[rank].seek(0)
+                err.write(f"[rank {rank}] exit {code}\n{logs[rank].read()}")
+    return next((c for c in codes if c), 0)
+
+
+def _prompts(ns: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
+    prompts = []
+    for kind, value in ns.prompts:
+        if kind == "ids":
+            prompts.append([int(x) for x in value.split(",")])
+        elif tokenizer is None:
+            raise ConfigError(f"opmux generate: --prompt needs {ns.model}/tokenizer.json; "
+                              f"pass token ids with --prompt-ids instead")
+        else:
+            prompts.append(list(tokenizer.encode(value).ids))
+    return prompts
+
+
+def _progress(total: int, err: TextIO) -> tuple[Any, Any]:
+    """``(callback, closer)`` of a tqdm bar when stderr is a terminal, else ``(None, None)``."""
+    if not err.isatty() or total < 2:
+        return None, None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        def line(done: int) -> None:
+            err.write(f"\r  decode {done}/{total}")
+            err.flush()
+
+        return line, lambda: err.write("\n")
+    bar = tqdm(total=total, desc="decode", unit="step", file=err)
+
+    def update(done: int) -> None:
+        bar.update(done - bar.n)
+
+    return update, bar.close
+
+
+def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``opmux generate``; returns the exit code.
+
+    :raises opmux.ConfigError: bad options or a bad checkpoint config.
+    :raises opmux.models.CheckpointError: tensors that do not fit the config.
+    """
+    out, err = out or sys.stdout, err or sys.stderr
+    if not ns.prompts:
+        raise ConfigError("opmux generate: give at least one --prompt or --prompt-ids")
+    if ns.tp < 1:
+        raise ConfigError(f"opmux generate: --tp must be >= 1, got {ns.tp}")
+    if ns.tp > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch(ns, out, err)
+    import opmux
+    from opmux import distributed
+    from opmux.models import Engine, ProviderTally, SamplingParams, load_model
+
+    sampling = SamplingParams(ns.temperature, ns.top_k, ns.top_p, ns.seed, ns.ignore_eos)
+    tokenizer = None
+    if (Path(ns.model) / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(Path(ns.model) / "tokenizer.json"))
+    prompts = _prompts(ns, tokenizer)
+    if ns.tp > 1 or "WORLD_SIZE" in os.environ:
+        group = distributed.init_tensor_parallel(tensor_parallel_size=ns.tp)
+    else:
+        group = None
+    try:
+        opmux.load_plugins()
+        model = load_model(ns.model, _DTYPES[ns.dtype])
+        engine = Engine(model, ns.block_size)
+        engine.generate(prompts[:1], 1, sampling)  # warm up: kernels load on first use
+        callback, close = _progress(ns.max_tokens - 1, err) if not ns.json else (None, None)
+        names = [op.name for op in opmux.list_ops() if op.namespace == "opmux"]
+        with ProviderTally(names) as tally:
+            result = engine.generate(prompts, ns.max_tokens, sampling, callback)
+        if close is not None:
+            close()
+    finally:
+        if group is not None:
+            distributed.destroy_tensor_parallel()
+    if group is not None and group.rank != 0:
+        return 0
+    report: dict[str, Any] = {
+        "model": str(ns.model), "architecture": model.config.architecture, "dtype": ns.dtype,
+        "tp": ns.tp, "outputs": result.outputs, "providers": tally.providers(),
+        "calls": tally.calls(), "tokens_per_s": result.tokens_per_s,
+        "prefill_s": result.prefill_s, "decode_s": result.decode_s}
+    if tokenizer is not None:
+        report["text"] = [tokenizer.decode(o, skip_special_tokens=True)
+                          for o in result.outputs]
+    if ns.json:
+        print(json.dumps(report, indent=2), file=out)
+        return 0
+    for i, ids in enumerate(result.outputs):
+        shown = report["text"][i] if tokenizer is not None else " ".join(map(str, ids))
+        print(f"[{i}] {shown}", file=out)
+    width = max((len(n) for n in report["calls"]), default=0)
+    print(f"\n{model.config.architecture}, {ns.dtype}, tp {ns.tp}: "
+          f"{result.tokens_per_s:.1f} tokens/s", file=out)
+    for name, calls in sorted(report["calls"].items()):
+        counts = ", ".join(f"{p} x{n}" for p, n in sorted(calls.items()))
+        print(f"  {name:<{width}}  {counts}", file=out)
+    return 0

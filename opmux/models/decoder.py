@@ -1,0 +1,275 @@
+"""One decoder for the four architectures, built from opmux layers and catalog ops.
+
+Llama, Qwen2 (QKV bias), Mixtral (``FusedMoE`` instead of the MLP) and Gemma2 (gemma
+norms, sandwich norms around attention and MLP, GELU-tanh, soft caps, alternating sliding
+window, ``query_pre_attn_scalar``, embeddings scaled by ``sqrt(hidden)``) differ only in
+flags of :class:`~opmux.models.config.ModelConfig`. Linear layers, embedding, LM head and
+MoE are tensor-parallel (``opmux.distributed``'s group); attention runs on a paged KV
+cache through ``reshape_and_cache`` and ``paged_attention``; norms are ``RMSNorm`` and
+``GemmaRMSNorm`` (``x * (1 + w)``), the residual add fused into the next norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+import opmux.ops as ops
+from opmux.distributed import get_tensor_model_parallel_world_size
+from opmux.layers import (
+    GeluAndMul,
+    GemmaRMSNorm,
+    LogitsProcessor,
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    SiluAndMul,
+    VocabParallelEmbedding,
+    get_rope,
+)
+from opmux.layers.moe import FusedMoE
+from opmux.models.config import ModelConfig
+
+__all__ = ["AttentionBatch", "CausalLM", "WeightTarget"]
+
+
+@dataclass
+class AttentionBatch:
+    """The paged-attention metadata of one step (shared by all layers).
+
+    :ivar slots: ``[T]`` int64 cache slot of each token.
+    :ivar block_tables: ``[S, max_blocks]`` int32.
+    :ivar seq_lens: ``[S]`` int32, cached tokens per sequence including this step's.
+    :ivar query_start_loc: ``[S + 1]`` int32 ragged offsets of the query rows.
+    """
+
+    slots: Tensor
+    block_tables: Tensor
+    seq_lens: Tensor
+    query_start_loc: Tensor
+
+
+WeightTarget = tuple[tuple[int, ...], Callable[[Tensor], None]]
+"""``(full shape on disk, loader)`` of one checkpoint tensor."""
+
+
+def _norm(cfg: ModelConfig, dtype: torch.dtype) -> RMSNorm | GemmaRMSNorm:
+    if cfg.gemma:  # weight kept in fp32 (the norm computes 1 + w in fp32)
+        return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+    return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+
+
+def _loader(param: Tensor) -> Callable[[Tensor], None]:
+    def load(t: Tensor) -> None:
+        with torch.no_grad():
+            param.copy_(t)
+
+    return load
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        d = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, d, cfg.num_heads, cfg.num_kv_heads,
+                                          bias=cfg.qkv_bias, params_dtype=dtype,
+                                          return_bias=False)
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, bias=False,
+                                        params_dtype=dtype, return_bias=False)
+        self.rotary = get_rope(d, cfg.max_position, True, cfg.rope_parameters, dtype)
+        self.heads, self.kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = d
+        self.scale = cfg.attn_scale
+        self.window = cfg.sliding_windows[layer]
+        self.soft_cap = cfg.attn_soft_cap
+
+    def forward(self, x: Tensor, positions: Tensor, cache: tuple[Tensor, Tensor],
+                meta: AttentionBatch) -> Tensor:
+        t, d = x.shape[0], self.head_dim
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k = self.rotary(positions, q, k)
+        ops.reshape_and_cache(k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d),
+                              cache[0], cache[1], meta.slots)
+        attn = ops.paged_attention(q.reshape(t, self.heads, d), cache[0], cache[1],
+                                   meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                   self.scale, self.window, self.soft_cap)
+        out: Tensor = self.o_proj(attn.view(t, self.heads * d))
+        return out
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        inter = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inter, inter],
+                                                       bias=False, params_dtype=dtype,
+                                                       return_bias=False)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=False,
+                                           params_dtype=dtype, return_bias=False)
+        self.act = GeluAndMul("tanh") if cfg.gemma else SiluAndMul()
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down_proj(self.act(self.gate_up_proj(x)))
+        return out
+
+
+class _MoE(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.experts = FusedMoE(cfg.num_experts, cfg.experts_per_token, cfg.hidden_size,
+                                cfg.intermediate_size, layer_name=f"model.layers.{layer}.moe",
+                                renormalize=True, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _, fused = self.experts(x)
+        out: Tensor = fused
+        return out
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        g = cfg.gemma
+        self.self_attn = _Attention(cfg, layer, dtype)
+        self.mlp: torch.nn.Module = _MoE(cfg, layer, dtype) if cfg.num_experts else _MLP(cfg,
+                                                                                        dtype)
+        self.input_layernorm = _norm(cfg, dtype)
+        self.post_attention_layernorm = _norm(cfg, dtype)
+        self.pre_feedforward_layernorm = _norm(cfg, dtype) if g else None
+        self.post_feedforward_layernorm = _norm(cfg, dtype) if g else None
+
+    def forward(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
+                cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
+        if residual is None:
+            residual = hidden
+            x = self.input_layernorm(hidden)
+        else:
+            x, residual = self.input_layernorm(hidden, residual)
+        x = self.self_attn(x, positions, cache, meta)
+        if self.pre_feedforward_layernorm is not None:  # gemma's sandwich norms
+            x = self.post_attention_layernorm(x)
+            x, residual = self.pre_feedforward_layernorm(x, residual)
+        else:
+            x, residual = self.post_attention_layernorm(x, residual)
+        x = self.mlp(x)
+        if self.post_feedforward_layernorm is not None:
+            x = self.post_feedforward_layernorm(x)
+        return x, residual
+
+
+class CausalLM(torch.nn.Module):
+    """A decoder-only causal LM of one of :data:`~opmux.models.config.ARCHITECTURES`.
+
+    Built empty (parameters uninitialised); :func:`opmux.models.load_model` fills it.
+
+    :param cfg: the checked configuration.
+    :param dtype: parameter and activation dtype.
+    """
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.config, self.dtype = cfg, dtype
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size,
+                                                   params_dtype=dtype)
+        layers = [_Layer(cfg, i, dtype) for i in range(cfg.num_layers)]
+        self.layers = torch.nn.ModuleList(layers)
+        self.norm = _norm(cfg, dtype)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, params_dtype=dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.tie_weights(self.embed_tokens)
+        self.logits_processor = LogitsProcessor(cfg.vocab_size, soft_cap=cfg.final_soft_cap)
+        self.num_kv_heads: int = layers[0].self_attn.kv_heads if layers else 0
+        self.tp_size = get_tensor_model_parallel_world_size()
+
+    def moe_layers(self) -> dict[str, FusedMoE]:
+        """The MoE layers by ``layer_name`` (the forward context the engine sets)."""
+        return {m.layer_name: m for m in self.modules() if isinstance(m, FusedMoE)}
+
+    def new_kv_cache(self, num_blocks: int, block_size: int,
+                     device: torch.device | None = None) -> list[tuple[Tensor, Tensor]]:
+        """Zeroed ``(key_cache, value_cache)`` per layer, this rank's KV heads."""
+        shape = (num_blocks, block_size, self.num_kv_heads, self.config.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=device),
+                 torch.zeros(shape, dtype=self.dtype, device=device))
+                for _ in range(self.config.num_layers)]
+
+    def forward(self, tokens: Tensor, positions: Tensor, kv_cache: list[tuple[Tensor, Tensor]],
+                meta: AttentionBatch) -> Tensor:
+        """Float32 logits ``[S, vocab]`` of the last query row of each sequence."""
+        hidden = self.embed_tokens(tokens)
+        if self.config.gemma:
+            hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
+        residual: Tensor | None = None
+        for layer, cache in zip(self.layers, kv_cache, strict=True):
+            hidden, residual = layer(hidden, residual, positions, cache, meta)
+        if residual is None:
+            x = self.norm(hidden)
+        else:
+            x, _ = self.norm(hidden, residual)
+        last = (meta.query_start_loc[1:] - 1).long()
+        logits: Tensor = self.logits_processor(self.lm_head, x.index_select(0, last))
+        return logits.float()
+
+    def weight_targets(self) -> dict[str, WeightTarget]:
+        """Every checkpoint tensor this model reads: name → (full shape, loader)."""
+        cfg = self.config
+        h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+        out: dict[str, WeightTarget] = {}
+
+        def put(name: str, shape: tuple[int, ...], fn: Callable[[Tensor], None]) -> None:
+            out[name] = (shape, fn)
+
+        emb = self.embed_tokens
+        put("model.embed_tokens.weight", (cfg.vocab_size, h),
+            partial(emb.weight_loader, emb.weight))
+        if not cfg.tie_word_embeddings:
+            head = self.lm_head
+            put("lm_head.weight", (cfg.vocab_size, h), partial(head.weight_loader, head.weight))
+        put("model.norm.weight", (h,), _loader(self.norm.weight))
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            p = f"model.layers.{i}."
+            for nm in ("input_layernorm", "post_attention_layernorm",
+                       "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                norm = getattr(layer, nm)
+                if norm is not None:
+                    put(f"{p}{nm}.weight", (h,), _loader(norm.weight))
+            qkv, o = layer.self_attn.qkv_proj, layer.self_attn.o_proj
+            sizes = {"q": cfg.num_heads * d, "k": cfg.num_kv_heads * d,
+                     "v": cfg.num_kv_heads * d}
+            for sid, rows in sizes.items():
+                put(f"{p}self_attn.{sid}_proj.weight", (rows, h),
+                    partial(qkv.weight_loader, qkv.weight, loaded_shard_id=sid))
+                if qkv.bias is not None:
+                    put(f"{p}self_attn.{sid}_proj.bias", (rows,),
+                        partial(qkv.weight_loader, qkv.bias, loaded_shard_id=sid))
+            put(f"{p}self_attn.o_proj.weight", (h, cfg.num_heads * d),
+                partial(o.weight_loader, o.weight))
+            mlp = layer.mlp
+            if isinstance(mlp, _MoE):
+                moe = mlp.experts
+                q = f"{p}block_sparse_moe."
+                put(f"{q}gate.weight", (cfg.num_experts, h),
+                    partial(moe.weight_loader, moe.gate_weight))
+                for e in range(cfg.num_experts):
+                    for w, shape in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter))):
+                        param = moe.w2_weight if w == "w2" else moe.w13_weight
+                        put(f"{q}experts.{e}.{w}.weight", shape,
+                            partial(moe.weight_loader, param, shard_id=w, expert_id=e))
+            else:
+                assert isinstance(mlp, _MLP)
+                gu, down = mlp.gate_up_proj, mlp.down_proj
+                put(f"{p}mlp.gate_proj.weight", (inter, h),
+                    partial(gu.weight_loader, gu.weight, loaded_shard_id=0))
+                put(f"{p}mlp.up_proj.weight", (inter, h),
+                    partial(gu.weight_loader, gu.weight, loaded_shard_id=1))
+                put(f"{p}mlp.down_proj.weight", (h, inter),
+                    partial(down.weight_loader, down.weight))
+        return out

@@ -1,0 +1,68 @@
+"""Which provider served each op call, counted over a block of code.
+
+:class:`ProviderTally` swaps the call of the ops it watches for one that asks
+:meth:`opmux.Op.dispatch` which implementation the arguments select, counts it, and calls
+on; on exit the ops' own calls are back. Nothing is installed outside the ``with`` block,
+so the tally costs nothing when unused; inside, it costs one selection per call (the
+provider is recorded exactly, predicates included).
+
+>>> import torch, opmux
+>>> with ProviderTally(["silu_and_mul"]) as tally:
+...     _ = opmux.ops.silu_and_mul(torch.ones(2, 8))
+>>> sum(tally.counts["silu_and_mul"].values())
+1
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from opmux.core.registry import get_op
+
+__all__ = ["ProviderTally"]
+
+
+class ProviderTally:
+    """Count calls per ``(op, provider)`` for the named catalog ops (a context manager).
+
+    :param names: op names (``"paged_attention"``) or qualified names.
+    :ivar counts: op name → Counter of provider → calls.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = list(names)
+        self.counts: dict[str, Counter[str]] = {}
+        self._saved: list[tuple[type, Any]] = []
+
+    def __enter__(self) -> ProviderTally:
+        for name in self.names:
+            op = get_op(name)
+            cls = type(op)
+            original = cls.__dict__["__call__"]
+            counter = self.counts.setdefault(name, Counter())
+
+            def counting(_self: Any, *args: Any, _orig: Any = original, _c: Counter[str] = counter,
+                         **kwargs: Any) -> Any:
+                _c[_self.dispatch(*args, **kwargs).provider] += 1
+                return _orig(_self, *args, **kwargs)
+
+            self._saved.append((cls, original))
+            setattr(cls, "__call__", counting)  # noqa: B010
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        while self._saved:
+            cls, original = self._saved.pop()
+            setattr(cls, "__call__", original)  # noqa: B010
+
+    def providers(self) -> dict[str, str]:
+        """op → the provider that served most of its calls (ops never called left out)."""
+        return {name: c.most_common(1)[0][0] for name, c in self.counts.items() if c}
+
+    def calls(self) -> dict[str, dict[str, int]]:
+        """op → provider → calls (ops never called left out)."""
+        return {name: dict(c) for name, c in self.counts.items() if c}

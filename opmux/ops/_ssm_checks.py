@@ -1,0 +1,243 @@
+"""Input validation of the state-space ops (``causal_conv1d*``, ``selective_scan``,
+``selective_state_update``), shared by the native references and the providers.
+
+Same contract as :mod:`opmux.ops._checks`: static properties always, index values only when
+``read_data`` and the tensors hold data; every failure is an :class:`opmux.OpInputError`
+raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Final
+
+import torch
+from torch import Tensor
+
+from opmux.ops._checks import (
+    _float,
+    _rank,
+    _same_device,
+    _shape,
+    _tensor,
+    has_data,
+    input_error,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "PAD_SLOT",
+    "check_causal_conv1d",
+    "check_causal_conv1d_update",
+    "check_selective_scan",
+    "check_selective_state_update",
+]
+
+ACTIVATIONS: Final = (None, "silu", "swish")
+"""Valid ``activation`` values of the causal convolutions (``swish`` is ``silu``)."""
+
+PAD_SLOT: Final = -1
+"""A state index of ``-1`` marks a padding entry: no state read or written, output zero."""
+
+_INDEX = (torch.int32, torch.int64)
+
+
+def _vector(op: str, provider: str, name: str, t: Tensor | None, n: int) -> None:
+    if t is None:
+        return
+    t = _tensor(op, provider, name, t)
+    _float(op, provider, name, t)
+    if t.dim() != 1 or t.shape[0] != n:
+        raise input_error(op, provider, name, f"shape [{n}]", _shape(t))
+
+
+def _index(op: str, provider: str, name: str, t: Tensor | None, n: int,
+           dtypes: tuple[torch.dtype, ...] = _INDEX) -> None:
+    if t is None:
+        return
+    t = _tensor(op, provider, name, t)
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise input_error(op, provider, name, f"dtype {want}", t.dtype)
+    if t.dim() != 1 or t.shape[0] != n:
+        raise input_error(op, provider, name, f"shape [{n}]", _shape(t))
+
+
+def _slots(op: str, provider: str, name: str, t: Tensor | None, n_slots: int,
+           read_data: bool) -> None:
+    if t is None or not read_data or t.numel() == 0 or not has_data(t):
+        return
+    lo, hi = int(t.min()), int(t.max())
+    if lo < PAD_SLOT or hi >= n_slots:
+        raise input_error(op, provider, name, f"-1 (padding) or state indices in [0, {n_slots})",
+                          f"values in [{lo}, {hi}]")
+
+
+def _starts(op: str, provider: str, qsl: Tensor | None, tokens: int, read_data: bool) -> int:
+    """Validate ``query_start_loc``; returns the number of sequences."""
+    if qsl is None:
+        return 1
+    qsl = _tensor(op, provider, "query_start_loc", qsl)
+    if qsl.dtype not in _INDEX or qsl.dim() != 1 or qsl.shape[0] < 1:
+        raise input_error(op, provider, "query_start_loc", "an int32/int64 tensor [S+1]",
+                          f"{qsl.dtype} {_shape(qsl)}")
+    if read_data and has_data(qsl):
+        v = qsl.tolist()
+        if v[0] != 0 or v[-1] != tokens or any(b < a for a, b in itertools.pairwise(v)):
+            raise input_error(op, provider, "query_start_loc",
+                              f"non-decreasing offsets from 0 to {tokens} (the token count)",
+                              v if len(v) <= 16 else f"{v[:8]} ... {v[-4:]}")
+    return int(qsl.shape[0]) - 1
+
+
+def _activation(op: str, provider: str, activation: str | None) -> None:
+    if activation not in ACTIVATIONS:
+        raise input_error(op, provider, "activation", "None, 'silu' or 'swish'",
+                          repr(activation))
+
+
+def _conv_params(op: str, provider: str, dim: int, weight: Tensor, bias: Tensor | None,
+                 state: Tensor) -> None:
+    weight = _tensor(op, provider, "weight", weight)
+    _float(op, provider, "weight", weight)
+    if weight.dim() != 2 or weight.shape[0] != dim or weight.shape[1] < 2:
+        raise input_error(op, provider, "weight", f"[{dim}, width] with width >= 2",
+                          _shape(weight))
+    _vector(op, provider, "bias", bias, dim)
+    width = int(weight.shape[1])
+    _float(op, provider, "conv_state", state)
+    if state.dim() != 3 or tuple(state.shape[1:]) != (dim, width - 1):
+        raise input_error(op, provider, "conv_state", f"[num_slots, {dim}, {width - 1}]",
+                          _shape(state))
+
+
+def check_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor,
+                        query_start_loc: Tensor | None = None,
+                        cache_indices: Tensor | None = None,
+                        has_initial_state: Tensor | None = None,
+                        activation: str | None = "silu", *, provider: str = "native",
+                        read_data: bool = True) -> None:
+    """Validate ``causal_conv1d``; reads the index tensors when ``read_data``."""
+    op = "causal_conv1d"
+    x = _tensor(op, provider, "x", x)
+    _float(op, provider, "x", x)
+    _rank(op, provider, "x", x, 2, "[T, dim]")
+    conv_states = _tensor(op, provider, "conv_states", conv_states)
+    tokens, dim = int(x.shape[0]), int(x.shape[1])
+    _conv_params(op, provider, dim, weight, bias, conv_states)
+    _activation(op, provider, activation)
+    seqs = _starts(op, provider, query_start_loc, tokens, read_data)
+    _index(op, provider, "cache_indices", cache_indices, seqs)
+    _index(op, provider, "has_initial_state", has_initial_state, seqs, (torch.bool,))
+    if cache_indices is None and seqs > conv_states.shape[0]:
+        raise input_error(op, provider, "conv_states", f"at least {seqs} slots (one per "
+                          "sequence when cache_indices is None)", _shape(conv_states))
+    _same_device(op, provider, x, weight=weight, conv_states=conv_states)
+    _slots(op, provider, "cache_indices", cache_indices, int(conv_states.shape[0]), read_data)
+
+
+def check_causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
+                               bias: Tensor | None = None, activation: str | None = None,
+                               conv_state_indices: Tensor | None = None, *,
+                               provider: str = "native", read_data: bool = True) -> None:
+    """Validate ``causal_conv1d_update``; reads ``conv_state_indices`` when ``read_data``."""
+    op = "causal_conv1d_update"
+    x = _tensor(op, provider, "x", x)
+    _float(op, provider, "x", x)
+    _rank(op, provider, "x", x, 2, "[batch, dim]")
+    conv_state = _tensor(op, provider, "conv_state", conv_state)
+    batch, dim = int(x.shape[0]), int(x.shape[1])
+    _conv_params(op, provider, dim, weight, bias, conv_state)
+    _activation(op, provider, activation)
+    _index(op, provider, "conv_state_indices", conv_state_indices, batch)
+    if conv_state_indices is None and batch > conv_state.shape[0]:
+        raise input_error(op, provider, "conv_state", f"at least {batch} slots (one per row "
+                          "when conv_state_indices is None)", _shape(conv_state))
+    _same_device(op, provider, x, weight=weight, conv_state=conv_state)
+    _slots(op, provider, "conv_state_indices", conv_state_indices, int(conv_state.shape[0]),
+           read_data)
+
+
+def _ssm_params(op: str, provider: str, rows: int, dim: int, states: Tensor, A: Tensor,
+                B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
+                bias: Tensor | None, bias_name: str) -> int:
+    _float(op, provider, "ssm_states", states)
+    A = _tensor(op, provider, "A", A)
+    _float(op, provider, "A", A)
+    if A.dim() != 2 or A.shape[0] != dim:
+        raise input_error(op, provider, "A", f"[{dim}, dstate]", _shape(A))
+    n = int(A.shape[1])
+    if states.dim() != 3 or tuple(states.shape[1:]) != (dim, n):
+        raise input_error(op, provider, "ssm_states", f"[num_slots, {dim}, {n}]",
+                          _shape(states))
+    for name, t in (("B", B), ("C", C)):
+        t = _tensor(op, provider, name, t)
+        _float(op, provider, name, t)
+        if t.dim() != 2 or tuple(t.shape) != (rows, n):
+            raise input_error(op, provider, name, f"[{rows}, {n}] (one row per token)",
+                              _shape(t))
+    _vector(op, provider, "D", D, dim)
+    _vector(op, provider, bias_name, bias, dim)
+    if z is not None:
+        z = _tensor(op, provider, "z", z)
+        _float(op, provider, "z", z)
+        if tuple(z.shape) != (rows, dim):
+            raise input_error(op, provider, "z", f"[{rows}, {dim}]", _shape(z))
+    return n
+
+
+def check_selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: Tensor,
+                         C: Tensor, D: Tensor | None = None, z: Tensor | None = None,
+                         delta_bias: Tensor | None = None, delta_softplus: bool = False,
+                         query_start_loc: Tensor | None = None,
+                         cache_indices: Tensor | None = None,
+                         has_initial_state: Tensor | None = None, *,
+                         provider: str = "native", read_data: bool = True) -> None:
+    """Validate ``selective_scan``; reads the index tensors when ``read_data``."""
+    op = "selective_scan"
+    u = _tensor(op, provider, "u", u)
+    _float(op, provider, "u", u)
+    _rank(op, provider, "u", u, 2, "[T, dim]")
+    tokens, dim = int(u.shape[0]), int(u.shape[1])
+    delta = _tensor(op, provider, "delta", delta)
+    _float(op, provider, "delta", delta)
+    if tuple(delta.shape) != (tokens, dim):
+        raise input_error(op, provider, "delta", f"[{tokens}, {dim}] (u's shape)",
+                          _shape(delta))
+    ssm_states = _tensor(op, provider, "ssm_states", ssm_states)
+    _ssm_params(op, provider, tokens, dim, ssm_states, A, B, C, D, z, delta_bias, "delta_bias")
+    seqs = _starts(op, provider, query_start_loc, tokens, read_data)
+    _index(op, provider, "cache_indices", cache_indices, seqs)
+    _index(op, provider, "has_initial_state", has_initial_state, seqs, (torch.bool,))
+    if cache_indices is None and seqs > ssm_states.shape[0]:
+        raise input_error(op, provider, "ssm_states", f"at least {seqs} slots (one per "
+                          "sequence when cache_indices is None)", _shape(ssm_states))
+    _same_device(op, provider, u, delta=delta, A=A, B=B, C=C, ssm_states=ssm_states)
+    _slots(op, provider, "cache_indices", cache_indices, int(ssm_states.shape[0]), read_data)
+
+
+def check_selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
+                                 B: Tensor, C: Tensor, D: Tensor | None = None,
+                                 z: Tensor | None = None, dt_bias: Tensor | None = None,
+                                 dt_softplus: bool = False,
+                                 state_batch_indices: Tensor | None = None, *,
+                                 provider: str = "native", read_data: bool = True) -> None:
+    """Validate ``selective_state_update``; reads ``state_batch_indices`` when ``read_data``."""
+    op = "selective_state_update"
+    x = _tensor(op, provider, "x", x)
+    _float(op, provider, "x", x)
+    _rank(op, provider, "x", x, 2, "[batch, dim]")
+    batch, dim = int(x.shape[0]), int(x.shape[1])
+    dt = _tensor(op, provider, "dt", dt)
+    _float(op, provider, "dt", dt)
+    if tuple(dt.shape) != (batch, dim):
+        raise input_error(op, provider, "dt", f"[{batch}, {dim}] (x's shape)", _shape(dt))
+    ssm_states = _tensor(op, provider, "ssm_states", ssm_states)
+    _ssm_params(op, provider, batch, dim, ssm_states, A, B, C, D, z, dt_bias, "dt_bias")
+    _index(op, provider, "state_batch_indices", state_batch_indices, batch)
+    if state_batch_indices is None and batch > ssm_states.shape[0]:
+        raise input_error(op, provider, "ssm_states", f"at least {batch} slots (one per row "
+                          "when state_batch_indices is None)", _shape(ssm_states))
+    _same_device(op, provider, x, dt=dt, A=A, B=B, C=C, ssm_states=ssm_states)
+    _slots(op, provider, "state_batch_indices", state_batch_indices,
+           int(ssm_states.shape[0]), read_data)

@@ -1,0 +1,169 @@
+"""The ``cpp`` provider's impls of the state-space ops (``csrc/cpu/ssm.cpp``).
+
+Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each impl runs the native checks (named
+``cpp``), allocates its output and calls the out-variant kernel. Strided inputs are made
+contiguous first (a copy only when needed); ``A``, ``D`` and the time-step bias are handed
+over in fp32, as the reference computes with them. ``supports_args`` accepts CPU tensors whose
+activations share one of fp32/bf16/fp16, states in fp32 or that dtype, convolution widths up
+to 8 and state sizes up to 256; anything else falls through to the next provider.
+"""
+
+# no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from opmux.core.errors import OpInputError
+from opmux.ops._ssm_checks import (
+    check_causal_conv1d,
+    check_causal_conv1d_update,
+    check_selective_scan,
+    check_selective_state_update,
+)
+
+__all__ = ["OPS", "causal_conv1d", "causal_conv1d_update", "selective_scan",
+           "selective_state_update"]
+
+_PROVIDER = "cpp"
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_MAX_WIDTH = 8
+_MAX_STATE = 256
+_K = torch.ops.opmux_cpu
+
+
+def _run(kernel: Callable[..., None], *args: Any) -> None:
+    try:
+        kernel(*args)
+    except ValueError as exc:
+        raise OpInputError(str(exc)) from None
+
+
+def _c(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to(torch.float32).contiguous()
+
+
+def _like(ref: Tensor, *ts: Optional[Tensor]) -> bool:
+    return all(t is None or (t.is_cpu and t.dtype == ref.dtype) for t in ts)
+
+
+def _state_ok(ref: Tensor, state: Tensor) -> bool:
+    return state.is_cpu and state.is_contiguous() and state.dtype in (torch.float32, ref.dtype)
+
+
+def _index_ok(*ts: Optional[Tensor]) -> bool:
+    return all(t is None or t.is_cpu for t in ts)
+
+
+# ----------------------------------------------------------------------------- convolution
+def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states: Tensor,
+                  query_start_loc: Optional[Tensor] = None,
+                  cache_indices: Optional[Tensor] = None,
+                  has_initial_state: Optional[Tensor] = None,
+                  activation: Optional[str] = "silu") -> Tensor:
+    check_causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                        has_initial_state, activation, provider=_PROVIDER)
+    if query_start_loc is None:  # one sequence
+        query_start_loc = torch.tensor([0, x.shape[0]], dtype=torch.int64)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _run(_K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(), _c(bias), conv_states,
+         query_start_loc.contiguous(), _c(cache_indices), _c(has_initial_state),
+         activation is not None)
+    return out
+
+
+def _causal_conv1d_ok(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states: Tensor,
+                      query_start_loc: Optional[Tensor] = None,
+                      cache_indices: Optional[Tensor] = None,
+                      has_initial_state: Optional[Tensor] = None,
+                      activation: Optional[str] = "silu") -> bool:
+    return (x.is_cpu and x.dtype in _FLOATS and _like(x, weight, bias)
+            and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
+            and _state_ok(x, conv_states)
+            and _index_ok(query_start_loc, cache_indices, has_initial_state))
+
+
+def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
+                         bias: Optional[Tensor] = None, activation: Optional[str] = None,
+                         conv_state_indices: Optional[Tensor] = None) -> Tensor:
+    check_causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
+                               provider=_PROVIDER)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _run(_K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(), _c(bias), conv_state,
+         None, _c(conv_state_indices), None, activation is not None)
+    return out
+
+
+def _causal_conv1d_update_ok(x: Tensor, conv_state: Tensor, weight: Tensor,
+                             bias: Optional[Tensor] = None, activation: Optional[str] = None,
+                             conv_state_indices: Optional[Tensor] = None) -> bool:
+    return (x.is_cpu and x.dtype in _FLOATS and _like(x, weight, bias)
+            and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
+            and _state_ok(x, conv_state) and _index_ok(conv_state_indices))
+
+
+# ----------------------------------------------------------------------------- scan
+def selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: Tensor,
+                   C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                   delta_bias: Optional[Tensor] = None, delta_softplus: bool = False,
+                   query_start_loc: Optional[Tensor] = None,
+                   cache_indices: Optional[Tensor] = None,
+                   has_initial_state: Optional[Tensor] = None) -> Tensor:
+    check_selective_scan(u, ssm_states, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                         query_start_loc, cache_indices, has_initial_state, provider=_PROVIDER)
+    if query_start_loc is None:  # one sequence
+        query_start_loc = torch.tensor([0, u.shape[0]], dtype=torch.int64)
+    out = torch.empty(u.shape, dtype=u.dtype)
+    _run(_K.selective_scan_out, out, u.contiguous(), ssm_states, delta.contiguous(), _f32(A),
+         B.contiguous(), C.contiguous(), _f32(D), _c(z), _f32(delta_bias), delta_softplus,
+         query_start_loc.contiguous(), _c(cache_indices), _c(has_initial_state))
+    return out
+
+
+def _selective_scan_ok(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: Tensor,
+                       C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                       delta_bias: Optional[Tensor] = None, delta_softplus: bool = False,
+                       query_start_loc: Optional[Tensor] = None,
+                       cache_indices: Optional[Tensor] = None,
+                       has_initial_state: Optional[Tensor] = None) -> bool:
+    return (u.is_cpu and u.dtype in _FLOATS and _like(u, delta, B, C, z)
+            and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
+            and _state_ok(u, ssm_states)
+            and _index_ok(D, delta_bias, query_start_loc, cache_indices, has_initial_state))
+
+
+def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor,
+                           C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
+                           dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
+                           state_batch_indices: Optional[Tensor] = None) -> Tensor:
+    check_selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                                 state_batch_indices, provider=_PROVIDER)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _run(_K.selective_scan_out, out, x.contiguous(), ssm_states, dt.contiguous(), _f32(A),
+         B.contiguous(), C.contiguous(), _f32(D), _c(z), _f32(dt_bias), dt_softplus,
+         None, _c(state_batch_indices), None)
+    return out
+
+
+def _selective_state_update_ok(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
+                               B: Tensor, C: Tensor, D: Optional[Tensor] = None,
+                               z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+                               dt_softplus: bool = False,
+                               state_batch_indices: Optional[Tensor] = None) -> bool:
+    return (x.is_cpu and x.dtype in _FLOATS and _like(x, dt, B, C, z)
+            and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
+            and _state_ok(x, ssm_states) and _index_ok(D, dt_bias, state_batch_indices))
+
+
+OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
+    "causal_conv1d": (causal_conv1d, _causal_conv1d_ok),
+    "causal_conv1d_update": (causal_conv1d_update, _causal_conv1d_update_ok),
+    "selective_scan": (selective_scan, _selective_scan_ok),
+    "selective_state_update": (selective_state_update, _selective_state_update_ok),
+}
+"""Op name -> (impl, supports_args) of the state-space ops this provider serves."""

@@ -1,0 +1,189 @@
+"""The engine: paged cache bookkeeping, sampling, EOS, tokenizer prompts, provider tally."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import opmux
+from opmux.cli import main
+from opmux.models import BlockAllocator, Engine, ProviderTally, SamplingParams, load_model
+from opmux.models.engine import sample
+from opmux.models.synthetic import LlamaShape, write_random_llama
+
+SHAPE = LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=96)
+PROMPTS = [[3, 7, 9, 1], [5, 1, 2, 8, 4, 7, 11, 30, 2, 6, 6], [40]]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_llama(tmp_path_factory.mktemp("llama"), SHAPE, seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt: Path) -> Engine:
+    return Engine(load_model(ckpt), block_size=4)
+
+
+def _dense_greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    """Recompute the whole sequence every step (one prefill, fresh cache): no decode path."""
+    seq, out = list(prompt), []
+    for _ in range(n):
+        tok = Engine(engine.model, block_size=64).generate([seq], 1).outputs[0][0]
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+def test_batched_decode_equals_recomputing_each_sequence(engine: Engine) -> None:
+    got = engine.generate(PROMPTS, 6).outputs
+    assert got == [_dense_greedy(engine, p, 6) for p in PROMPTS]
+
+
+def test_block_allocator_hands_out_and_takes_back() -> None:
+    alloc = BlockAllocator(5)
+    a, b = alloc.allocate(2), alloc.allocate(3)
+    assert sorted(a + b) == [0, 1, 2, 3, 4] and alloc.num_free == 0
+    with pytest.raises(opmux.OpmuxError, match="KV cache exhausted: 1 blocks asked for, 0 of 5"):
+        alloc.allocate(1)
+    alloc.free(a)
+    assert alloc.num_free == 2 and sorted(alloc.allocate(2)) == sorted(a)
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(engine: Engine) -> None:
+    params = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    one = engine.generate(PROMPTS, 8, params).outputs
+    assert engine.generate(PROMPTS, 8, params).outputs == one
+    other = engine.generate(PROMPTS, 8, SamplingParams(temperature=1.0, seed=8)).outputs
+    assert other != one
+
+
+def test_top_k_one_is_greedy(engine: Engine) -> None:
+    greedy = engine.generate(PROMPTS, 5).outputs
+    assert engine.generate(PROMPTS, 5, SamplingParams(temperature=0.7, top_k=1,
+                                                      seed=1)).outputs == greedy
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    draws = {int(sample(logits, SamplingParams(temperature=1.0, top_p=0.75, seed=0),
+                        torch.Generator().manual_seed(i))) for i in range(200)}
+    assert draws == {0, 1}  # 0.5 < 0.75 <= 0.5 + 0.3
+
+
+def test_sampling_params_out_of_range() -> None:
+    with pytest.raises(opmux.ConfigError, match="top_p"):
+        SamplingParams(top_p=0.0)
+
+
+def test_generation_stops_at_eos_and_frees_the_row(ckpt: Path, engine: Engine,
+                                                   tmp_path: Path) -> None:
+    free = engine.generate(PROMPTS, 6).outputs
+    eos = free[1][2]  # the third token of the second prompt
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((ckpt / name).read_bytes())
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    stopped = Engine(load_model(tmp_path), block_size=4).generate(PROMPTS, 6).outputs
+    for full, cut in zip(free, stopped, strict=True):
+        n = full.index(eos) + 1 if eos in full else len(full)
+        assert cut == full[:n]
+    assert len(stopped[1]) == 3
+    ignoring = Engine(load_model(tmp_path), 4).generate(PROMPTS, 6,
+                                                        SamplingParams(ignore_eos=True))
+    assert ignoring.outputs == free
+    # two places: prompt 2 is admitted when prompt 1 stops at EOS, and is prefilled in the
+    # same ragged step as prompt 0's decode row, in the blocks prompt 1 gave back
+    staged = Engine(load_model(tmp_path), block_size=4)
+    seen: list[list[int]] = []
+    original = staged.forward_step
+
+    def spy(tokens: torch.Tensor, positions: torch.Tensor, cache: object, meta: object
+            ) -> torch.Tensor:
+        seen.append(positions.tolist())
+        return original(tokens, positions, cache, meta)  # type: ignore[arg-type]
+
+    staged.forward_step = spy  # type: ignore[method-assign]
+    assert staged.generate(PROMPTS, 6, max_num_seqs=2).outputs == stopped
+    assert seen[0] == [*range(4), *range(11)]  # prompts 0 and 1 prefilled together
+    # prompt 1 stops at its third token (prefill, then decode steps at positions 4 and 5
+    # for prompt 0): prompt 0's next decode row (position 6) and prompt 2's one-token
+    # prompt (position 0) share the following step
+    assert seen[1:4] == [[4, 11], [5, 12], [6, 0]]
+
+
+def test_one_sequence_at_a_time_equals_all_at_once(engine: Engine) -> None:
+    together = engine.generate(PROMPTS, 5).outputs
+    assert engine.generate(PROMPTS, 5, max_num_seqs=1).outputs == together
+    with pytest.raises(opmux.ConfigError, match="max_num_seqs"):
+        engine.generate(PROMPTS, 5, max_num_seqs=0)
+
+
+def test_bad_prompts(engine: Engine) -> None:
+    with pytest.raises(opmux.ConfigError, match=r"token ids must be in \[0, 96\)"):
+        engine.generate([[1, 96]], 2)
+    with pytest.raises(opmux.ConfigError, match="at least one token"):
+        engine.generate([[]], 2)
+    with pytest.raises(opmux.ConfigError, match="max_position_embeddings"):
+        engine.generate([[1]], 5000)
+
+
+def test_provider_tally_counts_and_restores() -> None:
+    op = opmux.ops.silu_and_mul
+    before = type(op).__dict__["__call__"]
+    with ProviderTally(["silu_and_mul", "rms_norm"]) as tally:
+        for _ in range(3):
+            op(torch.ones(2, 8))
+    assert type(op).__dict__["__call__"] is before
+    assert sum(tally.calls()["silu_and_mul"].values()) == 3
+    assert "rms_norm" not in tally.providers()
+    assert tally.providers()["silu_and_mul"] == op.dispatch(torch.ones(2, 8)).provider
+
+
+def test_text_prompts_through_the_checkpoint_tokenizer(ckpt: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<unk>", *[f"w{i}" for i in range(1, 96)]])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((ckpt / name).read_bytes())
+    tok.save(str(tmp_path / "tokenizer.json"))
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "w3 w7 w9 w1",
+                 "--prompt-ids", "40", "--max-tokens", "5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = Engine(load_model(ckpt), 16).generate([[3, 7, 9, 1], [40]], 5).outputs
+    assert report["outputs"] == expected
+    assert report["text"][0] == " ".join(f"w{i}" if i else "<unk>" for i in expected[0])
+
+
+def test_cli_errors(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--model", str(ckpt), "--prompt", "hello",
+                 "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt needs" in err and "tokenizer.json" in err and "--prompt-ids" in err
+    code = main(["generate", "--model", str(ckpt), "--max-tokens", "2"])
+    assert code == 2 and "at least one --prompt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", str(ckpt), "--prompt-ids", "1,x", "--max-tokens", "2"])
+
+
+def test_cli_text_report(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--model", str(ckpt), "--prompt-ids", "1,2,3",
+                 "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("[0] ") and "LlamaForCausalLM, float32, tp 1" in out
+    assert "paged_attention" in out and "tokens/s" in out
+
+
+def test_tp_launch_reports_a_failing_rank(ckpt: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    # the padded vocabulary (128) does not split over 3 ranks: every rank fails, none hangs
+    code = main(["generate", "--model", str(ckpt), "--prompt-ids", "1,2", "--max-tokens", "2",
+                 "--tp", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "[rank 0] exit 2" in err and "not divisible by the tensor-parallel" in err
