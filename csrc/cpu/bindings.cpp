@@ -69,6 +69,7 @@ TORCH_LIBRARY(opmux_cpu, m) {
   m.def(
       "mla_latent_attention_out(Tensor(a!) out, Tensor q_lat, Tensor kv_cache, "
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+  m.def(
       "causal_conv1d_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
       "Tensor(b!) conv_states, Tensor? query_start_loc, Tensor? cache_indices, "
       "Tensor? has_initial_state, bool silu) -> ()");
