@@ -236,8 +236,8 @@ def single(case: Case, iters: int, compile_native: bool, vllm: bool) -> None:
 def matrix_cases(dtypes: list[str]) -> list[Case]:
     """Decode and mixed prefill + decode batches over context 512-8192 and GQA 1/4/8.
 
-    Decode: 4 sequences at 512 and 2048, one sequence at 8192 (fewer sequences x kv heads
-    than threads for GQA 8: the long-context split). Mixed: per batch three decode rows and
+    Decode: 4 sequences at 512 and 2048, one sequence at 8192 and at 32768 (fewer sequences x
+    kv heads than threads: the split-KV path). Mixed: per batch three decode rows and
     one 64-row prefill chunk, all at the same context, sliding window ctx/2 and soft cap 50.
     32 query heads, head size 128, block 128.
     """
@@ -245,7 +245,7 @@ def matrix_cases(dtypes: list[str]) -> list[Case]:
     for dtype in dtypes:
         for group in (1, 4, 8):
             hkv = 32 // group
-            for seqs, ctx in ((4, 512), (4, 2048), (1, 8192)):
+            for seqs, ctx in ((4, 512), (4, 2048), (1, 8192), (1, 32768)):
                 cases.append(Case(f"decode {seqs}x{ctx}", ((1, ctx),) * seqs, kv_heads=hkv,
                                   dtype=dtype))
             for ctx in (512, 2048):

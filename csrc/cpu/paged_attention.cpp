@@ -92,8 +92,12 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     s.l[r] = 0.f;
     std::fill_n(s.acc.data() + r * Dp, Dp, 0.f);
   }
-  const int64_t lo = row_lo[0];
-  const int64_t hi = row_pos[rows - 1];
+  int64_t lo = row_lo[0];
+  int64_t hi = row_pos[rows - 1];
+  if (w.part >= 0) {  // split-KV: this item's share of the keys
+    lo = std::max<int64_t>(lo, w.t_begin);
+    hi = std::min<int64_t>(hi, w.t_end - 1);
+  }
   const fVec cap(p.soft_cap);
   const fVec inv_cap(p.soft_cap > 0.f ? 1.f / p.soft_cap : 0.f);
   const fVec neg_inf(-std::numeric_limits<float>::infinity());
@@ -239,6 +243,16 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     }
     t0 = t1;
   }
+  if (w.part >= 0) {  // unnormalised partial: the merge combines the item's siblings
+    const Partials& pt = p.partials;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t slot = w.part * pt.rows + r;
+      std::copy_n(s.acc.data() + r * Dp, D, pt.acc + slot * D);
+      pt.m[slot] = s.m[r];
+      pt.l[slot] = s.l[r];
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t j = w.q_begin + r / per_pos;
     const int64_t h = w.kv_begin * G + r % per_pos;
@@ -247,6 +261,38 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     const float* ar = s.acc.data() + r * Dp;
     for_each_vec(D, [&](int64_t c, int64_t cnt) {
       store_n(orow + c, fVec::loadu(ar + c) * inv, cnt);
+    });
+  }
+}
+
+// Combines the split-KV partials of one (sequence, kv head range): per row, the partial
+// accumulators rescaled to the largest running max, divided by the rescaled sum.
+template <typename T>
+void merge_group(const SplitGroup& g, const Params& p, T* out) {
+  const int64_t G = p.num_heads / p.num_kv_heads;
+  const int64_t D = p.head_size;
+  const int64_t rows = (g.kv_end - g.kv_begin) * G;
+  const Partials& pt = p.partials;
+  const int64_t q0 = p.query_start_loc[g.seq];
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < g.n_parts; ++i) mx = std::max(mx, pt.m[(g.part0 + i) * pt.rows + r]);
+    float w[kMaxSplits];
+    float sum = 0.f;
+    for (int64_t i = 0; i < g.n_parts; ++i) {
+      const int64_t slot = (g.part0 + i) * pt.rows + r;
+      w[i] = pt.l[slot] > 0.f ? std::exp(pt.m[slot] - mx) : 0.f;
+      sum += w[i] * pt.l[slot];
+    }
+    const float inv = 1.f / sum;
+    T* orow = out + (q0 * p.num_heads + g.kv_begin * G + r) * D;
+    for_each_vec(D, [&](int64_t c, int64_t cnt) {
+      fVec a(0.f);
+      for (int64_t i = 0; i < g.n_parts; ++i) {
+        const float* src = pt.acc + ((g.part0 + i) * pt.rows + r) * D + c;
+        a = at::vec::fmadd(fVec(w[i] * inv), fVec::loadu(src, cnt), a);
+      }
+      store_n(orow + c, a, cnt);
     });
   }
 }
@@ -296,8 +342,19 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   const int32_t* qsl = query_start_loc.const_data_ptr<int32_t>();
   const int32_t* lens = seq_lens.const_data_ptr<int32_t>();
   const int32_t* bt = block_tables.const_data_ptr<int32_t>();
-  PA_CHECK(S == 0 || (qsl[0] >= 0 && qsl[S] <= T), "query_start_loc must lie in [0, ", T,
-           "], got first ", S ? qsl[0] : 0, " last ", S ? qsl[S] : 0);
+  // Value checks: the same conditions as the shared check_paged_attention, so that the
+  // provider can skip reading these tensors in Python (#18).
+  PA_CHECK(S == 0 || (qsl[0] == 0 && qsl[S] <= T), "query_start_loc must run from 0 to at most ",
+           T, ", got first ", S ? qsl[0] : 0, " last ", S ? qsl[S] : 0);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t kv_len = lens[i];
+    PA_CHECK(kv_len >= 0 && kv_len <= M * bs, "seq_lens[", i, "] = ", kv_len,
+             " is outside [0, ", M * bs, "] (max_blocks*block_size)");
+    for (int64_t b = 0; b < (kv_len + bs - 1) / bs; ++b) {
+      PA_CHECK(bt[i * M + b] >= 0 && bt[i * M + b] < B, "block_tables[", i, ", ", b, "] = ",
+               bt[i * M + b], " is outside [0, ", B, ")");
+    }
+  }
   const int64_t G = H / Hkv;
   PA_CHECK(G <= kMaxRows, "at most ", kMaxRows, " query heads per kv head, got ", G);
   // Decode rows (q_len 1) take as many kv heads as fit, fewer when that leaves too few items
@@ -306,11 +363,36 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   for (int64_t i = 0; i < S; ++i) n_decode += (qsl[i + 1] - qsl[i] == 1);
   int64_t decode_heads = std::min<int64_t>(Hkv, kMaxRows / G);
   const int64_t want_items = 2 * static_cast<int64_t>(at::get_num_threads());
-  while (decode_heads > 1 && n_decode * ((Hkv + decode_heads - 1) / decode_heads) < want_items) {
+  // Split-KV: when the decode items at full head width are fewer than want_items, long
+  // decode sequences are cut into key ranges (multiples of kTokenChunk, at least
+  // kSplitTokens each) that run as separate items and are merged afterwards; the kv heads of
+  // an item stay wide, so each token's [Hkv, D] row is still read as one stream. Short
+  // sequences that cannot be split fall back to narrower head ranges.
+  const int64_t decode_items_full = n_decode * ((Hkv + decode_heads - 1) / decode_heads);
+  const int64_t split_want =
+      decode_items_full > 0 && decode_items_full < want_items
+          ? std::min(kMaxSplits, (want_items + decode_items_full - 1) / decode_items_full)
+          : 1;
+  auto visible_from = [&](int64_t kv_len, int64_t q_len) {
+    return sliding_window > 0 ? std::max<int64_t>(0, kv_len - q_len - sliding_window + 1) : 0;
+  };
+  auto n_splits = [&](int64_t i) -> int64_t {
+    const int64_t q_len = qsl[i + 1] - qsl[i];
+    if (q_len != 1 || split_want <= 1) return 1;
+    const int64_t vis = lens[i] - visible_from(lens[i], q_len);
+    return std::max<int64_t>(1, std::min(split_want, vis / kSplitTokens));
+  };
+  int64_t decode_units = 0;  // decode items per head range, splits counted
+  for (int64_t i = 0; i < S; ++i) {
+    if (qsl[i + 1] - qsl[i] == 1 && lens[i] >= 1) decode_units += n_splits(i);
+  }
+  while (decode_heads > 1 && decode_units * ((Hkv + decode_heads - 1) / decode_heads) < want_items) {
     decode_heads = (decode_heads + 1) / 2;
   }
   const int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
   std::vector<WorkItem> items;
+  std::vector<SplitGroup> groups;
+  int64_t n_parts = 0;
   for (int64_t i = 0; i < S; ++i) {
     const int64_t q_len = qsl[i + 1] - qsl[i];
     const int64_t kv_len = lens[i];
@@ -319,16 +401,29 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
     if (q_len == 0) continue;
     PA_CHECK(kv_len >= q_len, "sequence ", i, " has ", q_len, " query rows but seq_lens[", i,
              "] = ", kv_len, " (need seq_lens >= q_len)");
-    PA_CHECK((kv_len + bs - 1) / bs <= M, "sequence ", i, " needs ", (kv_len + bs - 1) / bs,
-             " blocks but block_tables has ", M, " columns");
-    const int64_t first = sliding_window > 0
-                              ? std::max<int64_t>(0, kv_len - q_len - sliding_window + 1) / bs
-                              : 0;
-    for (int64_t b = first; b <= (kv_len - 1) / bs; ++b) {
-      PA_CHECK(bt[i * M + b] >= 0 && bt[i * M + b] < B, "block_tables[", i, ", ", b, "] = ",
-               bt[i * M + b], " is outside [0, ", B, ")");
-    }
     const int64_t heads_per_item = q_len == 1 ? decode_heads : 1;
+    const int64_t splits = n_splits(i);
+    if (splits > 1) {
+      const int64_t t_lo = visible_from(kv_len, q_len);
+      const int64_t span = kv_len - t_lo;
+      for (int64_t kh = 0; kh < Hkv; kh += heads_per_item) {
+        groups.push_back({static_cast<int32_t>(i), static_cast<int32_t>(kh),
+                          static_cast<int32_t>(std::min(Hkv, kh + heads_per_item)),
+                          static_cast<int32_t>(n_parts), static_cast<int32_t>(splits)});
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          // boundaries on multiples of kTokenChunk from t_lo; the last range takes the rest
+          const int64_t b = t_lo + (span * sp / splits) / kTokenChunk * kTokenChunk;
+          const int64_t e = sp + 1 == splits
+                                ? kv_len
+                                : t_lo + (span * (sp + 1) / splits) / kTokenChunk * kTokenChunk;
+          items.push_back({static_cast<int32_t>(i), static_cast<int32_t>(kh),
+                           static_cast<int32_t>(std::min(Hkv, kh + heads_per_item)), 0, 1,
+                           static_cast<int32_t>(b), static_cast<int32_t>(e),
+                           static_cast<int32_t>(n_parts++)});
+        }
+      }
+      continue;
+    }
     for (int64_t kh = 0; kh < Hkv; kh += heads_per_item) {
       for (int64_t j = 0; j < q_len; j += q_chunk) {
         items.push_back({static_cast<int32_t>(i), static_cast<int32_t>(kh),
@@ -350,9 +445,12 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   std::stable_sort(items.begin(), items.end(), [&](const WorkItem& a, const WorkItem& b) {
     return lens[a.seq] > lens[b.seq];
   });
+  std::vector<float> part_buf(static_cast<size_t>(n_parts * kMaxRows * (D + 2)));
+  const Partials partials{part_buf.data(), part_buf.data() + n_parts * kMaxRows * D,
+                          part_buf.data() + n_parts * kMaxRows * (D + 1), kMaxRows};
   const Params params{H, Hkv, D, (D + kF - 1) / kF * kF, bs, M, query.stride(0), query.stride(1),
                       static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
-                      sliding_window, bt, lens, qsl};
+                      sliding_window, bt, lens, qsl, partials};
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
   std::atomic<int64_t> next{0};
@@ -393,6 +491,11 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
         }
       }
     });
+    if (!groups.empty()) {
+      at::parallel_for(0, static_cast<int64_t>(groups.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t g = b; g < e; ++g) merge_group(groups[g], params, o);
+      });
+    }
   });
 }
 

@@ -24,6 +24,8 @@ constexpr bool kHasBf16Pairs = true;
 constexpr bool kHasBf16Pairs = false;
 #endif
 constexpr int64_t kMaxRows = 32;     // query rows (q positions x GQA group) per work item
+constexpr int64_t kSplitTokens = 512;  // split-KV: fewest keys per split
+constexpr int64_t kMaxSplits = 64;     // split-KV: most splits of one sequence
 
 struct WorkItem {
   int32_t seq;
@@ -31,6 +33,29 @@ struct WorkItem {
   int32_t kv_end;
   int32_t q_begin;  // query rows relative to the sequence's first one
   int32_t q_end;
+  // Split-KV (decode only): keys [t_begin, t_end) of the sequence, written unnormalised to
+  // partial slot `part` for the merge; part < 0 means the whole range, written to out.
+  int32_t t_begin = 0;
+  int32_t t_end = 0;
+  int32_t part = -1;
+};
+
+// The split-KV items of one (sequence, kv head range): partial slots [part0, part0 + n_parts).
+struct SplitGroup {
+  int32_t seq;
+  int32_t kv_begin;
+  int32_t kv_end;
+  int32_t part0;
+  int32_t n_parts;
+};
+
+// Partial results of split-KV items: per slot and row the unnormalised accumulator
+// (head_size floats), the running max and the running sum.
+struct Partials {
+  float* acc;
+  float* m;
+  float* l;
+  int64_t rows;  // rows per slot (kMaxRows)
 };
 
 struct Params {
@@ -41,6 +66,7 @@ struct Params {
   const int32_t* block_tables;
   const int32_t* seq_lens;
   const int32_t* query_start_loc;
+  Partials partials;
 };
 
 inline float dot(const float* a, const float* b, int64_t n) {

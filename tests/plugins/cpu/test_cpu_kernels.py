@@ -223,6 +223,27 @@ def test_paged_attention_long_prefill_window(cpp: Any) -> None:
     close(got, ref.paged_attention(**case, sliding_window=20, soft_cap=None), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("window,cap", [(None, None), (700, None), (None, 5.0), (1500, 3.0)])
+def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_heads: int,
+                                  window: int | None, cap: float | None) -> None:
+    # #18: one long decode sequence (fewer items than threads) is cut into key ranges whose
+    # partial softmaxes are merged; a second short one stays whole; 2 threads at least
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        case = _paged_case(dtype, heads, kv_heads, 32, 16, q_lens=[1, 1], kv_lens=[2100, 40])
+        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
+        one = _paged_case(dtype, heads, kv_heads, 32, 16, q_lens=[1], kv_lens=[3000], seed=1)
+        got_one = cpp.paged_attention(**one, sliding_window=window, soft_cap=cap)
+    finally:
+        torch.set_num_threads(threads)
+    close(got, ref.paged_attention(**case, sliding_window=window, soft_cap=cap), dtype, scale=2)
+    close(got_one, ref.paged_attention(**one, sliding_window=window, soft_cap=cap), dtype,
+          scale=2)
+
+
 def test_paged_attention_errors(cpp: Any) -> None:
     case = _paged_case(torch.float32, 4, 2, 32, 16, q_lens=[2], kv_lens=[5])
     kernel = torch.ops.opmux_cpu.paged_attention_out
