@@ -57,7 +57,18 @@ def _state_ok(ref: Tensor, state: Tensor) -> bool:
 
 
 def _index_ok(*ts: Optional[Tensor]) -> bool:
-    return all(t is None or t.is_cpu for t in ts)
+    return all(t is None or (t.is_cpu and t.is_contiguous()) for t in ts)
+
+
+def _slots_ok(t: Optional[Tensor]) -> bool:
+    """State-slot indices the kernels can take: contiguous, no slot used twice (the sequences
+    run in parallel here, while native runs them in order: a shared slot would differ)."""
+    if t is None:
+        return True
+    if not (t.is_cpu and t.is_contiguous()):
+        return False
+    used = t[t >= 0]
+    return bool(used.numel() == torch.unique(used).numel())
 
 
 # ----------------------------------------------------------------------------- convolution
@@ -85,7 +96,7 @@ def _causal_conv1d_ok(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_st
     return (x.is_cpu and x.dtype in _FLOATS and _like(x, weight, bias)
             and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
             and _state_ok(x, conv_states)
-            and _index_ok(query_start_loc, cache_indices, has_initial_state))
+            and _index_ok(query_start_loc, has_initial_state) and _slots_ok(cache_indices))
 
 
 def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
@@ -104,7 +115,7 @@ def _causal_conv1d_update_ok(x: Tensor, conv_state: Tensor, weight: Tensor,
                              conv_state_indices: Optional[Tensor] = None) -> bool:
     return (x.is_cpu and x.dtype in _FLOATS and _like(x, weight, bias)
             and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
-            and _state_ok(x, conv_state) and _index_ok(conv_state_indices))
+            and _state_ok(x, conv_state) and _slots_ok(conv_state_indices))
 
 
 # ----------------------------------------------------------------------------- scan
@@ -134,7 +145,7 @@ def _selective_scan_ok(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, 
     return (u.is_cpu and u.dtype in _FLOATS and _like(u, delta, B, C, z)
             and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
             and _state_ok(u, ssm_states)
-            and _index_ok(D, delta_bias, query_start_loc, cache_indices, has_initial_state))
+            and _index_ok(query_start_loc, has_initial_state) and _slots_ok(cache_indices))
 
 
 def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor,
@@ -157,7 +168,7 @@ def _selective_state_update_ok(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Ten
                                state_batch_indices: Optional[Tensor] = None) -> bool:
     return (x.is_cpu and x.dtype in _FLOATS and _like(x, dt, B, C, z)
             and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
-            and _state_ok(x, ssm_states) and _index_ok(D, dt_bias, state_batch_indices))
+            and _state_ok(x, ssm_states) and _slots_ok(state_batch_indices))
 
 
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
