@@ -191,6 +191,18 @@ def custom_op_settings() -> dict[str, Any]:
     }
 
 
+def _runs(method: str) -> Callable[..., Any]:
+    """A forward path that runs ``self.<method>``, looked up on the instance so that a
+    subclass's override counts: ``forward_cpu = forward_cuda = _runs("forward_op")`` in a
+    class body gives those platforms one path."""
+
+    def path(self: CustomOp, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self, method)(*args, **kwargs)
+
+    path.__name__ = path.__qualname__ = f"runs_{method}"
+    return path
+
+
 class CustomOp(torch.nn.Module):
     """Base class of layers with per-platform forward paths.
 
@@ -232,20 +244,8 @@ class CustomOp(torch.nn.Module):
         """The reference PyTorch implementation (required)."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward_native")
 
-    def forward_cuda(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_native(*args, **kwargs)
-
-    def forward_hip(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_cuda(*args, **kwargs)
-
-    def forward_xla(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_native(*args, **kwargs)
-
-    def forward_npu(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_native(*args, **kwargs)
-
-    def forward_cpu(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_native(*args, **kwargs)
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_native")
+    forward_hip = _runs("forward_cuda")
 
     @classmethod
     def enabled(cls) -> bool:
@@ -335,3 +335,12 @@ def _reset_for_tests() -> None:
     for counter in _counts.values():
         counter.clear()
     CustomOp.op_registry_oot.clear()
+
+
+class _OpLayer(CustomOp):
+    """A layer whose platform paths all run ``forward_op`` (its catalog op)."""
+
+    def forward_op(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward_op")
+
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_op")

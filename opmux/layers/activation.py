@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from opmux.core.custom_op import CustomOp
+from opmux.core.custom_op import CustomOp, _OpLayer
 from opmux.ops import activation as ops
 
 __all__ = [
@@ -43,25 +43,6 @@ __all__ = [
 ]
 
 _APPROXIMATIONS = ("none", "tanh")
-
-
-class _OpLayer(CustomOp):
-    """A layer whose platform paths all call one catalog op (``forward_op``)."""
-
-    def forward_op(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def forward_cpu(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
-
-    def forward_cuda(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
-
-    def forward_xla(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
-
-    def forward_npu(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
 
 
 def _check_approximate(approximate: str) -> None:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from opmux.core.custom_op import CustomOp
+from opmux.core.custom_op import CustomOp, _OpLayer
 from opmux.ops import attention_extra as ops
 
 __all__ = [
@@ -43,25 +43,6 @@ __all__ = [
     "MMEncoderAttention",
     "MultiHeadLatentAttentionWrapper",
 ]
-
-
-class _OpLayer(CustomOp):
-    """A layer whose platform paths all run ``forward_op``."""
-
-    def forward_op(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    def forward_cpu(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
-
-    def forward_cuda(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
-
-    def forward_xla(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
-
-    def forward_npu(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_op(*args, **kwargs)
 
 
 # -------------------------------------------------------------------------- encoder attention

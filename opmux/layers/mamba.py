@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from opmux.core.custom_op import CustomOp
+from opmux.core.custom_op import CustomOp, _runs
 from opmux.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -114,17 +114,7 @@ class _StateLayer(CustomOp):
                    attn_metadata: MambaMetadata | None = None) -> None:
         self._run(_OPS, hidden_states, output, _metadata(self, attn_metadata))
 
-    def forward_cpu(self, *args: Any, **kwargs: Any) -> None:
-        self.forward_op(*args, **kwargs)
-
-    def forward_cuda(self, *args: Any, **kwargs: Any) -> None:
-        self.forward_op(*args, **kwargs)
-
-    def forward_xla(self, *args: Any, **kwargs: Any) -> None:
-        self.forward_op(*args, **kwargs)
-
-    def forward_npu(self, *args: Any, **kwargs: Any) -> None:
-        self.forward_op(*args, **kwargs)
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_op")
 
     def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
         raise NotImplementedError

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp
+from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
 from opmux.distributed import divide
@@ -341,21 +341,7 @@ class FusedMoE(CustomOp):
             shared, fused = moe_forward_shared(self.layer_name, x, logits)
         return self._finish(hidden_states.shape, shared, fused, router_logits is not None)
 
-    def forward_cuda(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
-                     ) -> MoEOutput:
-        return self.forward_layer_op(hidden_states, router_logits)
-
-    def forward_xla(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
-                    ) -> MoEOutput:
-        return self.forward_layer_op(hidden_states, router_logits)
-
-    def forward_npu(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
-                    ) -> MoEOutput:
-        return self.forward_layer_op(hidden_states, router_logits)
-
-    def forward_cpu(self, hidden_states: Tensor, router_logits: Optional[Tensor] = None
-                    ) -> MoEOutput:
-        return self.forward_layer_op(hidden_states, router_logits)
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_layer_op")
 
     def extra_repr(self) -> str:
         routing = (f"grouped(groups={self.num_expert_group}, keep={self.topk_group}, "
@@ -412,22 +398,6 @@ class TransformersFusedMoE(FusedMoE):
     def forward_layer_op(self, hidden_states: Tensor,  # type: ignore[override]
                          topk_ids: Tensor, topk_weights: Tensor, **kwargs: Any) -> Tensor:
         return self._routed(hidden_states, topk_ids, topk_weights, native=False)
-
-    def forward_cuda(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
-                     topk_weights: Tensor, **kwargs: Any) -> Tensor:
-        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
-
-    def forward_xla(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
-                    topk_weights: Tensor, **kwargs: Any) -> Tensor:
-        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
-
-    def forward_npu(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
-                    topk_weights: Tensor, **kwargs: Any) -> Tensor:
-        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
-
-    def forward_cpu(self, hidden_states: Tensor, topk_ids: Tensor,  # type: ignore[override]
-                    topk_weights: Tensor, **kwargs: Any) -> Tensor:
-        return self.forward_layer_op(hidden_states, topk_ids, topk_weights)
 
 
 def _merge_dtype(layer_name: str, dtype: Optional[torch.dtype],

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp
+from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError
 from opmux.layers._tensor_parallel import set_weight_attrs
 from opmux.ops._checks import input_error
@@ -255,18 +255,6 @@ class FusedMoEKernel:
 
 
 # ----------------------------------------------------------------------- methods
-def _method_apply(method: CustomOp, layer: Any, x: Optional[Tensor],
-                  topk_weights: Optional[Tensor], topk_ids: Optional[Tensor],
-                  shared_experts: Optional[object]) -> Any:
-    if x is None and topk_weights is None and topk_ids is None:
-        return torch.nn.Module.apply(method, layer)
-    if x is None or topk_weights is None or topk_ids is None:
-        raise TypeError(f"{type(method).__name__}.apply(layer, x, topk_weights, topk_ids): "
-                        f"give all three tensors")
-    _no_extras(type(method).__name__, "silu", None, shared_experts)
-    return method(layer, x, topk_weights, topk_ids)
-
-
 def _weights(layer: torch.nn.Module) -> tuple[Tensor, Tensor]:
     w13, w2 = layer.w13_weight, layer.w2_weight
     assert isinstance(w13, Tensor) and isinstance(w2, Tensor)
@@ -294,14 +282,35 @@ def experts_native(hidden_states: Tensor, w13: Tensor, w2: Tensor, topk_weights:
     return out.to(hidden_states.dtype)
 
 
-def _native_experts(layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-    w13, w2 = _weights(layer)
-    return experts_native(x, w13, w2, topk_weights, topk_ids)
+class _MoEMethod(CustomOp):
+    """What the MoE methods share: ``apply`` and the native experts."""
+
+    def apply(self, layer: Any, x: Optional[Tensor] = None,  # type: ignore[override]
+              topk_weights: Optional[Tensor] = None, topk_ids: Optional[Tensor] = None,
+              shared_experts: Optional[object] = None,
+              shared_experts_input: Optional[Tensor] = None) -> Any:
+        """Routed experts of ``layer`` for tokens ``x [M, H]``.
+
+        Called with a function alone (``torch.nn.Module.apply``'s form, as a parent
+        module's ``apply`` recursing into this one does), applies it as torch does.
+        """
+        name = type(self).__name__
+        if x is None and topk_weights is None and topk_ids is None:
+            return torch.nn.Module.apply(self, layer)
+        if x is None or topk_weights is None or topk_ids is None:
+            raise TypeError(f"{name}.apply(layer, x, topk_weights, topk_ids): give all three "
+                            f"tensors")
+        _no_extras(name, "silu", None, shared_experts)
+        return self(layer, x, topk_weights, topk_ids)
+
+    def forward_native(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
+                       topk_ids: Tensor) -> Tensor:
+        w13, w2 = _weights(layer)
+        return experts_native(x, w13, w2, topk_weights, topk_ids)
 
 
 @CustomOp.register("unquantized_fused_moe")
-class UnquantizedFusedMoEMethod(CustomOp):
+class UnquantizedFusedMoEMethod(_MoEMethod):
     """Unquantized experts: bf16/fp16/fp32 weights, SiLU-and-mul experts.
 
     :param moe: the layer's :class:`FusedMoEConfig` (vLLM passes one); optional, since
@@ -341,46 +350,17 @@ class UnquantizedFusedMoEMethod(CustomOp):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Nothing to repack: the catalog op takes the weights as loaded."""
 
-    def apply(self, layer: Any, x: Optional[Tensor] = None,  # type: ignore[override]
-              topk_weights: Optional[Tensor] = None, topk_ids: Optional[Tensor] = None,
-              shared_experts: Optional[object] = None,
-              shared_experts_input: Optional[Tensor] = None) -> Any:
-        """Routed experts of ``layer`` for tokens ``x [M, H]``.
-
-        Called with a function alone (``torch.nn.Module.apply``'s form, as a parent
-        module's ``apply`` recursing into this one does), applies it as torch does.
-        """
-        return _method_apply(self, layer, x, topk_weights, topk_ids, shared_experts)
-
-    def forward_native(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                       topk_ids: Tensor) -> Tensor:
-        return _native_experts(layer, x, topk_weights, topk_ids)
-
     def forward_op(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
                    topk_ids: Tensor) -> Tensor:
         """Through the catalog op ``fused_moe``."""
         w13, w2 = _weights(layer)
         return fused_moe(x, w13, w2, topk_weights, topk_ids)  # type: ignore[no-any-return]
 
-    def forward_cuda(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                     topk_ids: Tensor) -> Tensor:
-        return self.forward_op(layer, x, topk_weights, topk_ids)
-
-    def forward_xla(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-        return self.forward_op(layer, x, topk_weights, topk_ids)
-
-    def forward_npu(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-        return self.forward_op(layer, x, topk_weights, topk_ids)
-
-    def forward_cpu(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-        return self.forward_op(layer, x, topk_weights, topk_ids)
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_op")
 
 
 @CustomOp.register("modular_fused_moe")
-class FusedMoEModularMethod(CustomOp):
+class FusedMoEModularMethod(_MoEMethod):
     """A MoE method that applies a modular :class:`FusedMoEKernel`.
 
     :param old_quant_method: the method that created the layer's weights (as in vLLM, the
@@ -407,39 +387,10 @@ class FusedMoEModularMethod(CustomOp):
                                              intermediate_size_per_partition, params_dtype,
                                              **extra_weight_attrs)
 
-    def apply(self, layer: Any, x: Optional[Tensor] = None,  # type: ignore[override]
-              topk_weights: Optional[Tensor] = None, topk_ids: Optional[Tensor] = None,
-              shared_experts: Optional[object] = None,
-              shared_experts_input: Optional[Tensor] = None) -> Any:
-        """Routed experts of ``layer`` for tokens ``x [M, H]``.
-
-        Called with a function alone (``torch.nn.Module.apply``'s form, as a parent
-        module's ``apply`` recursing into this one does), applies it as torch does.
-        """
-        return _method_apply(self, layer, x, topk_weights, topk_ids, shared_experts)
-
-    def forward_native(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                       topk_ids: Tensor) -> Tensor:
-        return _native_experts(layer, x, topk_weights, topk_ids)
-
     def forward_kernel(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
                        topk_ids: Tensor) -> Tensor:
         """Through the modular kernel."""
         w13, w2 = _weights(layer)
         return self.moe_kernel.apply(x, w13, w2, topk_weights, topk_ids)
 
-    def forward_cuda(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                     topk_ids: Tensor) -> Tensor:
-        return self.forward_kernel(layer, x, topk_weights, topk_ids)
-
-    def forward_xla(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-        return self.forward_kernel(layer, x, topk_weights, topk_ids)
-
-    def forward_npu(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-        return self.forward_kernel(layer, x, topk_weights, topk_ids)
-
-    def forward_cpu(self, layer: torch.nn.Module, x: Tensor, topk_weights: Tensor,
-                    topk_ids: Tensor) -> Tensor:
-        return self.forward_kernel(layer, x, topk_weights, topk_ids)
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_kernel")

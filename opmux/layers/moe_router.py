@@ -19,7 +19,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp
+from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError
 from opmux.ops._checks import input_error
 from opmux.ops.moe import grouped_topk
@@ -99,25 +99,7 @@ class GroupedTopk(CustomOp):
             self.topk_group, self.scoring_func, e_score_correction_bias,
             self.routed_scaling_factor)
 
-    def forward_cuda(self, hidden_states: Tensor, gating_output: Tensor,
-                     e_score_correction_bias: Optional[Tensor] = None
-                     ) -> tuple[Tensor, Tensor]:
-        return self.forward_op(hidden_states, gating_output, e_score_correction_bias)
-
-    def forward_xla(self, hidden_states: Tensor, gating_output: Tensor,
-                    e_score_correction_bias: Optional[Tensor] = None
-                    ) -> tuple[Tensor, Tensor]:
-        return self.forward_op(hidden_states, gating_output, e_score_correction_bias)
-
-    def forward_npu(self, hidden_states: Tensor, gating_output: Tensor,
-                    e_score_correction_bias: Optional[Tensor] = None
-                    ) -> tuple[Tensor, Tensor]:
-        return self.forward_op(hidden_states, gating_output, e_score_correction_bias)
-
-    def forward_cpu(self, hidden_states: Tensor, gating_output: Tensor,
-                    e_score_correction_bias: Optional[Tensor] = None
-                    ) -> tuple[Tensor, Tensor]:
-        return self.forward_op(hidden_states, gating_output, e_score_correction_bias)
+    forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_op")
 
     def extra_repr(self) -> str:
         return (f"topk={self.topk}, renormalize={self.renormalize}, "
