@@ -200,6 +200,7 @@ def _runs(method: str) -> Callable[..., Any]:
         return getattr(self, method)(*args, **kwargs)
 
     path.__name__ = path.__qualname__ = f"runs_{method}"
+    path._opmux_runs = method  # type: ignore[attr-defined]  # dispatch_forward follows it
     return path
 
 
@@ -262,7 +263,10 @@ class CustomOp(torch.nn.Module):
         if not enabled:
             return self.forward_native
         method = _PLATFORM_METHOD.get(current_platform().name, "forward_native")
-        return getattr(self, method)  # type: ignore[no-any-return]
+        forward: Callable[..., Any] = getattr(self, method)
+        while (target := getattr(forward, "_opmux_runs", None)) is not None:
+            forward = getattr(self, target)  # a _runs path: call its target directly
+        return forward
 
     @classmethod
     def register(cls, name: str) -> Callable[[_C], _C]:

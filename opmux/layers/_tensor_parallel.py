@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -9,8 +10,8 @@ import torch
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.distributed import get_tp_group
 
-__all__ = ["copy_checked", "narrow_full", "reject_quant_config", "set_weight_attrs",
-           "tp_coords"]
+__all__ = ["copy_checked", "load_rank_slice", "narrow_full", "new_param", "reject_quant_config",
+           "set_weight_attrs", "tp_coords"]
 
 
 def tp_coords(disable_tp: bool) -> tuple[int, int, str]:
@@ -34,6 +35,14 @@ def set_weight_attrs(param: torch.nn.Parameter, attrs: dict[str, Any]) -> None:
     ``param.weight_loader(param, full_tensor[, shard_id])``."""
     for key, value in attrs.items():
         setattr(param, key, value)
+
+
+def new_param(dtype: torch.dtype, weight_loader: Callable[..., None], *shape: int,
+              **attrs: Any) -> torch.nn.Parameter:
+    """An uninitialised frozen parameter ``[*shape]`` carrying ``attrs`` and ``weight_loader``."""
+    param = torch.nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+    set_weight_attrs(param, {**attrs, "weight_loader": weight_loader})
+    return param
 
 
 def narrow_full(layer: str, loaded: torch.Tensor, dim: int, full: int, start: int,
@@ -67,3 +76,13 @@ def copy_checked(layer: str, dst: torch.Tensor, loaded: torch.Tensor) -> None:
             op=layer, argument="loaded_weight")
     with torch.no_grad():
         dst.copy_(loaded)
+
+
+def load_rank_slice(layer: str, param: torch.Tensor, loaded: torch.Tensor, dim: int | None,
+                    rank: int, world: int) -> None:
+    """Copy rank ``rank``'s equal slice along ``dim`` of the full checkpoint tensor
+    ``loaded`` into ``param`` (``dim`` None: copy it whole)."""
+    if dim is not None:
+        size = param.shape[dim]
+        loaded = narrow_full(layer, loaded, dim, size * world, rank * size, size)
+    copy_checked(layer, param.data, loaded)

@@ -38,8 +38,8 @@ from opmux.distributed import divide
 from opmux.layers._tensor_parallel import (
     copy_checked,
     narrow_full,
+    new_param,
     reject_quant_config,
-    set_weight_attrs,
     tp_coords,
 )
 from opmux.ops.communication import all_reduce_
@@ -173,9 +173,7 @@ class VocabParallelEmbedding(CustomOp):
                                       input_dim=1, output_dim=0)
 
     def _new_param(self, *shape: int, **attrs: Any) -> Parameter:
-        param = Parameter(torch.empty(*shape, dtype=self.params_dtype), requires_grad=False)
-        set_weight_attrs(param, {**attrs, "weight_loader": self.weight_loader})
-        return param
+        return new_param(self.params_dtype, self.weight_loader, *shape, **attrs)
 
     def weight_loader(self, param: Parameter, loaded_weight: Tensor) -> None:
         """Keep this rank's base-vocabulary rows of the full ``[org_vocab, ...]`` tensor;

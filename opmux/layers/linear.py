@@ -43,9 +43,10 @@ from opmux.core.errors import ConfigError, OpInputError
 from opmux.distributed import ParallelSizeError, divide
 from opmux.layers._tensor_parallel import (
     copy_checked,
+    load_rank_slice,
     narrow_full,
+    new_param,
     reject_quant_config,
-    set_weight_attrs,
     tp_coords,
 )
 from opmux.ops.communication import all_gather, all_reduce_
@@ -92,9 +93,7 @@ class LinearBase(CustomOp):
         self.tp_rank, self.tp_size, self.tp_group_name = tp_coords(disable_tp)
 
     def _new_param(self, *shape: int, **attrs: Any) -> Parameter:
-        param = Parameter(torch.empty(*shape, dtype=self.params_dtype), requires_grad=False)
-        set_weight_attrs(param, {**attrs, "weight_loader": self.weight_loader})
-        return param
+        return new_param(self.params_dtype, self.weight_loader, *shape, **attrs)
 
     def weight_loader(self, param: Parameter, loaded_weight: Tensor) -> None:
         raise NotImplementedError
@@ -182,13 +181,8 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: Parameter, loaded_weight: Tensor) -> None:
         """Keep this rank's rows of the full tensor (``output_dim``); copy others whole."""
-        name = type(self).__name__
         dim = getattr(param, "output_dim", None)
-        if dim is not None:
-            size = param.shape[dim]
-            loaded_weight = narrow_full(name, loaded_weight, dim, size * self.tp_size,
-                                        self.tp_rank * size, size)
-        copy_checked(name, param.data, loaded_weight)
+        load_rank_slice(type(self).__name__, param, loaded_weight, dim, self.tp_rank, self.tp_size)
 
     def forward_native(self, input_: Tensor) -> LinearOutput:
         bias = None if self.skip_bias_add else self.bias
@@ -389,13 +383,8 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: Parameter, loaded_weight: Tensor) -> None:
         """Keep this rank's columns of the full tensor (``input_dim``); copy others whole."""
-        name = type(self).__name__
         dim = getattr(param, "input_dim", None)
-        if dim is not None:
-            size = param.shape[dim]
-            loaded_weight = narrow_full(name, loaded_weight, dim, size * self.tp_size,
-                                        self.tp_rank * size, size)
-        copy_checked(name, param.data, loaded_weight)
+        load_rank_slice(type(self).__name__, param, loaded_weight, dim, self.tp_rank, self.tp_size)
 
     def forward_native(self, input_: Tensor) -> LinearOutput:
         if self.input_is_parallel or self.tp_size == 1:

@@ -76,10 +76,13 @@ class _Kernels(NamedTuple):
     state_update: Any
 
 
-_NATIVE = _Kernels(_ssm.causal_conv1d.native, _ssm.causal_conv1d_update.native,
-                   _ssm.selective_scan.native, _ssm.selective_state_update.native)
-_OPS = _Kernels(_ssm.causal_conv1d, _ssm.causal_conv1d_update, _ssm.selective_scan,
-                _ssm.selective_state_update)
+def _kernel_sets(scan: Any, state_update: Any) -> tuple[_Kernels, _Kernels]:
+    """``(native references, catalog ops)`` of the causal conv ops and the given scan ops."""
+    ops = _Kernels(_ssm.causal_conv1d, _ssm.causal_conv1d_update, scan, state_update)
+    return _Kernels(*(op.native for op in ops)), ops
+
+
+_NATIVE, _OPS = _kernel_sets(_ssm.selective_scan, _ssm.selective_state_update)
 
 
 def _metadata(layer: Any, given: MambaMetadata | None) -> MambaMetadata | None:

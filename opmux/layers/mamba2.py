@@ -26,7 +26,7 @@ constructor says so).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,27 +41,16 @@ from opmux.layers.linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
 )
-from opmux.layers.mamba import MambaMetadata, _conv_weight, _metadata
+from opmux.layers.mamba import MambaMetadata, _conv_weight, _kernel_sets, _Kernels, _metadata
 from opmux.layers.norm import RMSNorm
 from opmux.ops import ssd as _ssd
-from opmux.ops import ssm as _ssm
 from opmux.ops.communication import all_reduce
 from opmux.ops.layernorm import rms_norm_gated
 
 __all__ = ["MambaMixer2", "Mixer2RMSNormGated", "Plamo2MambaMixer"]
 
 
-class _Kernels(NamedTuple):
-    conv: Any
-    conv_update: Any
-    scan: Any
-    state_update: Any
-
-
-_NATIVE = _Kernels(_ssm.causal_conv1d.native, _ssm.causal_conv1d_update.native,
-                   _ssd.ssd_chunk_scan.native, _ssd.ssd_state_update.native)
-_OPS = _Kernels(_ssm.causal_conv1d, _ssm.causal_conv1d_update, _ssd.ssd_chunk_scan,
-                _ssd.ssd_state_update)
+_NATIVE, _OPS = _kernel_sets(_ssd.ssd_chunk_scan, _ssd.ssd_state_update)
 
 
 @CustomOp.register("mixer2_gated_rms_norm")

@@ -22,7 +22,7 @@ residual is rounded to ``x.dtype``) takes ``forward_native`` on every path, as d
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +66,42 @@ def fused_add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor | N
     return _scaled(_rms_normalize(s, eps, variance_size), weight, x.dtype), s.to(x.dtype)
 
 
+class _RMSNormOps(CustomOp):
+    """The platform path of the RMS norm layers: ``_ops`` (the norm and the fused-add norm
+    catalog ops) unless ``_native_only`` or the residual's dtype differs from ``x``'s (the
+    catalog ops take one dtype; vLLM allows a mix)."""
+
+    _ops: ClassVar[tuple[Any, Any]] = (rms_norm, fused_add_rms_norm)
+    weight: Tensor
+    variance_epsilon: float
+
+    def forward_native(self, x: Tensor, residual: Tensor | None = None
+                       ) -> Tensor | tuple[Tensor, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward_native")
+
+    def _native_only(self) -> bool:
+        return False
+
+    def _forward_ops(self, x: Tensor, residual: Tensor | None = None
+                     ) -> Tensor | tuple[Tensor, Tensor]:
+        if self._native_only() or (residual is not None and residual.dtype != x.dtype):
+            return self.forward_native(x, residual)
+        norm, fused_add_norm = self._ops
+        if residual is None:
+            out: Tensor = norm(x, self.weight, self.variance_epsilon)
+            return out
+        pair: tuple[Tensor, Tensor] = fused_add_norm(x, residual, self.weight,
+                                                     self.variance_epsilon)
+        return pair
+
+    forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.weight.shape[0]}, eps={self.variance_epsilon}"
+
+
 @CustomOp.register("rms_norm")
-class RMSNorm(CustomOp):
+class RMSNorm(_RMSNormOps):
     """Root-mean-square norm: ``x / sqrt(mean(x**2) + eps) * weight``.
 
     :param hidden_size: d.
@@ -104,26 +138,12 @@ class RMSNorm(CustomOp):
         return fused_add_rms_norm_reference(x, residual, weight, self.variance_epsilon,
                                             self.variance_size_override)
 
-    def _forward_ops(self, x: Tensor, residual: Tensor | None = None
-                     ) -> Tensor | tuple[Tensor, Tensor]:
-        if self.variance_size_override is not None or (
-                residual is not None and residual.dtype != x.dtype):
-            return self.forward_native(x, residual)
-        if residual is None:
-            out: Tensor = rms_norm(x, self.weight, self.variance_epsilon)
-            return out
-        pair: tuple[Tensor, Tensor] = fused_add_rms_norm(x, residual, self.weight,
-                                                         self.variance_epsilon)
-        return pair
-
-    forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops
-
-    def extra_repr(self) -> str:
-        return f"hidden_size={self.weight.shape[0]}, eps={self.variance_epsilon}"
+    def _native_only(self) -> bool:
+        return self.variance_size_override is not None
 
 
 @CustomOp.register("gemma_rms_norm")
-class GemmaRMSNorm(CustomOp):
+class GemmaRMSNorm(_RMSNormOps):
     """Gemma's RMS norm: ``x / sqrt(mean(x**2) + eps) * (1 + weight)``, all in fp32.
 
     ``weight`` starts at zeros (the identity scale), in torch's default dtype.
@@ -137,6 +157,8 @@ class GemmaRMSNorm(CustomOp):
         self.weight = torch.nn.Parameter(torch.zeros(hidden_size))
         self.variance_epsilon = eps
 
+    _ops = (gemma_rms_norm, gemma_fused_add_rms_norm)
+
     def forward_native(self, x: Tensor, residual: Tensor | None = None
                        ) -> Tensor | tuple[Tensor, Tensor]:
         weight = self.weight.float() + 1.0
@@ -144,21 +166,6 @@ class GemmaRMSNorm(CustomOp):
             return rms_norm_reference(x, weight, self.variance_epsilon)
         return fused_add_rms_norm_reference(x, residual, weight, self.variance_epsilon)
 
-    def _forward_ops(self, x: Tensor, residual: Tensor | None = None
-                     ) -> Tensor | tuple[Tensor, Tensor]:
-        if residual is None:
-            out: Tensor = gemma_rms_norm(x, self.weight, self.variance_epsilon)
-            return out
-        if residual.dtype != x.dtype:  # the catalog op takes one dtype; vLLM allows a mix
-            return self.forward_native(x, residual)
-        pair: tuple[Tensor, Tensor] = gemma_fused_add_rms_norm(x, residual, self.weight,
-                                                               self.variance_epsilon)
-        return pair
-
-    forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops
-
-    def extra_repr(self) -> str:
-        return f"hidden_size={self.weight.shape[0]}, eps={self.variance_epsilon}"
 
 
 @CustomOp.register("rms_norm_gated")

@@ -6,7 +6,6 @@ disabled (``forward_native``); decode continuing a prefill; a tiny MLA stack com
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,11 +26,7 @@ from opmux.layers import (
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
 
-@pytest.fixture(autouse=True)
-def _setup(fresh_custom_ops: None) -> Iterator[None]:
-    opmux.load_plugins()
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("plugins_no_grad")
 
 
 def _modes() -> list[str]:

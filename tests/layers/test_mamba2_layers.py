@@ -6,7 +6,6 @@ stack under ``torch.compile(fullgraph=True)``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -15,48 +14,16 @@ import torch.nn.functional as F
 
 import opmux
 from opmux.layers import MambaMetadata, MambaMixer2, Mixer2RMSNormGated, Plamo2MambaMixer
+from opmux.testing.mamba_batches import (
+    assert_compiled_matches_eager,
+    init_ssm_layer,
+    mixed_batch,
+    packed_sequences,
+)
 from opmux.testing.ssd_reference import sequential_ssd
 from opmux.testing.ssm_reference import sequential_causal_conv1d
 
-
-@pytest.fixture(autouse=True)
-def _setup(fresh_custom_ops: None) -> Iterator[None]:
-    opmux.load_plugins()
-    with torch.no_grad():
-        yield
-
-
-def _init(layer: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for name, p in layer.named_parameters():
-        if name == "A":
-            p.copy_(-torch.exp(torch.randn(p.shape, generator=g) * 0.5))
-        elif "norm" in name:
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.1))
-
-
-def _metadata() -> MambaMetadata:
-    """Two decode rows (slots 3 and 0), then prefills of 5 (slot 1, continuing) and 4 (slot 2,
-    fresh) tokens."""
-    return MambaMetadata(
-        num_prefills=2, num_prefill_tokens=9, num_decode_tokens=2,
-        query_start_loc_p=torch.tensor([0, 5, 9], dtype=torch.int32),
-        state_indices_tensor_p=torch.tensor([1, 2], dtype=torch.int32),
-        has_initial_states_p=torch.tensor([True, False]),
-        state_indices_tensor_d=torch.tensor([3, 0], dtype=torch.int32))
-
-
-def _as_prefill(m: MambaMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The whole batch as packed sequences (decode rows are one-token sequences)."""
-    assert m.query_start_loc_p is not None and m.state_indices_tensor_p is not None
-    assert m.has_initial_states_p is not None and m.state_indices_tensor_d is not None
-    nd = m.num_decode_tokens
-    qsl = torch.cat([torch.arange(nd), nd + m.query_start_loc_p.long()])
-    idx = torch.cat([m.state_indices_tensor_d, m.state_indices_tensor_p])
-    init = torch.cat([torch.ones(nd, dtype=torch.bool), m.has_initial_states_p])
-    return qsl, idx, init
+pytestmark = pytest.mark.usefixtures("plugins_no_grad")
 
 
 def _gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor | None,
@@ -103,7 +70,7 @@ def _mixer2(dtype: torch.dtype, groups: int = 2, prefix: str = "model.layers.0.m
                         intermediate_size=32, use_conv_bias=True, use_bias=False,
                         n_groups=groups, num_heads=4, head_dim=8, rms_norm_eps=1e-5,
                         prefix=prefix, chunk_size=4)
-    _init(layer, 7)
+    init_ssm_layer(layer, 7)
     a = layer.A.data.clone()
     layer.to(dtype)
     layer.A.data = a  # A stays fp32, as vLLM creates it
@@ -112,7 +79,7 @@ def _mixer2(dtype: torch.dtype, groups: int = 2, prefix: str = "model.layers.0.m
 
 def _mixer2_reference(layer: MambaMixer2, h: torch.Tensor, m: MambaMetadata
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    qsl, idx, init = _as_prefill(m)
+    qsl, idx, init = packed_sequences(m)
     conv, ssm = (t.clone() for t in layer.kv_cache)
     g = layer.n_groups
     gate, xbc, dt = F.linear(h, layer.in_proj.weight).split([32, 32 + 2 * 8 * g, 4], dim=-1)
@@ -138,7 +105,7 @@ def test_mamba_mixer2_matches_reference(enabled: bool, groups: int, dtype: torch
     assert tuple(layer.conv1d.weight.shape) == (32 + 2 * 8 * groups, 1, 4)
     _fill_states(layer, 4)
     h = torch.randn(11, 16).to(dtype)
-    m = _metadata()
+    m = mixed_batch()
     want, want_conv, want_ssm = _mixer2_reference(layer, h, m)
     got = layer(h, None, m)
     tol = 1e-4 if dtype == torch.float32 else 4e-2
@@ -185,7 +152,7 @@ def _plamo2(dtype: torch.dtype) -> Plamo2MambaMixer:
                              mamba_chunk_size=4)
     layer = Plamo2MambaMixer(SimpleNamespace(model_config=SimpleNamespace(hf_config=config)),
                              prefix="model.layers.0.mixer")
-    _init(layer, 9)
+    init_ssm_layer(layer, 9)
     a = layer.A.data.clone()
     layer.to(dtype)
     layer.A.data = a
@@ -201,8 +168,8 @@ def test_plamo2_mamba_mixer_matches_reference(enabled: bool, dtype: torch.dtype)
         "A", "B_norm.weight", "C_norm.weight", "D", "bcdt_proj.weight", "conv1d.weight",
         "dt_bias", "dt_norm.weight", "dt_proj.weight", "in_proj.weight", "out_proj.weight"]
     _fill_states(layer, 4)
-    m = _metadata()
-    qsl, idx, init = _as_prefill(m)
+    m = mixed_batch()
+    qsl, idx, init = packed_sequences(m)
     conv, ssm = (t.clone() for t in layer.kv_cache)
     h = torch.randn(11, 16).to(dtype)
     gate, x = F.linear(h, layer.in_proj.weight).chunk(2, dim=-1)
@@ -248,25 +215,9 @@ def test_tiny_mamba2_stack_compiles_fullgraph() -> None:
     model = _TinyMamba2()
     for layer in model.layers:
         _fill_states(layer, 3)
-    eager = [[t.clone() for t in layer.kv_cache] for layer in model.layers]
-    compiled = [[t.clone() for t in c] for c in eager]
     prefill = MambaMetadata(2, 7, 0, torch.tensor([0, 4, 7], dtype=torch.int32),
                             torch.tensor([2, 0], dtype=torch.int32), torch.tensor([False, True]))
     decode = MambaMetadata(0, 0, 2, state_indices_tensor_d=torch.tensor([0, 2],
                                                                         dtype=torch.int32))
-    h, step = torch.randn(7, 16), torch.randn(2, 16)
-
-    def run(caches: list[list[torch.Tensor]], fn: object) -> tuple[torch.Tensor, torch.Tensor]:
-        for layer, c in zip(model.layers, caches, strict=True):
-            layer.kv_cache = tuple(c)
-        assert callable(fn)
-        return fn(h, prefill), fn(step, decode)
-
-    want = run(eager, model)
-    torch._dynamo.reset()
-    got = run(compiled, torch.compile(model, fullgraph=True, backend="aot_eager"))
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
-    for gc, wc in zip(compiled, eager, strict=True):
-        for g, w in zip(gc, wc, strict=True):
-            torch.testing.assert_close(g, w)
+    assert_compiled_matches_eager(model, model.layers, [layer.kv_cache for layer in model.layers],
+                                  [(torch.randn(7, 16), prefill), (torch.randn(2, 16), decode)])

@@ -5,7 +5,6 @@ and a tiny Mamba stack under ``torch.compile(fullgraph=True)``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -15,54 +14,22 @@ import torch.nn.functional as F
 import opmux
 from opmux.core.forward_context import forward_context
 from opmux.layers import MambaMetadata, MambaMixer, ShortConv
+from opmux.testing.mamba_batches import (
+    assert_compiled_matches_eager,
+    init_ssm_layer,
+    mixed_batch,
+    packed_sequences,
+)
 from opmux.testing.ssm_reference import sequential_causal_conv1d, sequential_selective_scan
 
-
-@pytest.fixture(autouse=True)
-def _setup(fresh_custom_ops: None) -> Iterator[None]:
-    opmux.load_plugins()
-    with torch.no_grad():
-        yield
-
-
-def _init(layer: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    for name, p in layer.named_parameters():
-        if name == "A":
-            p.copy_(-torch.exp(torch.randn(p.shape, generator=g) * 0.5))
-        elif "layernorm" in name:
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-        else:
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.1))
-
-
-def _metadata() -> MambaMetadata:
-    """Two decode rows (slots 3 and 0), then prefills of 5 (slot 1, continuing) and 4 (slot 2,
-    fresh) tokens."""
-    return MambaMetadata(
-        num_prefills=2, num_prefill_tokens=9, num_decode_tokens=2,
-        query_start_loc_p=torch.tensor([0, 5, 9], dtype=torch.int32),
-        state_indices_tensor_p=torch.tensor([1, 2], dtype=torch.int32),
-        has_initial_states_p=torch.tensor([True, False]),
-        state_indices_tensor_d=torch.tensor([3, 0], dtype=torch.int32))
-
-
-def _decode_as_prefill(m: MambaMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The whole batch as packed sequences for the sequential references."""
-    assert m.query_start_loc_p is not None and m.state_indices_tensor_p is not None
-    assert m.has_initial_states_p is not None and m.state_indices_tensor_d is not None
-    nd = m.num_decode_tokens
-    qsl = torch.cat([torch.arange(nd), nd + m.query_start_loc_p.long()])
-    idx = torch.cat([m.state_indices_tensor_d, m.state_indices_tensor_p])
-    init = torch.cat([torch.ones(nd, dtype=torch.bool), m.has_initial_states_p])
-    return qsl, idx, init
+pytestmark = pytest.mark.usefixtures("plugins_no_grad")
 
 
 def _mixer(use_rms_norm: bool, dtype: torch.dtype) -> MambaMixer:
     layer = MambaMixer(hidden_size=16, ssm_state_size=8, conv_kernel_size=4,
                        intermediate_size=32, time_step_rank=4, use_conv_bias=True,
                        use_bias=False, use_rms_norm=use_rms_norm, prefix="model.layers.0.mixer")
-    _init(layer, 7)
+    init_ssm_layer(layer, 7)
     a = layer.A.data.clone()
     layer.to(dtype)
     layer.A.data = a  # A stays fp32 in a model of another dtype, as vLLM creates it
@@ -71,7 +38,7 @@ def _mixer(use_rms_norm: bool, dtype: torch.dtype) -> MambaMixer:
 
 def _mixer_reference(layer: MambaMixer, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor,
                      m: MambaMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    qsl, idx, init = _decode_as_prefill(m)
+    qsl, idx, init = packed_sequences(m)
     proj = F.linear(h, layer.in_proj.weight)
     xbc, gate = proj.chunk(2, dim=-1)
     w = layer.conv1d.weight[:, 0, :]
@@ -108,9 +75,9 @@ def test_mamba_mixer_matches_reference(enabled: bool, use_rms_norm: bool,
     ssm.copy_(torch.randn(ssm.shape, generator=g) * 0.5)
     h = torch.randn(11, 16, generator=g).to(dtype)
     want, want_conv, want_ssm = _mixer_reference(layer, h, conv.clone(), ssm.clone(),
-                                                 _metadata())
+                                                 mixed_batch())
     output = torch.full((12, 16), 7.0, dtype=dtype)  # one padding row beyond the batch
-    layer(h, output, _metadata())
+    layer(h, output, mixed_batch())
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(output[:11].float(), want.float(), atol=tol, rtol=tol)
     torch.testing.assert_close(conv.float(), want_conv.float(), atol=tol, rtol=tol)
@@ -125,10 +92,10 @@ def test_mamba_mixer_metadata_from_forward_context() -> None:
     caches = [t.clone() for t in layer.allocate_state_cache(4)]
     h = torch.randn(11, 16)
     direct = torch.empty(11, 16)
-    layer(h, direct, _metadata())
+    layer(h, direct, mixed_batch())
     layer.kv_cache = tuple(caches)
     via_ctx = torch.empty(11, 16)
-    with forward_context(layers={}, metadata={layer.prefix: _metadata()}):
+    with forward_context(layers={}, metadata={layer.prefix: mixed_batch()}):
         layer(h, via_ctx)
     torch.testing.assert_close(via_ctx, direct)
     profile = torch.empty(11, 16)
@@ -141,14 +108,14 @@ def test_short_conv_matches_reference(enabled: bool) -> None:
     opmux.set_custom_ops("all" if enabled else "none")
     config = SimpleNamespace(conv_L_cache=3, conv_bias=True)
     layer = ShortConv(config, dim=24, layer_idx=0, prefix="model.layers.1.conv")
-    _init(layer, 11)
+    init_ssm_layer(layer, 11)
     assert sorted(n for n, _ in layer.named_parameters()) == [
         "conv.bias", "conv.weight", "in_proj.bias", "in_proj.weight", "out_proj.bias",
         "out_proj.weight"]
     (conv,) = layer.allocate_state_cache(4)
     conv.copy_(torch.randn(conv.shape))
-    m = _metadata()
-    qsl, idx, init = _decode_as_prefill(m)
+    m = mixed_batch()
+    qsl, idx, init = packed_sequences(m)
     h = torch.randn(11, 24)
     b, c, x = F.linear(h, layer.in_proj.weight, layer.in_proj.bias).chunk(3, dim=-1)
     y, want_conv = sequential_causal_conv1d(b * x, layer.conv.weight[:, 0, :], layer.conv.bias,
@@ -180,26 +147,10 @@ def test_tiny_mamba_stack_compiles_fullgraph() -> None:
     opmux.set_custom_ops("all")
     model = _TinyMamba()
     for i, layer in enumerate(model.layers):
-        _init(layer, 20 + i)
-    eager_caches = [[t.clone() for t in layer.allocate_state_cache(3)] for layer in model.layers]
-    compiled_caches = [[t.clone() for t in c] for c in eager_caches]
+        init_ssm_layer(layer, 20 + i)
+    caches = [layer.allocate_state_cache(3) for layer in model.layers]
     prefill = MambaMetadata(1, 6, 0, torch.tensor([0, 6], dtype=torch.int32),
                             torch.tensor([2], dtype=torch.int32), torch.tensor([False]), None)
     decode = MambaMetadata(0, 0, 1, state_indices_tensor_d=torch.tensor([2], dtype=torch.int32))
-    h = torch.randn(6, 16)
-    step = torch.randn(1, 16)
-
-    def run(caches: list[list[torch.Tensor]], fn: object) -> tuple[torch.Tensor, torch.Tensor]:
-        for layer, c in zip(model.layers, caches, strict=True):
-            layer.kv_cache = tuple(c)
-        assert callable(fn)
-        return fn(h, prefill), fn(step, decode)
-
-    want = run(eager_caches, model)
-    torch._dynamo.reset()
-    got = run(compiled_caches, torch.compile(model, fullgraph=True, backend="aot_eager"))
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w)
-    for gc, wc in zip(compiled_caches, eager_caches, strict=True):
-        for g, w in zip(gc, wc, strict=True):
-            torch.testing.assert_close(g, w)
+    assert_compiled_matches_eager(model, model.layers, caches,
+                                  [(torch.randn(6, 16), prefill), (torch.randn(1, 16), decode)])
