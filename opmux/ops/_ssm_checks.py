@@ -90,6 +90,34 @@ def _starts(op: str, provider: str, qsl: Tensor | None, tokens: int, read_data: 
     return int(qsl.shape[0]) - 1
 
 
+def _rows(op: str, provider: str, name: str, t: Tensor, what: str) -> tuple[Tensor, int, int]:
+    """``t`` is a floating ``[rows, dim]`` tensor (``what`` names the dims); returns it and
+    its two sizes."""
+    t = _tensor(op, provider, name, t)
+    _float(op, provider, name, t)
+    _rank(op, provider, name, t, 2, what)
+    return t, int(t.shape[0]), int(t.shape[1])
+
+
+def _float_shaped(op: str, provider: str, name: str, t: Tensor, shape: tuple[int, ...],
+                  note: str = "") -> Tensor:
+    """``t`` is a floating tensor of exactly ``shape`` (``note`` says why, in the error)."""
+    t = _tensor(op, provider, name, t)
+    _float(op, provider, name, t)
+    if tuple(t.shape) != shape:
+        raise input_error(op, provider, name, f"[{', '.join(map(str, shape))}]{note}", _shape(t))
+    return t
+
+
+def _slot_count(op: str, provider: str, name: str, indices: Tensor | None, n: int,
+                states_name: str, states: Tensor, per: str) -> None:
+    """``indices`` holds ``n`` state indices; without it, ``states`` needs ``n`` slots."""
+    _index(op, provider, name, indices, n)
+    if indices is None and n > states.shape[0]:
+        raise input_error(op, provider, states_name, f"at least {n} slots (one per {per} when "
+                          f"{name} is None)", _shape(states))
+
+
 def _activation(op: str, provider: str, activation: str | None) -> None:
     if activation not in ACTIVATIONS:
         raise input_error(op, provider, "activation", "None, 'silu' or 'swish'",
@@ -119,19 +147,14 @@ def check_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, conv_sta
                         read_data: bool = True) -> None:
     """Validate ``causal_conv1d``; reads the index tensors when ``read_data``."""
     op = "causal_conv1d"
-    x = _tensor(op, provider, "x", x)
-    _float(op, provider, "x", x)
-    _rank(op, provider, "x", x, 2, "[T, dim]")
+    x, tokens, dim = _rows(op, provider, "x", x, "[T, dim]")
     conv_states = _tensor(op, provider, "conv_states", conv_states)
-    tokens, dim = int(x.shape[0]), int(x.shape[1])
     _conv_params(op, provider, dim, weight, bias, conv_states)
     _activation(op, provider, activation)
     seqs = _starts(op, provider, query_start_loc, tokens, read_data)
-    _index(op, provider, "cache_indices", cache_indices, seqs)
+    _slot_count(op, provider, "cache_indices", cache_indices, seqs, "conv_states", conv_states,
+                "sequence")
     _index(op, provider, "has_initial_state", has_initial_state, seqs, (torch.bool,))
-    if cache_indices is None and seqs > conv_states.shape[0]:
-        raise input_error(op, provider, "conv_states", f"at least {seqs} slots (one per "
-                          "sequence when cache_indices is None)", _shape(conv_states))
     _same_device(op, provider, x, weight=weight, conv_states=conv_states)
     _slots(op, provider, "cache_indices", cache_indices, int(conv_states.shape[0]), read_data)
 
@@ -142,17 +165,12 @@ def check_causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
                                provider: str = "native", read_data: bool = True) -> None:
     """Validate ``causal_conv1d_update``; reads ``conv_state_indices`` when ``read_data``."""
     op = "causal_conv1d_update"
-    x = _tensor(op, provider, "x", x)
-    _float(op, provider, "x", x)
-    _rank(op, provider, "x", x, 2, "[batch, dim]")
+    x, batch, dim = _rows(op, provider, "x", x, "[batch, dim]")
     conv_state = _tensor(op, provider, "conv_state", conv_state)
-    batch, dim = int(x.shape[0]), int(x.shape[1])
     _conv_params(op, provider, dim, weight, bias, conv_state)
     _activation(op, provider, activation)
-    _index(op, provider, "conv_state_indices", conv_state_indices, batch)
-    if conv_state_indices is None and batch > conv_state.shape[0]:
-        raise input_error(op, provider, "conv_state", f"at least {batch} slots (one per row "
-                          "when conv_state_indices is None)", _shape(conv_state))
+    _slot_count(op, provider, "conv_state_indices", conv_state_indices, batch, "conv_state",
+                conv_state, "row")
     _same_device(op, provider, x, weight=weight, conv_state=conv_state)
     _slots(op, provider, "conv_state_indices", conv_state_indices, int(conv_state.shape[0]),
            read_data)
@@ -171,18 +189,11 @@ def _ssm_params(op: str, provider: str, rows: int, dim: int, states: Tensor, A: 
         raise input_error(op, provider, "ssm_states", f"[num_slots, {dim}, {n}]",
                           _shape(states))
     for name, t in (("B", B), ("C", C)):
-        t = _tensor(op, provider, name, t)
-        _float(op, provider, name, t)
-        if t.dim() != 2 or tuple(t.shape) != (rows, n):
-            raise input_error(op, provider, name, f"[{rows}, {n}] (one row per token)",
-                              _shape(t))
+        _float_shaped(op, provider, name, t, (rows, n), " (one row per token)")
     _vector(op, provider, "D", D, dim)
     _vector(op, provider, bias_name, bias, dim)
     if z is not None:
-        z = _tensor(op, provider, "z", z)
-        _float(op, provider, "z", z)
-        if tuple(z.shape) != (rows, dim):
-            raise input_error(op, provider, "z", f"[{rows}, {dim}]", _shape(z))
+        _float_shaped(op, provider, "z", z, (rows, dim))
     return n
 
 
@@ -195,23 +206,14 @@ def check_selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor
                          provider: str = "native", read_data: bool = True) -> None:
     """Validate ``selective_scan``; reads the index tensors when ``read_data``."""
     op = "selective_scan"
-    u = _tensor(op, provider, "u", u)
-    _float(op, provider, "u", u)
-    _rank(op, provider, "u", u, 2, "[T, dim]")
-    tokens, dim = int(u.shape[0]), int(u.shape[1])
-    delta = _tensor(op, provider, "delta", delta)
-    _float(op, provider, "delta", delta)
-    if tuple(delta.shape) != (tokens, dim):
-        raise input_error(op, provider, "delta", f"[{tokens}, {dim}] (u's shape)",
-                          _shape(delta))
+    u, tokens, dim = _rows(op, provider, "u", u, "[T, dim]")
+    delta = _float_shaped(op, provider, "delta", delta, (tokens, dim), " (u's shape)")
     ssm_states = _tensor(op, provider, "ssm_states", ssm_states)
     _ssm_params(op, provider, tokens, dim, ssm_states, A, B, C, D, z, delta_bias, "delta_bias")
     seqs = _starts(op, provider, query_start_loc, tokens, read_data)
-    _index(op, provider, "cache_indices", cache_indices, seqs)
+    _slot_count(op, provider, "cache_indices", cache_indices, seqs, "ssm_states", ssm_states,
+                "sequence")
     _index(op, provider, "has_initial_state", has_initial_state, seqs, (torch.bool,))
-    if cache_indices is None and seqs > ssm_states.shape[0]:
-        raise input_error(op, provider, "ssm_states", f"at least {seqs} slots (one per "
-                          "sequence when cache_indices is None)", _shape(ssm_states))
     _same_device(op, provider, u, delta=delta, A=A, B=B, C=C, ssm_states=ssm_states)
     _slots(op, provider, "cache_indices", cache_indices, int(ssm_states.shape[0]), read_data)
 
@@ -224,20 +226,12 @@ def check_selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: T
                                  provider: str = "native", read_data: bool = True) -> None:
     """Validate ``selective_state_update``; reads ``state_batch_indices`` when ``read_data``."""
     op = "selective_state_update"
-    x = _tensor(op, provider, "x", x)
-    _float(op, provider, "x", x)
-    _rank(op, provider, "x", x, 2, "[batch, dim]")
-    batch, dim = int(x.shape[0]), int(x.shape[1])
-    dt = _tensor(op, provider, "dt", dt)
-    _float(op, provider, "dt", dt)
-    if tuple(dt.shape) != (batch, dim):
-        raise input_error(op, provider, "dt", f"[{batch}, {dim}] (x's shape)", _shape(dt))
+    x, batch, dim = _rows(op, provider, "x", x, "[batch, dim]")
+    dt = _float_shaped(op, provider, "dt", dt, (batch, dim), " (x's shape)")
     ssm_states = _tensor(op, provider, "ssm_states", ssm_states)
     _ssm_params(op, provider, batch, dim, ssm_states, A, B, C, D, z, dt_bias, "dt_bias")
-    _index(op, provider, "state_batch_indices", state_batch_indices, batch)
-    if state_batch_indices is None and batch > ssm_states.shape[0]:
-        raise input_error(op, provider, "ssm_states", f"at least {batch} slots (one per row "
-                          "when state_batch_indices is None)", _shape(ssm_states))
+    _slot_count(op, provider, "state_batch_indices", state_batch_indices, batch, "ssm_states",
+                ssm_states, "row")
     _same_device(op, provider, x, dt=dt, A=A, B=B, C=C, ssm_states=ssm_states)
     _slots(op, provider, "state_batch_indices", state_batch_indices,
            int(ssm_states.shape[0]), read_data)

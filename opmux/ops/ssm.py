@@ -49,6 +49,23 @@ def _segments(tokens: int, query_start_loc: Optional[Tensor], cache_indices: Opt
     return [(starts[i], starts[i + 1], slots[i], init[i]) for i in range(n)]
 
 
+def _row_slots(batch: int, indices: Optional[Tensor], device: torch.device
+               ) -> tuple[Tensor, Tensor]:
+    """``(slot of each row with padding rows at 0, mask of the real rows)``; no indices: row
+    ``i`` uses slot ``i``."""
+    slots = torch.arange(batch, device=device) if indices is None else indices.long()
+    return slots.clamp(min=0), slots >= 0
+
+
+def _write_rows(states: Tensor, idx: Tensor, valid: Tensor, new: Tensor, y: Tensor,
+                dtype: torch.dtype) -> Tensor:
+    """Store ``new`` of the real rows into their ``states`` slots; return ``y`` with the
+    padding rows zeroed, in ``dtype``."""
+    keep = valid.nonzero().squeeze(1)
+    states.index_copy_(0, idx[keep], new[keep].to(states.dtype))
+    return torch.where(valid.unsqueeze(1), y, 0.0).to(dtype)
+
+
 def _activate(y: Tensor, activation: Optional[str]) -> Tensor:
     return F.silu(y) if activation is not None else y
 
@@ -122,22 +139,12 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
     :returns: ``[batch, dim]`` in ``x.dtype``.
     """
     check_causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices)
-    batch = x.shape[0]
-    if conv_state_indices is None:
-        slots = torch.arange(batch, device=x.device)
-    else:
-        slots = conv_state_indices.long()
-    valid = slots >= 0
-    idx = slots.clamp(min=0)
+    idx, valid = _row_slots(x.shape[0], conv_state_indices, x.device)
     xp = torch.cat([conv_state[idx].float(), x.float().unsqueeze(2)], dim=2)  # [b, dim, width]
     y = (xp * weight.float().unsqueeze(0)).sum(-1)
     if bias is not None:
         y = y + bias.float()
-    y = _activate(y, activation)
-    out = torch.where(valid.unsqueeze(1), y, 0.0).to(x.dtype)
-    keep = valid.nonzero().squeeze(1)
-    conv_state.index_copy_(0, idx[keep], xp[keep, :, 1:].to(conv_state.dtype))
-    return out
+    return _write_rows(conv_state, idx, valid, xp[:, :, 1:], _activate(y, activation), x.dtype)
 
 
 @causal_conv1d_update.register_fake
@@ -245,22 +252,13 @@ def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
     """
     check_selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                                  state_batch_indices)
-    batch = x.shape[0]
-    if state_batch_indices is None:
-        slots = torch.arange(batch, device=x.device)
-    else:
-        slots = state_batch_indices.long()
-    valid = slots >= 0
-    idx = slots.clamp(min=0)
+    idx, valid = _row_slots(x.shape[0], state_batch_indices, x.device)
     d = _dt(dt, dt_bias, dt_softplus)                                       # [b, dim]
     h = ssm_states[idx].float()
     h = torch.exp(d.unsqueeze(2) * A.float()) * h \
         + (d * x.float()).unsqueeze(2) * B.float().unsqueeze(1)
     y = _gate(torch.einsum("bdn,bn->bd", h, C.float()), x, D, z)
-    out = torch.where(valid.unsqueeze(1), y, 0.0).to(x.dtype)
-    keep = valid.nonzero().squeeze(1)
-    ssm_states.index_copy_(0, idx[keep], h[keep].to(ssm_states.dtype))
-    return out
+    return _write_rows(ssm_states, idx, valid, h, y, x.dtype)
 
 
 @selective_state_update.register_fake
