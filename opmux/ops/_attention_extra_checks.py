@@ -15,6 +15,7 @@ import itertools
 import torch
 from torch import Tensor
 
+from opmux.ops._cache_checks import check_paged_lens
 from opmux.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, has_data, input_error
 
 __all__ = ["check_concat_and_cache_mla", "check_encoder_attention", "check_mla_attention"]
@@ -178,7 +179,7 @@ def check_mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor,
     for name, t in (("kv_cache", cache), ("kv_b_weight", w)):
         if t.device != q.device:
             raise input_error(op, provider, name, f"device {q.device}", t.device)
-    num_seqs, max_blocks = (int(s) for s in block_tables.shape)
+    num_seqs = int(block_tables.shape[0])
     if seq_lens.shape[0] != num_seqs:
         raise input_error(op, provider, "seq_lens", f"shape [{num_seqs}] (block_tables' S)",
                           f"shape {list(seq_lens.shape)}")
@@ -190,23 +191,5 @@ def check_mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor,
     qsl = query_start_loc.tolist()
     _offsets(op, provider, "query_start_loc", qsl, tokens)
     lens = seq_lens.tolist()
-    for i, kv_len in enumerate(lens):
-        q_len = qsl[i + 1] - qsl[i]
-        if kv_len < 0 or kv_len > max_blocks * bs:
-            raise input_error(op, provider, "seq_lens", f"values in [0, {max_blocks * bs}] "
-                              f"(max_blocks*block_size) for sequence {i}", kv_len)
-        if kv_len < q_len:
-            raise input_error(op, provider, "seq_lens", f"kv_len >= q_len={q_len} (the "
-                              f"queries are the last tokens of the sequence) for sequence {i}",
-                              kv_len)
-    needed = [(n + bs - 1) // bs for n in lens]
-    if num_seqs and max(needed) > 0:
-        cols = torch.arange(max_blocks, device=block_tables.device)
-        used = cols.unsqueeze(0) < torch.tensor(needed, device=block_tables.device).unsqueeze(1)
-        ids = block_tables[used]
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= nb:
-            raise input_error(op, provider, "block_tables",
-                              f"block ids in [0, {nb}) (num_blocks) for the blocks in use",
-                              f"ids in [{lo}, {hi}]")
+    check_paged_lens(op, provider, qsl, lens, block_tables, bs, nb)
     return lora, rope, v_dim

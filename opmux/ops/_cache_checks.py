@@ -174,7 +174,7 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                     ("query_start_loc", query_start_loc)):
         check_dtype(op, provider, name, t, INDEX_DTYPES)
     check_rank(op, provider, "block_tables", block_tables, 2, "[S, max_blocks]")
-    num_seqs, max_blocks = block_tables.shape
+    num_seqs = block_tables.shape[0]
     check_rank(op, provider, "seq_lens", seq_lens, 1, "[S] (block_tables' S)")
     require(seq_lens.shape[0] == num_seqs, op, provider, "seq_lens",
             lambda: f"shape [{num_seqs}] (block_tables' S)", lambda: _shape(seq_lens))
@@ -202,17 +202,26 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) or qsl[-1] > num_tokens:
         raise input_error(op, provider, "query_start_loc",
                           f"non-decreasing offsets from 0 to at most T={num_tokens}", qsl)
+    check_paged_lens(op, provider, qsl, lens, block_tables, bs, nb)
+
+
+def check_paged_lens(op: str, provider: str, qsl: list[int], lens: list[int],
+                     block_tables: Tensor, bs: int, nb: int) -> None:
+    """Check a paged batch's data: every ``seq_lens`` value fits its block-table row and
+    covers its queries (``qsl``: the query offsets, already checked), and the block ids in
+    use are in ``[0, nb)``."""
+    max_blocks = int(block_tables.shape[1])
     for i, kv_len in enumerate(lens):
         q_len = qsl[i + 1] - qsl[i]
         if kv_len < 0 or kv_len > max_blocks * bs:
             raise input_error(op, provider, "seq_lens", f"values in [0, {max_blocks * bs}] "
                               f"(max_blocks*block_size) for sequence {i}", kv_len)
-        if q_len > 0 and kv_len < q_len:
+        if kv_len < q_len:
             raise input_error(op, provider, "seq_lens", f"kv_len >= q_len={q_len} (the "
                               f"queries are the last tokens of the sequence) for sequence {i}",
                               kv_len)
     needed = [(n + bs - 1) // bs for n in lens]
-    if num_seqs and max(needed) > 0:
+    if lens and max(needed) > 0:
         cols = torch.arange(max_blocks, device=block_tables.device)
         used = cols.unsqueeze(0) < torch.tensor(needed, device=block_tables.device).unsqueeze(1)
         # unused columns read as block 0 (valid), so they never hide a bad id in use
