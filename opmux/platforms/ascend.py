@@ -11,28 +11,6 @@ from opmux.platforms.base import Detection, Platform
 __all__ = ["AscendPlatform", "detect_ascend"]
 
 
-class AscendPlatform(Platform):
-    """Huawei Ascend NPUs. torch tensors live on ``npu`` (the PrivateUse1 backend)."""
-
-    name = "ascend"
-    device_type = "npu"
-    dispatch_key = "PrivateUse1"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return detect_ascend().claimed
-
-    def default_priority(self, op_name: str) -> list[str]:
-        return ["mindspore", "native"] if op_name == "advance_step_flashattn" else []
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info["cann"] = str(home) if (home := cann_home()) is not None else None
-        info["torch_npu"] = importlib.util.find_spec("torch_npu") is not None
-        info["mindspore"] = importlib.util.find_spec("mindspore") is not None
-        return info
-
-
 def detect_ascend() -> Detection:
     """Claim the machine for torch_npu with a visible NPU, or MindSpore with CANN.
 
@@ -62,3 +40,18 @@ def detect_ascend() -> Detection:
     else:
         reasons.append("MindSpore is not installed")
     return Detection("ascend", None, "; ".join(reasons))
+
+
+class AscendPlatform(Platform, name="ascend", device_type="npu", dispatch_key="PrivateUse1",
+                     detector=detect_ascend):
+    """Huawei Ascend NPUs. torch tensors live on ``npu`` (the PrivateUse1 backend)."""
+
+    def default_priority(self, op_name: str) -> list[str]:
+        return ["mindspore", "native"] if op_name == "advance_step_flashattn" else []
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["cann"] = str(home) if (home := cann_home()) is not None else None
+        info["torch_npu"] = importlib.util.find_spec("torch_npu") is not None
+        info["mindspore"] = importlib.util.find_spec("mindspore") is not None
+        return info

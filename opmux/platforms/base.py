@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 __all__ = ["Detection", "Platform"]
@@ -10,8 +11,11 @@ __all__ = ["Detection", "Platform"]
 class Platform:
     """What opmux needs to know about a platform, and nothing more.
 
-    Subclasses set the three class attributes and may override the methods. Behaviour
-    beyond this (kernels, priorities per op) comes from plugins.
+    Subclasses set the three class attributes, either in the class body or as class
+    keywords (``class MyPlatform(Platform, name="mine", device_type="cpu",
+    dispatch_key="CPU")``), and may override the methods. A platform with a ``detector``
+    is available when that detector claims the machine. Behaviour beyond this (kernels,
+    priorities per op) comes from plugins.
     """
 
     #: short lower-case name, e.g. ``"cuda"``; matched against plugins' ``platforms``.
@@ -20,11 +24,25 @@ class Platform:
     device_type: ClassVar[str] = "cpu"
     #: the dispatch key providers of this platform register on, e.g. ``"CUDA"``.
     dispatch_key: ClassVar[str] = "CPU"
+    #: the cheap detector of this platform (``None``: ``is_available`` decides alone).
+    detector: ClassVar[Callable[[], Detection] | None] = None
+
+    def __init_subclass__(cls, *, name: str | None = None, device_type: str | None = None,
+                          dispatch_key: str | None = None,
+                          detector: Callable[[], Detection] | None = None,
+                          **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for attr, value in (("name", name), ("device_type", device_type),
+                            ("dispatch_key", dispatch_key), ("detector", detector)):
+            if value is not None:
+                setattr(cls, attr, value)
 
     @classmethod
     def is_available(cls) -> bool:
-        """Whether this platform can run here (cheap; may import torch only)."""
-        return False
+        """Whether this platform can run here (cheap; may import torch only): by default,
+        whether its ``detector`` claims the machine."""
+        detector = cls.detector
+        return detector is not None and detector().claimed
 
     def default_priority(self, op_name: str) -> list[str]:
         """Platform default provider order for ``op_name`` (empty: no opinion)."""

@@ -18,78 +18,6 @@ from opmux.platforms.base import Detection, Platform
 __all__ = ["CpuPlatform", "CudaPlatform", "RocmPlatform", "XlaPlatform"]
 
 
-class CpuPlatform(Platform):
-    """The host CPU; the fallback platform."""
-
-    name = "cpu"
-    device_type = "cpu"
-    dispatch_key = "CPU"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return True
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info["threads"] = torch.get_num_threads()
-        return info
-
-
-class CudaPlatform(Platform):
-    """NVIDIA GPUs through a CUDA build of torch."""
-
-    name = "cuda"
-    device_type = "cuda"
-    dispatch_key = "CUDA"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return torch.version.cuda is not None and torch.cuda.is_available()
-
-    def default_priority(self, op_name: str) -> list[str]:
-        return ["triton", "native"]
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info["cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            info["device"] = torch.cuda.get_device_name(0)
-        return info
-
-
-class RocmPlatform(CudaPlatform):
-    """AMD GPUs through a ROCm (HIP) build of torch; same device type and key as CUDA."""
-
-    name = "rocm"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return getattr(torch.version, "hip", None) is not None and torch.cuda.is_available()
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info["hip"] = getattr(torch.version, "hip", None)
-        return info
-
-
-class XlaPlatform(Platform):
-    """torch_xla devices (TPU, GPU or CPU through PJRT)."""
-
-    name = "xla"
-    device_type = "xla"
-    dispatch_key = "XLA"
-
-    @classmethod
-    def is_available(cls) -> bool:
-        return importlib.util.find_spec("torch_xla") is not None and bool(
-            config.pjrt_device())
-
-    def describe(self) -> dict[str, Any]:
-        info = super().describe()
-        info["pjrt_device"] = config.pjrt_device()
-        return info
-
-
 def detect_cuda() -> Detection:
     if torch.version.cuda is None:
         return Detection("cuda", None, "torch is not a CUDA build (torch.version.cuda is None)")
@@ -117,3 +45,50 @@ def detect_xla() -> Detection:
         return Detection("xla", None, "torch_xla is installed but PJRT_DEVICE is not set")
     return Detection("xla", "opmux.platforms.builtin.XlaPlatform",
                      f"torch_xla installed, PJRT_DEVICE={device}")
+
+
+class CpuPlatform(Platform, name="cpu", device_type="cpu", dispatch_key="CPU"):
+    """The host CPU; the fallback platform."""
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["threads"] = torch.get_num_threads()
+        return info
+
+
+class CudaPlatform(Platform, name="cuda", device_type="cuda", dispatch_key="CUDA",
+                   detector=detect_cuda):
+    """NVIDIA GPUs through a CUDA build of torch."""
+
+    def default_priority(self, op_name: str) -> list[str]:
+        return ["triton", "native"]
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            info["device"] = torch.cuda.get_device_name(0)
+        return info
+
+
+class RocmPlatform(CudaPlatform, name="rocm", detector=detect_rocm):
+    """AMD GPUs through a ROCm (HIP) build of torch; same device type and key as CUDA."""
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["hip"] = getattr(torch.version, "hip", None)
+        return info
+
+
+class XlaPlatform(Platform, name="xla", device_type="xla", dispatch_key="XLA",
+                  detector=detect_xla):
+    """torch_xla devices (TPU, GPU or CPU through PJRT)."""
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["pjrt_device"] = config.pjrt_device()
+        return info
