@@ -12,19 +12,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, has_data, input_error
+from opmux.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, _shape, _tensor, has_data, input_error
 
 __all__ = ["check_ssd_chunk_scan", "check_ssd_state_update"]
-
-
-def _shape(t: Tensor) -> str:
-    return f"shape {list(t.shape)}"
-
-
-def _tensor(op: str, provider: str, name: str, t: object) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise input_error(op, provider, name, "a torch.Tensor", type(t).__name__)
-    return t
 
 
 def _floating(op: str, provider: str, name: str, t: Tensor, shape: tuple[int, ...],

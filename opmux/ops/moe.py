@@ -59,21 +59,24 @@ _tensor = check_tensor
 _same_device = check_same_device
 
 
+def _float_2d(op: str, provider: str, name: str, t: Tensor, cols: str) -> tuple[int, int]:
+    """``t`` is a floating 2-D ``[tokens, cols]`` tensor; returns its two sizes."""
+    if t.dim() != 2:
+        raise _err(op, provider, name, f"a 2-D [tokens, {cols}] tensor", f"shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise _err(op, provider, name, "a floating-point tensor", t.dtype)
+    return t.shape[0], t.shape[1]
+
+
 def _check_gating(op: str, provider: str, gating_output: Tensor, topk: int
                   ) -> tuple[int, int]:
     gating_output = _tensor(op, provider, "gating_output", gating_output)
-    if gating_output.dim() != 2:
-        raise _err(op, provider, "gating_output", "a 2-D [tokens, experts] tensor",
-                   f"shape {tuple(gating_output.shape)}")
-    if not gating_output.is_floating_point():
-        raise _err(op, provider, "gating_output", "a floating-point tensor",
-                   gating_output.dtype)
-    num_experts = gating_output.shape[1]
+    tokens, num_experts = _float_2d(op, provider, "gating_output", gating_output, "experts")
     check_int(op, provider, "topk", topk)
     if not 1 <= topk <= num_experts:
         raise _err(op, provider, "topk", f"1 <= topk <= {num_experts} (the number of experts)",
                    topk)
-    return gating_output.shape[0], num_experts
+    return tokens, num_experts
 
 
 def check_topk_softmax(gating_output: Tensor, topk: int, renormalize: bool, *,
@@ -228,13 +231,7 @@ def check_fused_moe_args(provider: str, hidden_states: Tensor, w1: Tensor, w2: T
     w2 = _tensor(op, provider, "w2", w2)
     topk_weights = _tensor(op, provider, "topk_weights", topk_weights)
     topk_ids = _tensor(op, provider, "topk_ids", topk_ids)
-    if hidden_states.dim() != 2:
-        raise _err(op, provider, "hidden_states", "a 2-D [tokens, hidden] tensor",
-                   f"shape {tuple(hidden_states.shape)}")
-    if not hidden_states.is_floating_point():
-        raise _err(op, provider, "hidden_states", "a floating-point tensor",
-                   hidden_states.dtype)
-    tokens, hidden = hidden_states.shape
+    tokens, hidden = _float_2d(op, provider, "hidden_states", hidden_states, "hidden")
     if w1.dim() != 3 or w1.shape[2] != hidden or w1.shape[1] % 2:
         raise _err(op, provider, "w1", f"shape [experts, 2 * intermediate, {hidden}]",
                    f"shape {tuple(w1.shape)}")

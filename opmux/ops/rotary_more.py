@@ -19,7 +19,15 @@ import torch
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, has_data, input_error
+from opmux.ops._checks import (
+    INDEX_DTYPES,
+    _shape,
+    check_floating,
+    check_same_device,
+    check_tensor,
+    has_data,
+    input_error,
+)
 
 __all__ = [
     "DUAL_CHUNK_QUERY_VERSIONS",
@@ -69,47 +77,25 @@ def make_dual_chunk_caches(chunk_size: int, local_size: int, max_position: int,
 
 
 # ---------------------------------------------------------------------------------- checks
-def _shape(t: Tensor) -> str:
-    return f"shape {list(t.shape)}"
-
-
-def _need_tensor(op: str, provider: str, name: str, t: object) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise input_error(op, provider, name, "a torch.Tensor", type(t).__name__)
-    return t
-
-
-def _need_float(op: str, provider: str, name: str, t: Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise input_error(op, provider, name, "a floating tensor (float32/float16/bfloat16)",
-                          t.dtype)
-
-
-def _need_device(op: str, provider: str, ref: Tensor, **others: Tensor) -> None:
-    for name, t in others.items():
-        if t.device != ref.device:
-            raise input_error(op, provider, name, f"device {ref.device}", t.device)
-
-
 def check_apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = True,
                            enable_fp32_compute: bool = False, *, provider: str = "native",
                            read_data: bool = True) -> None:
     """Validate ``apply_rotary_emb``: ``x[..., S, H, D]``, ``cos``/``sin`` ``[S, D/2]``."""
     op = "apply_rotary_emb"
-    x = _need_tensor(op, provider, "x", x)
-    cos = _need_tensor(op, provider, "cos", cos)
-    sin = _need_tensor(op, provider, "sin", sin)
-    _need_float(op, provider, "x", x)
+    x = check_tensor(op, provider, "x", x)
+    cos = check_tensor(op, provider, "cos", cos)
+    sin = check_tensor(op, provider, "sin", sin)
+    check_floating(op, provider, "x", x)
     if x.dim() < 3 or x.shape[-1] % 2 != 0:
         raise input_error(op, provider, "x", "a tensor [batch (optional), seq_len, num_heads, "
                           "head_size] with an even head_size", _shape(x))
     seq_len, half = x.shape[-3], x.shape[-1] // 2
     for name, t in (("cos", cos), ("sin", sin)):
-        _need_float(op, provider, name, t)
+        check_floating(op, provider, name, t)
         if tuple(t.shape) != (seq_len, half):
             raise input_error(op, provider, name, f"shape [{seq_len}, {half}] "
                               f"(x's seq_len, head_size/2)", _shape(t))
-    _need_device(op, provider, x, cos=cos, sin=sin)
+    check_same_device(op, provider, x, cos=cos, sin=sin)
 
 
 def check_dual_chunk_rotary_embedding(
@@ -121,13 +107,13 @@ def check_dual_chunk_rotary_embedding(
     """Validate ``dual_chunk_rotary_embedding``; reads ``positions`` (+ ``offsets``) when
     ``read_data``: every position must index ``cos_sin_k_cache``."""
     op = "dual_chunk_rotary_embedding"
-    positions = _need_tensor(op, provider, "positions", positions)
+    positions = check_tensor(op, provider, "positions", positions)
     if positions.dtype not in INDEX_DTYPES or positions.dim() != 1:
         raise input_error(op, provider, "positions", "a 1-d int32/int64 tensor [T]",
                           f"{positions.dtype} {_shape(positions)}")
     tokens = positions.shape[0]
     if offsets is not None:
-        offsets = _need_tensor(op, provider, "offsets", offsets)
+        offsets = check_tensor(op, provider, "offsets", offsets)
         if offsets.dtype not in INDEX_DTYPES or tuple(offsets.shape) != (tokens,):
             raise input_error(op, provider, "offsets", f"None or an int32/int64 tensor "
                               f"[{tokens}] (positions' shape)",
@@ -135,8 +121,8 @@ def check_dual_chunk_rotary_embedding(
     if head_size <= 0:
         raise input_error(op, provider, "head_size", "a positive int", head_size)
     for name in ("query", "key"):
-        t = _need_tensor(op, provider, name, query if name == "query" else key)
-        _need_float(op, provider, name, t)
+        t = check_tensor(op, provider, name, query if name == "query" else key)
+        check_floating(op, provider, name, t)
         if t.dim() != 2 or t.shape[0] != tokens or t.shape[1] % head_size != 0:
             raise input_error(op, provider, name, f"[{tokens}, heads*{head_size}] (T = "
                               f"positions' length, a multiple of head_size)", _shape(t))
@@ -146,8 +132,8 @@ def check_dual_chunk_rotary_embedding(
               "cos_sin_k_cache": cos_sin_k_cache,
               "cos_sin_qc_no_clamp_cache": cos_sin_qc_no_clamp_cache,
               "cos_sin_q_inter_cache": cos_sin_q_inter_cache}
-    q_cache = _need_tensor(op, provider, "cos_sin_q_cache", cos_sin_q_cache)
-    _need_float(op, provider, "cos_sin_q_cache", q_cache)
+    q_cache = check_tensor(op, provider, "cos_sin_q_cache", cos_sin_q_cache)
+    check_floating(op, provider, "cos_sin_q_cache", q_cache)
     if q_cache.dim() != 2 or q_cache.shape[0] < 1:
         raise input_error(op, provider, "cos_sin_q_cache", "a 2-d tensor [chunk_len, rot] with "
                           "chunk_len >= 1", _shape(q_cache))
@@ -156,7 +142,7 @@ def check_dual_chunk_rotary_embedding(
         raise input_error(op, provider, "cos_sin_q_cache", f"an even rotary width 0 < rot <= "
                           f"head_size={head_size} in dim 1", _shape(q_cache))
     for name, c in caches.items():
-        c = _need_tensor(op, provider, name, c)
+        c = check_tensor(op, provider, name, c)
         if c.dtype != q_cache.dtype:
             raise input_error(op, provider, name, f"cos_sin_q_cache's dtype {q_cache.dtype}",
                               c.dtype)
@@ -168,7 +154,7 @@ def check_dual_chunk_rotary_embedding(
     others = dict(caches, positions=positions, key=key)
     if offsets is not None:
         others["offsets"] = offsets
-    _need_device(op, provider, query, **others)
+    check_same_device(op, provider, query, **others)
     if read_data and tokens > 0 and has_data(positions) and (
             offsets is None or has_data(offsets)):
         pos = positions.long() if offsets is None else positions.long() + offsets.long()

@@ -24,7 +24,7 @@ recurrence up to float rounding.
 """
 
 # no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -135,16 +135,9 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
 
 
 @ssd_chunk_scan.register_fake
-def _ssd_chunk_scan_fake(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                         ssm_state: Tensor, state_indices: Tensor, query_start_loc: Tensor,
-                         has_initial_state: Optional[Tensor] = None,
-                         D: Optional[Tensor] = None, z: Optional[Tensor] = None,
-                         dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
-                         dt_min: float = 0.0, dt_max: Optional[float] = None,
-                         chunk_size: int = 256) -> Tensor:
-    check_ssd_chunk_scan(x, dt, A, B, C, ssm_state, state_indices, query_start_loc,
-                         has_initial_state, D, z, dt_bias, dt_softplus, dt_min, dt_max,
-                         chunk_size, read_data=False)
+def _ssd_chunk_scan_fake(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """``ssd_chunk_scan``'s arguments, checked without reading index values."""
+    check_ssd_chunk_scan(x, *args, **kwargs, read_data=False)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
