@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from opmux.testing.cases import Case, register_cases
+from opmux.testing.cases import Case, CaseGenerator, _register_all
 
-__all__ = ["register_activation_cases"]
+__all__ = ["GATED_SHAPES", "register_activation_cases"]
 
 _DTYPES: tuple[tuple[str, torch.dtype], ...] = (
     ("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
@@ -28,16 +28,18 @@ def _randn(name: str, shape: Sequence[int], dtype: torch.dtype, scale: float) ->
     return (torch.randn(tuple(shape), generator=_gen(name)) * scale).to(dtype)
 
 
+#: ``(case name, dtype, shape)`` of the inputs ``[..., 2*d]`` of the gated activations.
+GATED_SHAPES: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
+    *((f"{tag}-basic", dt, (9, 2 * 64)) for tag, dt in _DTYPES),
+    ("fp32-odd-d", torch.float32, (5, 2 * 45)),
+    ("fp32-3d", torch.float32, (2, 3, 2 * 40)),
+    ("fp32-wide", torch.float32, (3, 2 * 1100)),
+    ("bf16-3d", torch.bfloat16, (2, 5, 2 * 24)),
+    ("fp32-empty", torch.float32, (0, 2 * 16))]
+
+
 def _gated_inputs(op: str, scale: float) -> Iterator[tuple[str, torch.Tensor]]:
-    specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
-        (f"{tag}-basic", dt, (9, 2 * 64)) for tag, dt in _DTYPES]
-    specs += [("fp32-odd-d", torch.float32, (5, 2 * 45)),
-              ("fp32-3d", torch.float32, (2, 3, 2 * 40)),
-              ("fp32-wide", torch.float32, (3, 2 * 1100)),
-              ("bf16-3d", torch.bfloat16, (2, 5, 2 * 24)),
-              ("fp32-one-row", torch.float32, (2 * 32,)),
-              ("fp32-empty", torch.float32, (0, 2 * 16))]
-    for name, dt, shape in specs:
+    for name, dt, shape in [*GATED_SHAPES, ("fp32-one-row", torch.float32, (2 * 32,))]:
         yield name, _randn(f"{op}-{name}", shape, dt, scale)
     wide = _randn(f"{op}-slice", (6, 2 * 48 + 10), torch.float32, scale)
     yield "fp32-column-slice", wide[:, 3:3 + 2 * 48]
@@ -145,18 +147,20 @@ def xielu_cases() -> Iterator[Case]:
     yield Case("fp32-near-zero", (small, *_xielu_params(torch.float32), 0.5, -1e-6))
 
 
+#: the case generators of the activation ops, by op name
+_GENERATORS: dict[str, CaseGenerator] = {
+    "fatrelu_and_mul": fatrelu_and_mul_cases,
+    "mul_and_silu": mul_and_silu_cases,
+    "gelu_and_mul_sparse": gelu_and_mul_sparse_cases,
+    "swigluoai_and_mul": swigluoai_and_mul_cases,
+    "gelu_new": gelu_new_cases,
+    "gelu_fast": gelu_fast_cases,
+    "quick_gelu": quick_gelu_cases,
+    "relu2": relu2_cases,
+    "xielu": xielu_cases,
+}
+
+
 def register_activation_cases() -> None:
     """Register the generators above (idempotent)."""
-    generators = {
-        "fatrelu_and_mul": fatrelu_and_mul_cases,
-        "mul_and_silu": mul_and_silu_cases,
-        "gelu_and_mul_sparse": gelu_and_mul_sparse_cases,
-        "swigluoai_and_mul": swigluoai_and_mul_cases,
-        "gelu_new": gelu_new_cases,
-        "gelu_fast": gelu_fast_cases,
-        "quick_gelu": quick_gelu_cases,
-        "relu2": relu2_cases,
-        "xielu": xielu_cases,
-    }
-    for name, fn in generators.items():
-        register_cases(name, fn, replace=True)
+    _register_all(_GENERATORS)

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import torch
+
 from opmux.core.errors import RegistrationError, UnknownOpError
+from opmux.testing.cases import _check_unique
 
 __all__ = [
     "CATALOG_MODULES",
@@ -58,6 +61,20 @@ class BadInput:
 
     def __iter__(self) -> Any:  # unpacks as (label, args, kwargs, argument)
         return iter((self.label, self.args, self.kwargs, self.argument))
+
+
+def _randn(seed: int, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Seeded normal values for a bad-input row."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _variants(base: dict[str, Any], rows: list[tuple[str, str, dict[str, Any]]]
+              ) -> Iterator[BadInput]:
+    """One row per ``(label, argument, changes)``: ``base`` with ``changes`` applied."""
+    names = list(base)
+    for label, argument, changes in rows:
+        values = {**base, **changes}
+        yield BadInput(label, tuple(values[n] for n in names), {}, argument)
 
 
 BadInputGenerator = Callable[[], Iterable[BadInput]]
@@ -123,9 +140,5 @@ def bad_inputs_for(op_name: str) -> list[BadInput]:
         raise UnknownOpError(f"no bad inputs registered for op {qualname!r}; register a "
                              f"generator with opmux.testing.bad_inputs.register_bad_inputs")
     rows = [row for gen in gens for row in gen()]
-    labels = [r.label for r in rows]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise RegistrationError(f"bad inputs of op {qualname!r} repeat labels {dup}",
-                                op=qualname)
+    _check_unique(qualname, "bad inputs", "labels", [r.label for r in rows])
     return rows

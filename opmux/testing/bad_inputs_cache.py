@@ -13,25 +13,12 @@ from typing import Any
 
 import torch
 
-from opmux.testing.bad_inputs import BadInput, register_bad_inputs
+from opmux.testing.bad_inputs import BadInput, _randn, _variants, register_bad_inputs
 
 __all__ = ["advance_step_bad_inputs", "paged_attention_bad_inputs",
            "reshape_and_cache_bad_inputs"]
 
 _META = torch.device("meta")
-
-
-def _randn(seed: int, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def _variants(base: dict[str, Any], rows: list[tuple[str, str, dict[str, Any]]]
-              ) -> Iterator[BadInput]:
-    """One row per ``(label, argument, changes)``: ``base`` with ``changes`` applied."""
-    names = list(base)
-    for label, argument, changes in rows:
-        values = {**base, **changes}
-        yield BadInput(label, tuple(values[n] for n in names), {}, argument)
 
 
 # ------------------------------------------------------------------- reshape_and_cache

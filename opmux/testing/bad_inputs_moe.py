@@ -13,30 +13,18 @@ from typing import Any
 
 import torch
 
-from opmux.testing.bad_inputs import BadInput, register_bad_inputs
+from opmux.testing.bad_inputs import BadInput, _randn, _variants, register_bad_inputs
 
 __all__ = ["fused_moe_bad_inputs", "grouped_topk_bad_inputs", "topk_softmax_bad_inputs"]
 
 _META = torch.device("meta")
 
 
-def _randn(seed: int, *shape: int) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _rows(base: dict[str, Any], rows: list[tuple[str, str, dict[str, Any]]]
-          ) -> Iterator[BadInput]:
-    names = list(base)
-    for label, argument, changes in rows:
-        values = {**base, **changes}
-        yield BadInput(label, tuple(values[n] for n in names), {}, argument)
-
-
 def topk_softmax_bad_inputs() -> Iterator[BadInput]:
     """Rows of ``topk_softmax`` (5 tokens, 8 experts, top 2)."""
     logits = _randn(31, 5, 8)
     base: dict[str, Any] = {"gating_output": logits, "topk": 2, "renormalize": True}
-    yield from _rows(base, [
+    yield from _variants(base, [
         ("gating_output-none", "gating_output", {"gating_output": None}),
         ("gating_output-1d", "gating_output", {"gating_output": logits[0]}),
         ("gating_output-3d", "gating_output", {"gating_output": logits[None]}),
@@ -53,7 +41,7 @@ def grouped_topk_bad_inputs() -> Iterator[BadInput]:
         "gating_output": logits, "topk": 2, "renormalize": True, "num_expert_group": 4,
         "topk_group": 2, "scoring_func": "sigmoid", "e_score_correction_bias": _randn(33, 8),
         "routed_scaling_factor": 2.5}
-    yield from _rows(base, [
+    yield from _variants(base, [
         ("gating_output-none", "gating_output", {"gating_output": None}),
         ("gating_output-int", "gating_output", {"gating_output": logits.int()}),
         ("topk-zero", "topk", {"topk": 0}),
@@ -86,7 +74,7 @@ def fused_moe_bad_inputs() -> Iterator[BadInput]:
     out_of_range[2, 1] = 4
     negative = ids.clone()
     negative[0, 0] = -1
-    yield from _rows(base, [
+    yield from _variants(base, [
         ("hidden_states-none", "hidden_states", {"hidden_states": None}),
         ("hidden_states-1d", "hidden_states", {"hidden_states": x[0]}),
         ("hidden_states-3d", "hidden_states", {"hidden_states": x[None]}),

@@ -10,7 +10,7 @@ inputs); the kit moves them to the device under test. The catalog's generators l
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,13 @@ class Case:
                 return a.dtype
         return None
 
+    def args_with(self, names: Sequence[str], **over: Any) -> list[Any]:
+        """The positional arguments, named in order by ``names``, with the ones named in
+        ``over`` replaced (to build a bad call from a good case)."""
+        values = dict(zip(names, self.args, strict=True))
+        values.update(over)
+        return [values[n] for n in names]
+
 
 def _fresh_copy(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     t = t.detach()
@@ -100,6 +107,12 @@ def register_cases(op_name: str, generator: CaseGenerator, *, replace: bool = Fa
                 f"conformance cases for op {qualname!r} are already registered; pass "
                 f"replace=True to override them", op=qualname)
         _GENERATORS[qualname] = generator
+
+
+def _register_all(generators: Mapping[str, CaseGenerator]) -> None:
+    """Register (replacing) the generator of each op name in ``generators``."""
+    for name, fn in generators.items():
+        register_cases(name, fn, replace=True)
 
 
 def unregister_cases(op_name: str) -> None:
@@ -144,9 +157,12 @@ def cases_for(op_name: str) -> list[Case]:
             f"opmux.testing.register_cases({qualname!r}, fn). Ops with cases: "
             f"{sorted(_GENERATORS)}")
     cases = list(gen())
-    names = [c.name for c in cases]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise RegistrationError(f"conformance cases of op {qualname!r} repeat names {dup}",
-                                op=qualname)
+    _check_unique(qualname, "conformance cases", "names", [c.name for c in cases])
     return cases
+
+
+def _check_unique(qualname: str, what: str, key: str, labels: list[str]) -> None:
+    """The generated ``what`` of an op must not repeat a ``key``."""
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise RegistrationError(f"{what} of op {qualname!r} repeat {key} {dup}", op=qualname)

@@ -15,7 +15,8 @@ import torch
 
 from opmux.ops.rotary import make_cos_sin_cache
 from opmux.ops.rotary_more import make_dual_chunk_caches
-from opmux.testing.cases import Case, register_cases
+from opmux.testing.activation_cases import GATED_SHAPES
+from opmux.testing.cases import Case, CaseGenerator, _register_all
 from opmux.testing.paged_batches import paged_batch
 
 __all__ = ["CACHE_LAYOUTS", "attention_case", "cache_layout", "register_catalog_cases"]
@@ -36,14 +37,7 @@ def _randn(g: torch.Generator, shape: Sequence[int], dtype: torch.dtype,
 
 # ---------------------------------------------------------------------------- activations
 def _activation_cases(with_approximate: bool) -> Iterator[Case]:
-    shapes: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
-        (f"{tag}-basic", dt, (9, 2 * 64)) for tag, dt in DTYPES]
-    shapes += [("fp32-odd-d", torch.float32, (5, 2 * 45)),
-               ("fp32-3d", torch.float32, (2, 3, 2 * 40)),
-               ("fp32-wide", torch.float32, (3, 2 * 1100)),
-               ("bf16-3d", torch.bfloat16, (2, 5, 2 * 24)),
-               ("fp32-empty", torch.float32, (0, 2 * 16))]
-    for name, dt, shape in shapes:
+    for name, dt, shape in GATED_SHAPES:
         x = _randn(_gen(name), shape, dt, scale=3.0)
         if with_approximate:
             for approx in ("none", "tanh"):
@@ -442,26 +436,28 @@ def paged_attention_cases() -> Iterator[Case]:
                          kv_lens=[17, 6], layout="kv-split-hnd", sliding_window=8)
 
 
+#: the case generators of the ops above, by op name
+_GENERATORS: dict[str, CaseGenerator] = {
+    "silu_and_mul": silu_and_mul_cases,
+    "gelu_and_mul": gelu_and_mul_cases,
+    "rms_norm": rms_norm_cases,
+    "fused_add_rms_norm": fused_add_rms_norm_cases,
+    "rotary_embedding": rotary_embedding_cases,
+    "reshape_and_cache": reshape_and_cache_cases,
+    "advance_step_flashattn": advance_step_flashattn_cases,
+    "paged_attention": paged_attention_cases,
+    "apply_rotary_emb": apply_rotary_emb_cases,
+    "dual_chunk_rotary_embedding": dual_chunk_rotary_embedding_cases,
+    "gemma_rms_norm": gemma_rms_norm_cases,
+    "gemma_fused_add_rms_norm": gemma_fused_add_rms_norm_cases,
+    "rms_norm_gated": rms_norm_gated_cases,
+    "quant_fp8": quant_fp8_cases,
+}
+
+
 def register_catalog_cases() -> None:
     """Register the generators above for the catalog ops (idempotent)."""
-    generators = {
-        "silu_and_mul": silu_and_mul_cases,
-        "gelu_and_mul": gelu_and_mul_cases,
-        "rms_norm": rms_norm_cases,
-        "fused_add_rms_norm": fused_add_rms_norm_cases,
-        "rotary_embedding": rotary_embedding_cases,
-        "reshape_and_cache": reshape_and_cache_cases,
-        "advance_step_flashattn": advance_step_flashattn_cases,
-        "paged_attention": paged_attention_cases,
-        "apply_rotary_emb": apply_rotary_emb_cases,
-        "dual_chunk_rotary_embedding": dual_chunk_rotary_embedding_cases,
-        "gemma_rms_norm": gemma_rms_norm_cases,
-        "gemma_fused_add_rms_norm": gemma_fused_add_rms_norm_cases,
-        "rms_norm_gated": rms_norm_gated_cases,
-        "quant_fp8": quant_fp8_cases,
-    }
-    for name, fn in generators.items():
-        register_cases(name, fn, replace=True)
+    _register_all(_GENERATORS)
     from opmux.testing.moe_cases import register_moe_cases
     from opmux.testing.xla_cases import register_xla_cases
 

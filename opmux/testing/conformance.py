@@ -217,6 +217,25 @@ def _compare(label: str, got: Any, want: Any, atol: float, rtol: float,
     return problems
 
 
+def _compare_all(the_op: Op, got: Any, want: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any], ref_args: tuple[Any, ...],
+                 ref_kwargs: dict[str, Any], atol: float, rtol: float,
+                 result: CaseResult) -> list[str]:
+    """What differs between a provider's and native's outputs and mutated arguments."""
+    got_leaves, want_leaves = _flatten(got, "output"), _flatten(want, "output")
+    problems = [p for (label, g), (_, w) in zip(got_leaves, want_leaves, strict=False)
+                for p in _compare(label, g, w, atol, rtol, result)]
+    if len(got_leaves) != len(want_leaves):
+        problems.append(f"output: expected {len(want_leaves)} values, got {len(got_leaves)}")
+    params = list(the_op.signature.parameters)
+    for name in the_op.mutates_args:
+        i = params.index(name)
+        g_arg = args[i] if i < len(args) else kwargs[name]
+        w_arg = ref_args[i] if i < len(ref_args) else ref_kwargs[name]
+        problems += _compare(f"mutated argument {name!r}", g_arg, w_arg, atol, rtol, result)
+    return problems
+
+
 def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device = "cpu", *,
              reference_device: str | torch.device | None = "cpu") -> CaseResult:
     """Run one case on ``provider`` and on native, and compare.
@@ -248,17 +267,8 @@ def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device
     finally:
         result.seconds = time.perf_counter() - start
     want = the_op.native(*ref_args, **ref_kwargs)
-    got_leaves, want_leaves = _flatten(got, "output"), _flatten(want, "output")
-    problems = [p for (label, g), (_, w) in zip(got_leaves, want_leaves, strict=False)
-                for p in _compare(label, g, w, atol, rtol, result)]
-    if len(got_leaves) != len(want_leaves):
-        problems.append(f"output: expected {len(want_leaves)} values, got {len(got_leaves)}")
-    params = list(the_op.signature.parameters)
-    for name in the_op.mutates_args:
-        i = params.index(name)
-        g_arg = args[i] if i < len(args) else kwargs[name]
-        w_arg = ref_args[i] if i < len(ref_args) else ref_kwargs[name]
-        problems += _compare(f"mutated argument {name!r}", g_arg, w_arg, atol, rtol, result)
+    problems = _compare_all(the_op, got, want, args, kwargs, ref_args, ref_kwargs, atol, rtol,
+                            result)
     if problems:
         result.status, result.message = "fail", "\n".join(problems)
     return result

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from opmux.testing.cases import Case, register_cases
+from opmux.testing.cases import Case, CaseGenerator, _register_all
 
 __all__ = ["make_scan_inputs", "register_ssm_cases"]
 
@@ -162,13 +162,15 @@ def selective_state_update_cases() -> Iterator[Case]:
             yield Case(f"{tag}-n{dstate}-no-indices", args, dtype=dt)
 
 
+#: the case generators of the state-space ops, by op name
+_GENERATORS: dict[str, CaseGenerator] = {
+    "causal_conv1d": causal_conv1d_cases,
+    "causal_conv1d_update": causal_conv1d_update_cases,
+    "selective_scan": selective_scan_cases,
+    "selective_state_update": selective_state_update_cases,
+}
+
+
 def register_ssm_cases() -> None:
     """Register the generators above (idempotent)."""
-    generators = {
-        "causal_conv1d": causal_conv1d_cases,
-        "causal_conv1d_update": causal_conv1d_update_cases,
-        "selective_scan": selective_scan_cases,
-        "selective_state_update": selective_state_update_cases,
-    }
-    for name, fn in generators.items():
-        register_cases(name, fn, replace=True)
+    _register_all(_GENERATORS)

@@ -8,6 +8,8 @@ return the output and a new state cache (the input caches are left untouched).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -15,12 +17,18 @@ from torch import Tensor
 __all__ = ["sequential_causal_conv1d", "sequential_selective_scan"]
 
 
-def _segments(tokens: int, qsl: Tensor | None, idx: Tensor | None,
-              init: Tensor | None) -> list[tuple[int, int, int, bool]]:
+def _sequences(states: Tensor, tokens: int, qsl: Tensor | None, idx: Tensor | None,
+               init: Tensor | None) -> Iterator[tuple[range, int, Tensor]]:
+    """``(token range, state slot, fp32 starting state)`` of each packed sequence that is not
+    padding (slot ``-1``); the starting state is zeros where the sequence starts fresh."""
     starts = [0, tokens] if qsl is None else [int(v) for v in qsl]
-    n = len(starts) - 1
-    return [(starts[i], starts[i + 1], i if idx is None else int(idx[i]),
-             False if init is None else bool(init[i])) for i in range(n)]
+    for i in range(len(starts) - 1):
+        slot = i if idx is None else int(idx[i])
+        if slot < 0:
+            continue
+        fresh = init is None or not bool(init[i])
+        yield (range(starts[i], starts[i + 1]), slot,
+               torch.zeros(states.shape[1:]) if fresh else states[slot].float())
 
 
 def sequential_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, states: Tensor,
@@ -32,12 +40,9 @@ def sequential_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, sta
     states = states.clone()
     out = torch.zeros(x.shape, dtype=x.dtype)
     w = weight.float()
-    for start, end, slot, init in _segments(x.shape[0], query_start_loc, cache_indices,
-                                            has_initial_state):
-        if slot < 0:
-            continue
-        window = states[slot].float() if init else torch.zeros(w.shape[0], w.shape[1] - 1)
-        for t in range(start, end):
+    for span, slot, window in _sequences(states, x.shape[0], query_start_loc, cache_indices,
+                                         has_initial_state):
+        for t in span:
             full = torch.cat([window, x[t].float().unsqueeze(1)], dim=1)
             y = (full * w).sum(1)
             if bias is not None:
@@ -58,15 +63,12 @@ def sequential_selective_scan(u: Tensor, states: Tensor, delta: Tensor, A: Tenso
                               has_initial_state: Tensor | None = None
                               ) -> tuple[Tensor, Tensor]:
     """``selective_scan`` token by token; returns ``(out, new_states)``."""
-    states = states.clone()
     out = torch.zeros(u.shape, dtype=u.dtype)
+    states = states.clone()
     a = A.float()
-    for start, end, slot, init in _segments(u.shape[0], query_start_loc, cache_indices,
-                                            has_initial_state):
-        if slot < 0:
-            continue
-        h = states[slot].float() if init else torch.zeros(a.shape)
-        for t in range(start, end):
+    for span, slot, h in _sequences(states, u.shape[0], query_start_loc, cache_indices,
+                                    has_initial_state):
+        for t in span:
             dt = delta[t].float()
             if delta_bias is not None:
                 dt = dt + delta_bias.float()

@@ -35,10 +35,9 @@ from typing import Any, Final
 
 import torch
 
-from opmux.core.errors import ProviderUnavailableError
 from opmux.core.op import NATIVE, Op
 from opmux.testing.cases import Case
-from opmux.testing.conformance import CaseResult, _compare, _flatten, _resolve, tolerance
+from opmux.testing.conformance import CaseResult, _compare_all, _provider, tolerance
 
 __all__ = ["VIEW_KINDS", "StridedVariant", "run_variant", "strided_variants", "strided_view"]
 
@@ -108,33 +107,26 @@ def strided_variants(case: Case, *, names: Sequence[str] | None = None,
     :param kinds: the view kinds to make.
     """
     params = list(names) if names is not None else []
-    for i, value in enumerate(case.args):
+    # (position or keyword, argument name, value) of every argument
+    slots: list[tuple[int | str, str, Any]] = [
+        (i, params[i] if i < len(params) else f"x{i}", v) for i, v in enumerate(case.args)]
+    slots += [(key, key, v) for key, v in case.kwargs.items()]
+    for where, arg, value in slots:
         if not isinstance(value, torch.Tensor):
             continue
-        arg = params[i] if i < len(params) else f"x{i}"
         for kind in kinds:
             if kind == "expanded" and arg in mutated:
                 continue
             view = strided_view(value, kind)
             if view is None:
                 continue
-            args = (*case.args[:i], view, *case.args[i + 1:])
+            if isinstance(where, int):
+                args, kwargs = (*case.args[:where], view, *case.args[where + 1:]), dict(case.kwargs)
+            else:
+                args, kwargs = case.args, {**case.kwargs, where: view}
             yield StridedVariant(f"{arg}-{kind}", arg, kind,
-                                 Case(f"{case.name}[{arg}-{kind}]", args, dict(case.kwargs),
-                                      case.dtype, case.atol, case.rtol))
-    for key, value in case.kwargs.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        for kind in kinds:
-            if kind == "expanded" and key in mutated:
-                continue
-            view = strided_view(value, kind)
-            if view is None:
-                continue
-            kwargs = {**case.kwargs, key: view}
-            yield StridedVariant(f"{key}-{kind}", key, kind,
-                                 Case(f"{case.name}[{key}-{kind}]", case.args, kwargs,
-                                      case.dtype, case.atol, case.rtol))
+                                 Case(f"{case.name}[{arg}-{kind}]", args, kwargs, case.dtype,
+                                      case.atol, case.rtol))
 
 
 def _contiguous_copy(value: Any) -> Any:
@@ -175,12 +167,7 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
     """
     from opmux.core.errors import OpInputError
 
-    the_op = _resolve(op)
-    impl = the_op.impls.get(provider)
-    if impl is None:
-        raise ProviderUnavailableError(
-            f"op {the_op.qualname!r} has no provider {provider!r}; registered: "
-            f"{sorted(p for p in the_op.impls if p != NATIVE)}")
+    the_op, impl = _provider(op, provider)
     case = variant.case
     atol, rtol = tolerance(case)
     result = CaseResult(case.name, "pass", atol=atol, rtol=rtol)
@@ -244,21 +231,3 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
     if problems:
         result.status, result.message = "fail", "\n".join(problems)
     return result
-
-
-def _compare_all(the_op: Op, got: Any, want: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], ref_args: tuple[Any, ...],
-                 ref_kwargs: dict[str, Any], atol: float, rtol: float,
-                 result: CaseResult) -> list[str]:
-    got_leaves, want_leaves = _flatten(got, "output"), _flatten(want, "output")
-    problems = [p for (label, g), (_, w) in zip(got_leaves, want_leaves, strict=False)
-                for p in _compare(label, g, w, atol, rtol, result)]
-    if len(got_leaves) != len(want_leaves):
-        problems.append(f"output: expected {len(want_leaves)} values, got {len(got_leaves)}")
-    params = list(the_op.signature.parameters)
-    for name in the_op.mutates_args:
-        i = params.index(name)
-        g_arg = args[i] if i < len(args) else kwargs[name]
-        w_arg = ref_args[i] if i < len(ref_args) else ref_kwargs[name]
-        problems += _compare(f"mutated argument {name!r}", g_arg, w_arg, atol, rtol, result)
-    return problems

@@ -215,12 +215,8 @@ def test_mla_decode_continues_prefill(provider: str, dtype: torch.dtype) -> None
 
 
 def _mla_args(**over: Any) -> list[Any]:
-    base = mla_case("err", q_lens=[2, 1], kv_lens=[5, 9])
-    names = ["q", "kv_cache", "kv_b_weight", "block_tables", "seq_lens", "query_start_loc",
-             "scale", "qk_nope_head_dim"]
-    values = dict(zip(names, base.args, strict=True))
-    values.update(over)
-    return [values[n] for n in names]
+    names = list(opmux.get_op("mla_attention").signature.parameters)
+    return mla_case("err", q_lens=[2, 1], kv_lens=[5, 9]).args_with(names, **over)
 
 
 @pytest.mark.parametrize(("over", "match"), [

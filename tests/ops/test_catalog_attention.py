@@ -77,12 +77,8 @@ def test_decode_row_sees_its_whole_window_and_nothing_more() -> None:
 
 
 def _args(**over):  # type: ignore[no-untyped-def]
-    base = attention_case("err", q_lens=[2, 1], kv_lens=[5, 9])
-    names = ["query", "key_cache", "value_cache", "block_tables", "seq_lens",
-             "query_start_loc", "scale", "sliding_window", "soft_cap"]
-    values = dict(zip(names, base.args, strict=True))
-    values.update(over)
-    return [values[n] for n in names]
+    names = list(paged_attention.signature.parameters)
+    return attention_case("err", q_lens=[2, 1], kv_lens=[5, 9]).args_with(names, **over)
 
 
 @pytest.mark.parametrize(("over", "match"), [
