@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 import opmux
+import opmux.distributed as od
 from opmux.core import custom_op as _custom_op
 from opmux.core.runtime import reset_for_tests
 
@@ -74,3 +75,11 @@ def fresh_custom_ops() -> Iterator[None]:
     _custom_op._reset_for_tests()
     yield
     _custom_op._reset_for_tests()
+
+
+@pytest.fixture
+def fresh_distributed() -> Iterator[None]:
+    """No tensor-parallel group or registered process group around a test (TP=1)."""
+    od._reset_for_tests()
+    yield
+    od._reset_for_tests()

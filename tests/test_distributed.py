@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,12 +10,7 @@ import torch
 import opmux
 import opmux.distributed as od
 
-
-@pytest.fixture(autouse=True)
-def _reset() -> Iterator[None]:
-    od._reset_for_tests()
-    yield
-    od._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_distributed")
 
 
 def test_uninitialised_is_a_size_one_group() -> None:

@@ -96,6 +96,14 @@ def test_layer_op_needs_the_context() -> None:
         moe_forward_shared("lonely", torch.randn(2, 8), torch.randn(2, 4))
 
 
+def _expect_config_error(kwargs: dict[str, object], match: str) -> None:
+    """A small FusedMoE with ``kwargs`` added is refused with ``match``."""
+    args: dict[str, object] = {"num_experts": 4, "top_k": 2, "hidden_size": 8,
+                               "intermediate_size": 8, **kwargs}
+    with pytest.raises(opmux.ConfigError, match=match):
+        FusedMoE(**args)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"top_k": 5}, r"top_k must be in \[1, num_experts=4\], got 5"),
     ({"layer_name": ""}, "layer_name must be a non-empty string"),
@@ -105,11 +113,7 @@ def test_layer_op_needs_the_context() -> None:
     ({"scoring_func": "sigmoid"}, "apply to grouped routing only"),
 ])
 def test_layer_config_errors(kwargs: dict[str, object], match: str) -> None:
-    args: dict[str, object] = {"num_experts": 4, "top_k": 2, "hidden_size": 8,
-                               "intermediate_size": 8, "layer_name": "x"}
-    args.update(kwargs)
-    with pytest.raises(opmux.ConfigError, match=match):
-        FusedMoE(**args)  # type: ignore[arg-type]
+    _expect_config_error({"layer_name": "x", **kwargs}, match)
 
 
 class TwoLayerMoE(torch.nn.Module):
@@ -249,11 +253,7 @@ def test_vllm_form_plain_topk_keeps_groups_informative() -> None:
     ({"shared_experts": torch.nn.Identity(), "shared_intermediate_size": 4}, "not both"),
 ])
 def test_vllm_form_config_errors(kwargs: dict[str, object], match: str) -> None:
-    args: dict[str, object] = {"num_experts": 4, "top_k": 2, "hidden_size": 8,
-                               "intermediate_size": 8, "prefix": "x"}
-    args.update(kwargs)
-    with pytest.raises(opmux.ConfigError, match=match):
-        FusedMoE(**args)  # type: ignore[arg-type]
+    _expect_config_error({"prefix": "x", **kwargs}, match)
 
 
 # ------------------------------------------------------------ TransformersFusedMoE

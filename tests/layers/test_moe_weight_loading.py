@@ -3,21 +3,13 @@ test_tensor_parallel_tp2.py) and its errors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
 import opmux
-import opmux.distributed as od
 from opmux.layers import FusedMoE
 
-
-@pytest.fixture(autouse=True)
-def _tp1() -> Iterator[None]:
-    od._reset_for_tests()
-    yield
-    od._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_distributed")
 
 
 def test_per_expert_and_stacked_loads_agree() -> None:

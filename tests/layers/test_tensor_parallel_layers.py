@@ -3,14 +3,11 @@ weight loading and its errors. TP=2 is in test_tensor_parallel_tp2.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import opmux
-import opmux.distributed as od
 from opmux.layers import (
     ColumnParallelLinear,
     LogitsProcessor,
@@ -22,12 +19,7 @@ from opmux.layers import (
     VocabParallelEmbedding,
 )
 
-
-@pytest.fixture(autouse=True)
-def _tp1() -> Iterator[None]:
-    od._reset_for_tests()
-    yield
-    od._reset_for_tests()
+pytestmark = pytest.mark.usefixtures("fresh_distributed")
 
 
 def _load(layer: torch.nn.Module, **full: torch.Tensor) -> None:
