@@ -342,15 +342,9 @@ def _reset_for_tests() -> None:
 
 
 class _OpLayer(CustomOp):
-    """A layer whose platform paths all run ``forward_op``: by default its catalog op
-    ``_catalog_op`` on the forward's arguments (layers that pass more override it)."""
-
-    _catalog_op: ClassVar[Callable[..., Any] | None] = None
+    """A layer whose platform paths all run ``forward_op`` (its catalog op)."""
 
     def forward_op(self, *args: Any, **kwargs: Any) -> Any:
-        op = self._catalog_op
-        if op is None:
-            raise NotImplementedError(f"{type(self).__name__} must implement forward_op")
-        return op(*args, **kwargs)
+        raise NotImplementedError(f"{type(self).__name__} must implement forward_op")
 
     forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_op")

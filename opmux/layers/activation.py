@@ -55,8 +55,6 @@ def _check_approximate(approximate: str) -> None:
 class SiluAndMul(_OpLayer):
     """SwiGLU: ``silu(x[..., :d]) * x[..., d:]`` for ``x[..., 2*d]``."""
 
-    _catalog_op = ops.silu_and_mul
-
     def __init__(self, *, compile_native: bool = True) -> None:
         super().__init__()
 
@@ -64,16 +62,22 @@ class SiluAndMul(_OpLayer):
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
+    def forward_op(self, x: Tensor) -> Tensor:
+        out: Tensor = ops.silu_and_mul(x)
+        return out
+
 
 @CustomOp.register("mul_and_silu")
 class MulAndSilu(_OpLayer):
     """``x[..., :d] * silu(x[..., d:])``."""
 
-    _catalog_op = ops.mul_and_silu
-
     def forward_native(self, x: Tensor) -> Tensor:
         d = x.shape[-1] // 2
         return x[..., :d] * F.silu(x[..., d:])
+
+    def forward_op(self, x: Tensor) -> Tensor:
+        out: Tensor = ops.mul_and_silu(x)
+        return out
 
 
 @CustomOp.register("fatrelu_and_mul")
@@ -183,44 +187,52 @@ class SwigluOAIAndMul(_OpLayer):
 class NewGELU(_OpLayer):
     """GPT-2's tanh GELU."""
 
-    _catalog_op = ops.gelu_new
-
     def forward_native(self, x: Tensor) -> Tensor:
         c = math.sqrt(2.0 / math.pi)
         return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    def forward_op(self, x: Tensor) -> Tensor:
+        out: Tensor = ops.gelu_new(x)
+        return out
 
 
 @CustomOp.register("gelu_fast")
 class FastGELU(_OpLayer):
     """The fast tanh GELU."""
 
-    _catalog_op = ops.gelu_fast
-
     def forward_native(self, x: Tensor) -> Tensor:
         return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+
+    def forward_op(self, x: Tensor) -> Tensor:
+        out: Tensor = ops.gelu_fast(x)
+        return out
 
 
 @CustomOp.register("quick_gelu")
 class QuickGELU(_OpLayer):
     """``x * sigmoid(1.702 x)``."""
 
-    _catalog_op = ops.quick_gelu
-
     def forward_native(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(1.702 * x)
+
+    def forward_op(self, x: Tensor) -> Tensor:
+        out: Tensor = ops.quick_gelu(x)
+        return out
 
 
 @CustomOp.register("relu2")
 class ReLUSquaredActivation(_OpLayer):
     """``relu(x)^2`` (Primer)."""
 
-    _catalog_op = ops.relu2
-
     def __init__(self, *, compile_native: bool = True) -> None:
         super().__init__()
 
     def forward_native(self, x: Tensor) -> Tensor:
         return torch.square(F.relu(x))
+
+    def forward_op(self, x: Tensor) -> Tensor:
+        out: Tensor = ops.relu2(x)
+        return out
 
 
 @CustomOp.register("xielu")
