@@ -15,6 +15,14 @@ import torch
 Fn = Callable[[], Any]
 
 
+def _unary_fns(op: Callable[..., Any], kernels: Any, kernel: str, x: torch.Tensor,
+               out: torch.Tensor) -> dict[str, Fn]:
+    """The op of an elementwise activation, and its kernel ``kernels.<kernel>`` writing into
+    ``out`` (looked up when called: the library loads on the op's first call)."""
+    return {"cpp": lambda: op(x),
+            "cpp kernel (out given)": lambda: getattr(kernels, kernel)(out, x)}
+
+
 def activation_cases(tokens: int, inter: int, dtype: torch.dtype,
                      has_vllm: bool) -> list[tuple[str, tuple[Any, ...], dict[str, Fn]]]:
     """(op name, native args, {label: callable}) per op, as ``ops_cpu.cases`` returns."""
@@ -43,18 +51,8 @@ def activation_cases(tokens: int, inter: int, dtype: torch.dtype,
         ("swigluoai_and_mul", (g, 1.702, 7.0), {
             "cpp": lambda: c.swigluoai_and_mul(g, 1.702, 7.0),
             "cpp kernel (out given)": lambda: k.swigluoai_and_mul_out(g_out, g, 1.702, 7.0)}),
-        ("gelu_new", (x,), {
-            "cpp": lambda: c.gelu_new(x),
-            "cpp kernel (out given)": lambda: k.gelu_new_out(out, x)}),
-        ("gelu_fast", (x,), {
-            "cpp": lambda: c.gelu_fast(x),
-            "cpp kernel (out given)": lambda: k.gelu_fast_out(out, x)}),
-        ("quick_gelu", (x,), {
-            "cpp": lambda: c.quick_gelu(x),
-            "cpp kernel (out given)": lambda: k.quick_gelu_out(out, x)}),
-        ("relu2", (x,), {
-            "cpp": lambda: c.relu2(x),
-            "cpp kernel (out given)": lambda: k.relu2_out(out, x)}),
+        *((name, (x,), _unary_fns(getattr(c, name), k, f"{name}_out", x, out))
+          for name in ("gelu_new", "gelu_fast", "quick_gelu", "relu2")),
         ("xielu", (x, ap, an, 0.5, -1e-6), {
             "cpp": lambda: c.xielu(x, ap, an, 0.5, -1e-6),
             "cpp kernel (out given)": lambda: k.xielu_out(out, x, ap, an, 0.5, -1e-6)}),

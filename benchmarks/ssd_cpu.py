@@ -11,12 +11,11 @@ Run from this folder: ``python ssd_cpu.py [--tokens 2048] [--dtype bf16]``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from timing import interleaved_ms
+from timing import int_options, interleaved_ms
 
 import opmux
 from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
@@ -54,17 +53,9 @@ def _contenders(op: opmux.Op, args: Callable[[torch.Tensor], tuple[Any, ...]],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--seqs", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--state", type=int, default=128)
-    parser.add_argument("--groups", type=int, default=1)
-    parser.add_argument("--chunk", type=int, default=256)
+    parser = int_options(__doc__, tokens=2048, seqs=4, batch=32, heads=32, head_dim=64,
+                         state=128, groups=1, chunk=256, iters=5)
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--iters", type=int, default=5)
     a = parser.parse_args()
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
     opmux.load_plugins()

@@ -13,7 +13,6 @@ Run from the repository root: ``python benchmarks/ssm_cpu.py [--tokens N] [--qui
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from timing import interleaved_ms
+from timing import int_options, interleaved_ms
 
 import opmux
 from opmux.testing.ssm_cases import make_scan_inputs
@@ -66,13 +65,7 @@ def cases(tokens: int, seqs: int, batch: int, dim: int, dstate: int, width: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--seqs", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--dim", type=int, default=1536)
-    parser.add_argument("--dstate", type=int, default=16)
-    parser.add_argument("--iters", type=int, default=5)
+    parser = int_options(__doc__, tokens=2048, seqs=4, batch=32, dim=1536, dstate=16, iters=5)
     parser.add_argument("--quick", action="store_true", help="small shapes, no compile")
     args = parser.parse_args()
     if args.quick:

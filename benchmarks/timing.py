@@ -10,6 +10,7 @@ interpreters.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.util
 import os
@@ -89,3 +90,12 @@ def load_vllm() -> str | None:
             except OSError:
                 continue
     return None
+
+
+def int_options(doc: str | None, **defaults: int) -> argparse.ArgumentParser:
+    """A benchmark's parser, described by the first line of ``doc``, with one integer option
+    ``--name`` per keyword (underscores become dashes) defaulting to its value."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    for name, default in defaults.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    return parser

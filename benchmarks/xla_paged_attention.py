@@ -19,7 +19,6 @@ each distinct (batch bucket, max blocks) shape compiles exactly once.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from timing import int_options
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -123,16 +123,10 @@ def make_fns(shape: Shape) -> dict[str, Callable[[dict[str, torch.Tensor]], torc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser = int_options(__doc__, steps=20, batch=8, max_blocks=32, heads=16, kv_heads=4,
+                         head_size=64, block_size=16)
     parser.add_argument("--ref-steps", type=int, default=4,
                         help="steps of torch_xla with changing lengths (each compiles)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--max-blocks", type=int, default=32)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-size", type=int, default=64)
-    parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args()
     shape = Shape(args.batch, args.max_blocks, args.heads, args.kv_heads, args.head_size,
                   args.block_size)
