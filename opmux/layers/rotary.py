@@ -38,6 +38,7 @@ from torch import Tensor
 
 from opmux.core.custom_op import CustomOp
 from opmux.core.errors import ConfigError
+from opmux.layers._rope import _RopeLayer
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import (
     apply_rotary_emb,
@@ -58,16 +59,6 @@ __all__ = [
     "get_rope",
     "reset_rope_cache",
 ]
-
-
-def _check_rope_dims(layer: str, head_size: int, rotary_dim: int,
-                     max_position_embeddings: int) -> None:
-    if head_size <= 0 or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_size:
-        raise ConfigError(f"{layer}: rotary_dim must be even and in [2, head_size={head_size}]"
-                          f", got rotary_dim={rotary_dim}")
-    if max_position_embeddings <= 0:
-        raise ConfigError(f"{layer}: max_position_embeddings must be positive, got "
-                          f"{max_position_embeddings}")
 
 
 def _rotate_halves(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool) -> Tensor:
@@ -138,7 +129,7 @@ class ApplyRotaryEmb(CustomOp):
 
 # -------------------------------------------------------------------------- RotaryEmbedding
 @CustomOp.register("rotary_embedding")
-class RotaryEmbeddingBase(CustomOp):
+class RotaryEmbeddingBase(_RopeLayer):
     """Rotary positional embedding with a ``cos_sin_cache`` buffer (vLLM's base class).
 
     ``cos_sin_cache`` is ``[max_position_embeddings, rotary_dim]`` in ``dtype``: ``cos``
@@ -158,13 +149,8 @@ class RotaryEmbeddingBase(CustomOp):
                  base: float, is_neox_style: bool, dtype: torch.dtype,
                  init_cache: bool = True) -> None:
         super().__init__()
-        _check_rope_dims(type(self).__name__, head_size, rotary_dim, max_position_embeddings)
-        self.head_size = head_size
-        self.rotary_dim = rotary_dim
-        self.max_position_embeddings = max_position_embeddings
-        self.base = base
-        self.is_neox_style = is_neox_style
-        self.dtype = dtype
+        self._init_rope(head_size, rotary_dim, max_position_embeddings, base, is_neox_style,
+                        dtype)
         self.cos_sin_cache: Tensor
         if init_cache:
             self.register_buffer("cos_sin_cache", self._compute_cos_sin_cache().to(dtype),
@@ -407,7 +393,7 @@ _DUAL_CHUNK_BUFFERS = ("cos_sin_q_cache", "cos_sin_qc_cache", "cos_sin_k_cache",
 
 
 @CustomOp.register("dual_chunk_rotary_embedding")
-class DualChunkRotaryEmbedding(CustomOp):
+class DualChunkRotaryEmbedding(_RopeLayer):
     """Rotary embedding for Dual Chunk Attention (vLLM's ``DualChunkRotaryEmbedding``).
 
     Buffers (not persistent): ``cos_sin_q_cache``, ``cos_sin_qc_cache``,
@@ -423,18 +409,13 @@ class DualChunkRotaryEmbedding(CustomOp):
                  base: float, is_neox_style: bool, dtype: torch.dtype, chunk_size: int,
                  local_size: int) -> None:
         super().__init__()
-        _check_rope_dims(type(self).__name__, head_size, rotary_dim, max_position_embeddings)
         if chunk_size <= local_size or local_size < 0:
             raise ConfigError(f"DualChunkRotaryEmbedding: need 0 <= local_size < chunk_size, "
                               f"got chunk_size={chunk_size}, local_size={local_size}")
-        self.head_size = head_size
-        self.rotary_dim = rotary_dim
-        self.max_position_embeddings = max_position_embeddings
-        self.base = base
-        self.is_neox_style = is_neox_style
+        self._init_rope(head_size, rotary_dim, max_position_embeddings, base, is_neox_style,
+                        dtype)
         self.chunk_size = chunk_size
         self.local_size = local_size
-        self.dtype = dtype
         self.cos_sin_q_cache: Tensor
         self.cos_sin_qc_cache: Tensor
         self.cos_sin_k_cache: Tensor

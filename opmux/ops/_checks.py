@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import torch
 from torch import Tensor
@@ -36,6 +36,7 @@ from torch import Tensor
 from opmux.core.errors import OpInputError
 
 __all__ = [
+    "checked_fake",
     "FLOAT_DTYPES",
     "INDEX_DTYPES",
     "check_advance_step_flashattn",
@@ -272,6 +273,20 @@ def check_bool(op: str, provider: str, name: str, value: object) -> None:
     """``value`` must be a bool."""
     if not isinstance(value, (bool, torch.SymBool)):
         raise input_error(op, provider, name, "a bool", _type_name(value))
+
+
+def checked_fake(check: Callable[..., None], like: str, position: int
+                 ) -> Callable[..., Tensor]:
+    """A fake (meta) implementation for an op whose output is a fresh contiguous tensor
+    shaped like its argument ``like`` (at ``position``): it runs ``check`` on the op's
+    arguments without reading index values, then returns that empty tensor."""
+
+    def fake(*args: Any, **kwargs: Any) -> Tensor:
+        check(*args, **kwargs, read_data=False)
+        ref = args[position] if position < len(args) else kwargs[like]
+        return torch.empty_like(ref, memory_format=torch.contiguous_format)
+
+    return fake
 
 
 # private names kept for the checks below that predate the public helpers

@@ -197,6 +197,21 @@ def _ssm_params(op: str, provider: str, rows: int, dim: int, states: Tensor, A: 
     return n
 
 
+def _scan_inputs(op: str, provider: str, names: tuple[str, str, str], layout: str, x: Tensor,
+                 dt: Tensor, states: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                 D: Tensor | None, z: Tensor | None, bias: Tensor | None
+                 ) -> tuple[Tensor, Tensor, Tensor, int]:
+    """What the scan and its single-step update share: ``x [rows, dim]`` (``layout``), its
+    time steps of the same shape, the states and the SSM parameters (``names``: those of
+    ``x``, the time steps and their bias). Returns ``(x, dt, states, rows)``."""
+    x_name, dt_name, bias_name = names
+    x, rows, dim = _rows(op, provider, x_name, x, layout)
+    dt = _float_shaped(op, provider, dt_name, dt, (rows, dim), f" ({x_name}'s shape)")
+    states = _tensor(op, provider, "ssm_states", states)
+    _ssm_params(op, provider, rows, dim, states, A, B, C, D, z, bias, bias_name)
+    return x, dt, states, rows
+
+
 def check_selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: Tensor,
                          C: Tensor, D: Tensor | None = None, z: Tensor | None = None,
                          delta_bias: Tensor | None = None, delta_softplus: bool = False,
@@ -206,10 +221,9 @@ def check_selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor
                          provider: str = "native", read_data: bool = True) -> None:
     """Validate ``selective_scan``; reads the index tensors when ``read_data``."""
     op = "selective_scan"
-    u, tokens, dim = _rows(op, provider, "u", u, "[T, dim]")
-    delta = _float_shaped(op, provider, "delta", delta, (tokens, dim), " (u's shape)")
-    ssm_states = _tensor(op, provider, "ssm_states", ssm_states)
-    _ssm_params(op, provider, tokens, dim, ssm_states, A, B, C, D, z, delta_bias, "delta_bias")
+    u, delta, ssm_states, tokens = _scan_inputs(op, provider, ("u", "delta", "delta_bias"),
+                                                "[T, dim]", u, delta, ssm_states, A, B, C, D,
+                                                z, delta_bias)
     seqs = _starts(op, provider, query_start_loc, tokens, read_data)
     _slot_count(op, provider, "cache_indices", cache_indices, seqs, "ssm_states", ssm_states,
                 "sequence")
@@ -226,10 +240,9 @@ def check_selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: T
                                  provider: str = "native", read_data: bool = True) -> None:
     """Validate ``selective_state_update``; reads ``state_batch_indices`` when ``read_data``."""
     op = "selective_state_update"
-    x, batch, dim = _rows(op, provider, "x", x, "[batch, dim]")
-    dt = _float_shaped(op, provider, "dt", dt, (batch, dim), " (x's shape)")
-    ssm_states = _tensor(op, provider, "ssm_states", ssm_states)
-    _ssm_params(op, provider, batch, dim, ssm_states, A, B, C, D, z, dt_bias, "dt_bias")
+    x, dt, ssm_states, batch = _scan_inputs(op, provider, ("x", "dt", "dt_bias"),
+                                            "[batch, dim]", x, dt, ssm_states, A, B, C, D, z,
+                                            dt_bias)
     _slot_count(op, provider, "state_batch_indices", state_batch_indices, batch, "ssm_states",
                 ssm_states, "row")
     _same_device(op, provider, x, dt=dt, A=A, B=B, C=C, ssm_states=ssm_states)

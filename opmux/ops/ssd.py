@@ -24,13 +24,14 @@ recurrence up to float rounding.
 """
 
 # no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
+from opmux.ops._checks import checked_fake
 from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
 
 __all__ = ["ssd_chunk_scan", "ssd_state_update"]
@@ -134,11 +135,7 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
     return _finish(y, x, D, z).to(x.dtype)
 
 
-@ssd_chunk_scan.register_fake
-def _ssd_chunk_scan_fake(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    """``ssd_chunk_scan``'s arguments, checked without reading index values."""
-    check_ssd_chunk_scan(x, *args, **kwargs, read_data=False)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+ssd_chunk_scan.register_fake(checked_fake(check_ssd_chunk_scan, "x", 0))
 
 
 @register_op(mutates_args=("ssm_state",))
@@ -169,12 +166,4 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     return _finish(y, x, D, z).to(x.dtype)
 
 
-@ssd_state_update.register_fake
-def _ssd_state_update_fake(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                           ssm_state: Tensor, state_indices: Tensor,
-                           D: Optional[Tensor] = None, z: Optional[Tensor] = None,
-                           dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
-                           dt_min: float = 0.0, dt_max: Optional[float] = None) -> Tensor:
-    check_ssd_state_update(x, dt, A, B, C, ssm_state, state_indices, D, z, dt_bias,
-                           dt_softplus, dt_min, dt_max, read_data=False)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+ssd_state_update.register_fake(checked_fake(check_ssd_state_update, "x", 0))

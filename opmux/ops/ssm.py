@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
+from opmux.ops._checks import checked_fake
 from opmux.ops._ssm_checks import (
     check_causal_conv1d,
     check_causal_conv1d_update,
@@ -113,15 +114,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
     return out
 
 
-@causal_conv1d.register_fake
-def _causal_conv1d_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states: Tensor,
-                        query_start_loc: Optional[Tensor] = None,
-                        cache_indices: Optional[Tensor] = None,
-                        has_initial_state: Optional[Tensor] = None,
-                        activation: Optional[str] = "silu") -> Tensor:
-    check_causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                        has_initial_state, activation, read_data=False)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+causal_conv1d.register_fake(checked_fake(check_causal_conv1d, "x", 0))
 
 
 @register_op(mutates_args=("conv_state",))
@@ -147,13 +140,7 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
     return _write_rows(conv_state, idx, valid, xp[:, :, 1:], _activate(y, activation), x.dtype)
 
 
-@causal_conv1d_update.register_fake
-def _causal_conv1d_update_fake(x: Tensor, conv_state: Tensor, weight: Tensor,
-                               bias: Optional[Tensor] = None, activation: Optional[str] = None,
-                               conv_state_indices: Optional[Tensor] = None) -> Tensor:
-    check_causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
-                               read_data=False)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+causal_conv1d_update.register_fake(checked_fake(check_causal_conv1d_update, "x", 0))
 
 
 def _dt(delta: Tensor, bias: Optional[Tensor], softplus: bool) -> Tensor:
@@ -224,16 +211,7 @@ def selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: T
     return out
 
 
-@selective_scan.register_fake
-def _selective_scan_fake(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: Tensor,
-                         C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
-                         delta_bias: Optional[Tensor] = None, delta_softplus: bool = False,
-                         query_start_loc: Optional[Tensor] = None,
-                         cache_indices: Optional[Tensor] = None,
-                         has_initial_state: Optional[Tensor] = None) -> Tensor:
-    check_selective_scan(u, ssm_states, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                         query_start_loc, cache_indices, has_initial_state, read_data=False)
-    return torch.empty_like(u, memory_format=torch.contiguous_format)
+selective_scan.register_fake(checked_fake(check_selective_scan, "u", 0))
 
 
 @register_op(mutates_args=("ssm_states",))
@@ -261,12 +239,4 @@ def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
     return _write_rows(ssm_states, idx, valid, h, y, x.dtype)
 
 
-@selective_state_update.register_fake
-def _selective_state_update_fake(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
-                                 B: Tensor, C: Tensor, D: Optional[Tensor] = None,
-                                 z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
-                                 dt_softplus: bool = False,
-                                 state_batch_indices: Optional[Tensor] = None) -> Tensor:
-    check_selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                 state_batch_indices, read_data=False)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+selective_state_update.register_fake(checked_fake(check_selective_state_update, "x", 1))

@@ -55,18 +55,6 @@ def encoder_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
-@pytest.mark.parametrize("provider", _providers("encoder_attention"))
-@pytest.mark.parametrize("case", [c for c in cases_for("encoder_attention")
-                                  if "long" not in c.name], ids=lambda c: c.name)
-def test_encoder_attention_matches_sequential_reference(provider: str, case: Case) -> None:
-    args, _ = case.materialize("cpu")
-    got = _impl("encoder_attention", provider)(*args)
-    want = encoder_reference(*args)
-    assert got.shape == want.shape and got.dtype == args[0].dtype and got.is_contiguous()
-    tol = _TOL[got.dtype]
-    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
-
-
 def test_encoder_attention_sequences_do_not_see_each_other() -> None:
     q = torch.zeros(4, 1, 4)
     k = torch.zeros(4, 1, 4)
@@ -127,12 +115,22 @@ def mla_reference(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Te
     return out
 
 
-@pytest.mark.parametrize("provider", _providers("mla_attention"))
-@pytest.mark.parametrize("case", cases_for("mla_attention"), ids=lambda c: c.name)
-def test_mla_attention_matches_sequential_reference(provider: str, case: Case) -> None:
+def _reference_params() -> list[Any]:
+    """(op, provider, case, reference) rows (the encoder's ``long`` cases excepted, as
+    before: the sequential reference loops over every query, key and head)."""
+    references: dict[str, Callable[..., torch.Tensor]] = {
+        "encoder_attention": encoder_reference, "mla_attention": mla_reference}
+    return [pytest.param(op, provider, case, ref, id=f"{op}-{provider}-{case.name}")
+            for op, ref in references.items() for provider in _providers(op)
+            for case in cases_for(op) if not (op == "encoder_attention" and "long" in case.name)]
+
+
+@pytest.mark.parametrize(("op", "provider", "case", "reference"), _reference_params())
+def test_attention_matches_sequential_reference(op: str, provider: str, case: Case,
+                                                reference: Callable[..., torch.Tensor]) -> None:
     args, _ = case.materialize("cpu")
-    got = _impl("mla_attention", provider)(*args)
-    want = mla_reference(*args)
+    got = _impl(op, provider)(*args)
+    want = reference(*args)
     assert got.shape == want.shape and got.dtype == args[0].dtype and got.is_contiguous()
     tol = _TOL[got.dtype]
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)

@@ -1,0 +1,35 @@
+"""The base of the rotary layers: vLLM's dimension attributes, checked once."""
+
+from __future__ import annotations
+
+import torch
+
+from opmux.core.custom_op import CustomOp
+from opmux.core.errors import ConfigError
+
+
+class _RopeLayer(CustomOp):
+    """What the rotary layers hold: vLLM's dimension attributes, checked."""
+
+    head_size: int
+    rotary_dim: int
+    max_position_embeddings: int
+    base: float
+    is_neox_style: bool
+    dtype: torch.dtype
+
+    def _init_rope(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
+                   base: float, is_neox_style: bool, dtype: torch.dtype) -> None:
+        layer = type(self).__name__
+        if head_size <= 0 or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_size:
+            raise ConfigError(f"{layer}: rotary_dim must be even and in [2, head_size="
+                              f"{head_size}], got rotary_dim={rotary_dim}")
+        if max_position_embeddings <= 0:
+            raise ConfigError(f"{layer}: max_position_embeddings must be positive, got "
+                              f"{max_position_embeddings}")
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        self.dtype = dtype
