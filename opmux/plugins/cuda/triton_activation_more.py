@@ -24,7 +24,7 @@ from opmux.ops._activation_checks import (
 )
 from opmux.ops.activation import sparsity_std_multiplier
 from opmux.plugins.cuda.triton_activation import _tanh
-from opmux.plugins.cuda.triton_runtime import PROVIDER, one_config_when_interpreting
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, one_config_when_interpreting
 
 __all__ = [
     "fatrelu_and_mul", "fatrelu_and_mul_supports", "gelu_and_mul_sparse",
@@ -33,7 +33,6 @@ __all__ = [
     "xielu_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_SPARSE_D = 32768
 
 _FATRELU, _MUL_SILU, _SWIGLUOAI = 0, 1, 2
@@ -195,7 +194,7 @@ def _unary(x: torch.Tensor, act: int, alpha_p: torch.Tensor | None = None,
 
 def supports(x: torch.Tensor) -> bool:
     """Float dtypes (fp32/fp16/bf16)."""
-    return x.dtype in _DTYPES
+    return x.dtype in DTYPES
 
 
 def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
@@ -290,7 +289,7 @@ def xielu_supports(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor
     for t in (alpha_p, alpha_n):
         if t.dim() > 0:
             dtype = torch.promote_types(dtype, t.dtype)
-    return (supports(x) and alpha_p.dtype in _DTYPES and alpha_n.dtype == alpha_p.dtype
+    return (supports(x) and alpha_p.dtype in DTYPES and alpha_n.dtype == alpha_p.dtype
             and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
             and alpha_p.device == x.device and alpha_n.device == x.device
             and dtype == x.dtype)

@@ -19,7 +19,7 @@ from opmux.ops._norm_quant_checks import (
     check_gemma_rms_norm,
     check_rms_norm_gated,
 )
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "gemma_fused_add_rms_norm",
@@ -30,7 +30,6 @@ __all__ = [
     "rms_norm_gated_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_BLOCK = 8192
 """Widest chunk of a row one program holds in registers."""
 
@@ -131,7 +130,7 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> 
 
 def gemma_rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
     """Float32/16/bf16 ``x`` and ``weight``."""
-    return x.dtype in _DTYPES and weight.dtype in _DTYPES
+    return x.dtype in DTYPES and weight.dtype in DTYPES
 
 
 def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -154,7 +153,7 @@ def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
 def gemma_fused_add_rms_norm_supports(x: torch.Tensor, residual: torch.Tensor,
                                       weight: torch.Tensor, eps: float = 1e-6) -> bool:
     """As :func:`gemma_rms_norm_supports`."""
-    return x.dtype in _DTYPES and weight.dtype in _DTYPES
+    return x.dtype in DTYPES and weight.dtype in DTYPES
 
 
 def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor] = None,
@@ -183,5 +182,5 @@ def rms_norm_gated_supports(x: torch.Tensor, weight: torch.Tensor,
                             group_size: Optional[int] = None, norm_before_gate: bool = False,
                             activation: str = "swish") -> bool:
     """Float32/16/bf16 ``x``, ``weight`` and ``z``."""
-    return (x.dtype in _DTYPES and weight.dtype in _DTYPES
-            and (z is None or z.dtype in _DTYPES))
+    return (x.dtype in DTYPES and weight.dtype in DTYPES
+            and (z is None or z.dtype in DTYPES))

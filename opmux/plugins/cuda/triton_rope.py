@@ -15,11 +15,10 @@ import triton
 import triton.language as tl
 
 from opmux.ops._checks import check_rotary_embedding
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = ["rotary_embedding", "rotary_embedding_supports"]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -125,7 +124,7 @@ def rotary_embedding_supports(positions: torch.Tensor, query: torch.Tensor, key:
     """Float query/key of one dtype, integer positions, an even ``rot <= head_size``."""
     return (isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor)
             and isinstance(key, torch.Tensor) and isinstance(cos_sin_cache, torch.Tensor)
-            and query.dtype in _DTYPES and key.dtype == query.dtype
-            and cos_sin_cache.dtype in _DTYPES and cos_sin_cache.dim() == 2
+            and query.dtype in DTYPES and key.dtype == query.dtype
+            and cos_sin_cache.dtype in DTYPES and cos_sin_cache.dim() == 2
             and positions.dtype in (torch.int64, torch.int32)
             and 0 < cos_sin_cache.shape[1] <= head_size and cos_sin_cache.shape[1] % 2 == 0)

@@ -24,7 +24,7 @@ from opmux.ops._ssm_checks import (
     check_selective_scan,
     check_selective_state_update,
 )
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "causal_conv1d", "causal_conv1d_supports", "causal_conv1d_update",
@@ -32,7 +32,6 @@ __all__ = [
     "selective_state_update", "selective_state_update_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK_D = 32
 _MAX_STATE = 256
 
@@ -195,8 +194,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 def _conv_ok(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
              states: torch.Tensor) -> bool:
-    return (x.dtype in _DTYPES and weight.dtype in _DTYPES and states.is_contiguous()
-            and states.dtype in _DTYPES and (bias is None or bias.dtype in _DTYPES))
+    return (x.dtype in DTYPES and weight.dtype in DTYPES and states.is_contiguous()
+            and states.dtype in DTYPES and (bias is None or bias.dtype in DTYPES))
 
 
 def causal_conv1d_supports(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -271,9 +270,9 @@ def selective_scan(u: torch.Tensor, ssm_states: torch.Tensor, delta: torch.Tenso
 
 def _scan_ok(u: torch.Tensor, states: torch.Tensor, A: torch.Tensor,
              *acts: Optional[torch.Tensor]) -> bool:
-    return (u.dtype in _DTYPES and states.dtype in _DTYPES and states.is_contiguous()
+    return (u.dtype in DTYPES and states.dtype in DTYPES and states.is_contiguous()
             and A.dim() == 2 and A.shape[1] <= _MAX_STATE
-            and all(t is None or t.dtype in _DTYPES for t in acts))
+            and all(t is None or t.dtype in DTYPES for t in acts))
 
 
 def selective_scan_supports(u: torch.Tensor, ssm_states: torch.Tensor, delta: torch.Tensor,
