@@ -22,7 +22,6 @@ __all__ = [
 ]
 
 
-
 @triton.jit  # type: ignore[untyped-decorator]
 def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
     key_ptr, value_ptr, kc_ptr, vc_ptr, slot_ptr,

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from opmux.ops.rotary_more import check_apply_rotary_emb, check_dual_chunk_rotary_embedding
+from opmux.plugins.cuda.triton_rope import _columns
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
@@ -31,22 +32,6 @@ __all__ = [
     "dual_chunk_rotary_embedding",
     "dual_chunk_rotary_embedding_supports",
 ]
-
-
-
-@triton.jit  # type: ignore[untyped-decorator]
-def _columns(rot, IS_NEOX: tl.constexpr, D_PAD: tl.constexpr):  # type: ignore[no-untyped-def]
-    cols = tl.arange(0, D_PAD)
-    half = rot // 2
-    if IS_NEOX:
-        c = tl.where(cols < half, cols, cols - half)
-        partner = tl.where(cols < half, cols + half, cols - half)
-        sign = tl.where(cols < half, -1.0, 1.0)
-    else:
-        c = cols // 2
-        partner = cols ^ 1
-        sign = tl.where((cols % 2) == 0, -1.0, 1.0)
-    return cols, c, partner, sign
 
 
 @triton.jit  # type: ignore[untyped-decorator]

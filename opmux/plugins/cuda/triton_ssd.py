@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 
-
 @triton.jit  # type: ignore[untyped-decorator]
 def _ssd_kernel(  # type: ignore[no-untyped-def]
     x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, z_ptr, bias_ptr, state_ptr, slots_ptr,

@@ -62,6 +62,14 @@ def _segment(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _zero_rows(out_ptr, t0, t1, dim, c, cm, BLOCK_D: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Columns ``c`` of output rows ``t0..t1`` become zero (a padding slot's tokens)."""
+    for t in range(t0, t1):
+        tl.store(out_ptr + t * dim + c, tl.zeros([BLOCK_D], tl.float32)
+                 .to(out_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _conv_kernel(  # type: ignore[no-untyped-def]
     out_ptr, x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, idx_ptr, init_ptr, dim,
     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_QSL: tl.constexpr,
@@ -72,9 +80,7 @@ def _conv_kernel(  # type: ignore[no-untyped-def]
     cm = c < dim
     t0, t1, slot, init = _segment(pid, qsl_ptr, idx_ptr, init_ptr, HAS_QSL, HAS_IDX, HAS_INIT)
     if slot < 0:
-        for t in range(t0, t1):
-            tl.store(out_ptr + t * dim + c, tl.zeros([BLOCK_D], tl.float32)
-                     .to(out_ptr.dtype.element_ty), mask=cm)
+        _zero_rows(out_ptr, t0, t1, dim, c, cm, BLOCK_D)
     else:
         hist = WIDTH - 1
         zero = tl.zeros([BLOCK_D], tl.int64)
@@ -119,9 +125,7 @@ def _scan_kernel(  # type: ignore[no-untyped-def]
     m2 = cm[:, None] & nm[None, :]
     t0, t1, slot, init = _segment(pid, qsl_ptr, idx_ptr, init_ptr, HAS_QSL, HAS_IDX, HAS_INIT)
     if slot < 0:
-        for t in range(t0, t1):
-            tl.store(out_ptr + t * dim + c, tl.zeros([BLOCK_D], tl.float32)
-                     .to(out_ptr.dtype.element_ty), mask=cm)
+        _zero_rows(out_ptr, t0, t1, dim, c, cm, BLOCK_D)
     else:
         st = st_ptr + slot * dim * nstate + c[:, None] * nstate + n[None, :]
         h = tl.load(st, mask=m2 & (n[None, :] < nstate * init), other=0.0).to(tl.float32)

@@ -8,33 +8,23 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_refs import close
+from cuda_refs import case_id, close, op_cases
 
 import opmux
 import opmux.ops
 from opmux.core.errors import OpInputError
-from opmux.testing import Case, cases_for
+from opmux.testing import Case
 from opmux.testing.ssm_cases import make_scan_inputs
 from opmux.testing.ssm_reference import sequential_causal_conv1d, sequential_selective_scan
 
 pytestmark = pytest.mark.triton
 
+KERNELS = "triton_ssm"
+"""The kernel module the ``k`` fixture (conftest) imports."""
 OPS = ("causal_conv1d", "causal_conv1d_update", "selective_scan", "selective_state_update")
 
 
-@pytest.fixture(scope="module")
-def k() -> Any:
-    from opmux.plugins.cuda import triton_ssm
-
-    return triton_ssm
-
-
-def _all_cases() -> list[tuple[str, Case]]:
-    return [(name, c) for name in OPS for c in cases_for(name)]
-
-
-@pytest.mark.parametrize("name,case", _all_cases(), ids=lambda v: v if isinstance(v, str)
-                         else v.name)
+@pytest.mark.parametrize("name,case", op_cases(OPS), ids=case_id)
 def test_kernel_matches_native(k: Any, device: torch.device, name: str, case: Case) -> None:
     got_args, got_kw = case.materialize(device)
     want_args, want_kw = case.materialize(device)
