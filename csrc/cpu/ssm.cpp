@@ -74,6 +74,12 @@ inline void scatter(T* p, int64_t stride, const fVec& v, int64_t n) {
 
 inline fVec silu(const fVec& v) { return v / (fVec(1.f) + v.neg().exp_u20()); }
 
+// Columns c0..c0+n of rows t0..t1 of out [*, dim] become zero (a padding slot's tokens).
+template <typename T>
+inline void zero_rows(T* out, int64_t t0, int64_t t1, int64_t dim, int64_t c0, int64_t n) {
+  for (int64_t t = t0; t < t1; ++t) store_n(out + t * dim + c0, fVec(0.f), n);
+}
+
 template <typename T, typename S>
 void conv_kernel(T* out, const T* x, const T* weight, const T* bias, S* states, int64_t dim,
                  int64_t width, const Segments& seg, bool act) {
@@ -85,7 +91,7 @@ void conv_kernel(T* out, const T* x, const T* weight, const T* bias, S* states, 
       const int64_t n = std::min(kF, dim - c0);
       const int64_t t0 = seg.begin(s), t1 = seg.end(s), slot = seg.slot(s);
       if (slot < 0) {
-        for (int64_t t = t0; t < t1; ++t) store_n(out + t * dim + c0, fVec(0.f), n);
+        zero_rows(out, t0, t1, dim, c0, n);
         continue;
       }
       fVec w[kMaxWidth], win[kMaxWidth];
@@ -126,7 +132,7 @@ void scan_kernel(T* out, const T* u, const T* delta, const T* B, const T* C, con
       const int64_t n = std::min(kF, dim - c0);
       const int64_t t0 = seg.begin(s), t1 = seg.end(s), slot = seg.slot(s);
       if (slot < 0) {
-        for (int64_t t = t0; t < t1; ++t) store_n(out + t * dim + c0, fVec(0.f), n);
+        zero_rows(out, t0, t1, dim, c0, n);
         continue;
       }
       S* st = states + (slot * dim + c0) * ns;
