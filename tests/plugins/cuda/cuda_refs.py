@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 import opmux
-from opmux.testing import Case, cases_for, paged_batch
+from opmux.testing import paged_batch
 
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
 """(atol, rtol) per dtype. bf16 is loose by one ulp more than usual: Triton 3.9's interpreter
@@ -37,13 +37,8 @@ def paged_case(q_lens: list[int], kv_lens: list[int], heads: int, kv_heads: int,
                        unused=0, seed=seed).as_dict()
 
 
-def op_cases(ops: Iterable[str]) -> list[tuple[str, Case]]:
-    """``(op name, case)`` for every conformance case of each op in ``ops``."""
-    return [(name, c) for name in ops for c in cases_for(name)]
-
-
 def case_id(value: object) -> str:
-    """Test id of an :func:`op_cases` parameter: the op name, or the case's name."""
+    """Test id of a parameter that is a name or a conformance case (the case's name)."""
     return value if isinstance(value, str) else value.name  # type: ignore[attr-defined]
 
 

@@ -1,5 +1,6 @@
 """Triton kernels of ``apply_rotary_emb`` and ``dual_chunk_rotary_embedding`` (interpreter on
-CPU, or a GPU) against the native references, directly and through opmux dispatch."""
+CPU, or a GPU): errors and dispatch through opmux (the conformance cases run in
+``test_triton_kernel_cases.py``)."""
 
 from __future__ import annotations
 
@@ -7,30 +8,19 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_refs import OpsFactory, case_id, close_outputs, op_cases
+from cuda_refs import OpsFactory, close_outputs
 
 import opmux
 import opmux.ops
 from opmux.core.errors import OpInputError
 from opmux.ops.rotary_more import make_dual_chunk_caches
-from opmux.testing import Case, cases_for
+from opmux.testing import cases_for
 
 pytestmark = pytest.mark.triton
 
 KERNELS = "triton_rope_more"
 """The kernel module the ``k`` fixture (conftest) imports."""
 OPS = ("apply_rotary_emb", "dual_chunk_rotary_embedding")
-
-
-@pytest.mark.parametrize("name,case", op_cases(OPS), ids=case_id)
-def test_kernel_matches_native(k: Any, device: torch.device, name: str, case: Case) -> None:
-    args, _ = case.materialize(device)
-    fn, supports = getattr(k, name), getattr(k, f"{name}_supports")
-    assert supports(*args), case.name  # strided and int32 inputs are read in place
-    got = fn(*args)
-    want = getattr(opmux.ops, name).native(*args)
-    dtype = case.tolerance_dtype() or torch.float32
-    close_outputs(got, want, dtype)
 
 
 def test_errors(k: Any, device: torch.device) -> None:
