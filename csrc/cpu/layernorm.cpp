@@ -10,21 +10,6 @@ namespace opmux_cpu {
 namespace {
 
 template <typename T>
-void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t d, float eps) {
-  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * d;
-      T* orow = out + r * d;
-      const fVec inv(inv_rms(sum_sq(xr, d), d, eps));
-      for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_nt(orow + j, load_n(xr + j, n) * inv * load_n(w + j, n), n);
-      });
-    }
-    stream_fence();
-  });
-}
-
-template <typename T>
 void fused_add_rms_norm_rows(T* out, T* res_out, const T* x, const T* res, const T* w,
                              int64_t rows, int64_t d, float eps) {
   at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
@@ -68,9 +53,8 @@ void rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   advise_huge_pages(out);
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "rms_norm", [&] {
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
-                            weight.const_data_ptr<scalar_t>(), rows, d,
-                            static_cast<float>(eps));
+    norm_rows<false>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                     weight.const_data_ptr<scalar_t>(), rows, d, static_cast<float>(eps));
   });
 }
 

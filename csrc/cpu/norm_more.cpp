@@ -18,29 +18,6 @@ void check_like(const char* op, const char* name, const at::Tensor& t, const at:
                     " ", x.scalar_type(), ", got ", t.sizes(), " ", t.scalar_type());
 }
 
-// (1 + w) for Gemma, w otherwise, as fp32 lanes.
-template <bool kGemma, typename W>
-inline fVec load_w(const W* w, int64_t j, int64_t n) {
-  fVec v = load_n(w + j, n);
-  if constexpr (kGemma) v = v + fVec(1.0f);
-  return v;
-}
-
-template <typename T, typename W>
-void gemma_rows(T* out, const T* x, const W* w, int64_t rows, int64_t d, float eps) {
-  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * d;
-      T* orow = out + r * d;
-      const fVec inv(inv_rms(sum_sq(xr, d), d, eps));
-      for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_nt(orow + j, load_n(xr + j, n) * inv * load_w<true>(w, j, n), n);
-      });
-    }
-    stream_fence();
-  });
-}
-
 template <typename T, typename W>
 void gemma_add_rows(T* out, T* res_out, const T* x, const T* res, const W* w, int64_t rows,
                     int64_t d, float eps) {
@@ -137,7 +114,7 @@ void gemma_rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
   with_weight_type(x, weight, "gemma_rms_norm", [&](auto t, auto w) {
     using T = decltype(t);
     using W = decltype(w);
-    gemma_rows<T, W>(out.data_ptr<T>(), x.const_data_ptr<T>(), weight.const_data_ptr<W>(),
+    norm_rows<true, T, W>(out.data_ptr<T>(), x.const_data_ptr<T>(), weight.const_data_ptr<W>(),
                      rows_of(x), d, static_cast<float>(eps));
   });
 }

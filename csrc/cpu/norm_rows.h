@@ -1,5 +1,5 @@
-// Shared by the RMS norms (layernorm.cpp, norm_more.cpp): the argument check, the row grain
-// and the fp32 sum of squares of a row.
+// Shared by the RMS norms (layernorm.cpp, norm_more.cpp): the argument check, the row grain,
+// the fp32 sum of squares of a row, and the row loop of the plain and the Gemma norm.
 #pragma once
 
 #include "vec_common.h"
@@ -61,6 +61,30 @@ float sum_sq(const T* p, int64_t n) {
     acc0 = at::vec::fmadd(a, a, acc0);
   }
   return hsum(acc0 + acc1);
+}
+
+// (1 + w) for Gemma, w otherwise, as fp32 lanes.
+template <bool kGemma, typename W>
+inline fVec load_w(const W* w, int64_t j, int64_t n) {
+  fVec v = load_n(w + j, n);
+  if constexpr (kGemma) v = v + fVec(1.0f);
+  return v;
+}
+
+// out = x * inv_rms(x) * w per row (w + 1 for Gemma), rows split across threads.
+template <bool kGemma, typename T, typename W>
+void norm_rows(T* out, const T* x, const W* w, int64_t rows, int64_t d, float eps) {
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * d;
+      T* orow = out + r * d;
+      const fVec inv(inv_rms(sum_sq(xr, d), d, eps));
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        store_nt(orow + j, load_n(xr + j, n) * inv * load_w<kGemma>(w, j, n), n);
+      });
+    }
+    stream_fence();
+  });
 }
 
 }  // namespace opmux_cpu
