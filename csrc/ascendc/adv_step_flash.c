@@ -28,29 +28,30 @@ constexpr int32_t kTileRows = 1024;
 // DataCopy moves whole 32-byte blocks; other lengths go through DataCopyPad.
 constexpr uint32_t kDataBlockBytes = 32;
 
-template <typename T>
-__aicore__ inline void CopyIn(const LocalTensor<T> &dst, const GlobalTensor<T> &src,
-                              uint32_t count) {
+// Copies `count` elements of T between global and local memory, either way: DataCopy for
+// whole 32-byte blocks, DataCopyPad otherwise (`pad...`: the padding spec a copy in takes).
+template <typename T, typename Dst, typename Src, typename... Pad>
+__aicore__ inline void CopyElems(const Dst &dst, const Src &src, uint32_t count,
+                                 const Pad &...pad) {
   const uint32_t bytes = count * sizeof(T);
   if (bytes % kDataBlockBytes == 0) {
     AscendC::DataCopy(dst, src, count);
   } else {
     AscendC::DataCopyExtParams params{1, bytes, 0, 0, 0};
-    AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, 0};
-    AscendC::DataCopyPad(dst, src, params, pad);
+    AscendC::DataCopyPad(dst, src, params, pad...);
   }
+}
+
+template <typename T>
+__aicore__ inline void CopyIn(const LocalTensor<T> &dst, const GlobalTensor<T> &src,
+                              uint32_t count) {
+  CopyElems<T>(dst, src, count, AscendC::DataCopyPadExtParams<T>{false, 0, 0, 0});
 }
 
 template <typename T>
 __aicore__ inline void CopyOut(const GlobalTensor<T> &dst, const LocalTensor<T> &src,
                                uint32_t count) {
-  const uint32_t bytes = count * sizeof(T);
-  if (bytes % kDataBlockBytes == 0) {
-    AscendC::DataCopy(dst, src, count);
-  } else {
-    AscendC::DataCopyExtParams params{1, bytes, 0, 0, 0};
-    AscendC::DataCopyPad(dst, src, params);
-  }
+  CopyElems<T>(dst, src, count);
 }
 
 template <HardEvent EVENT>

@@ -2,30 +2,14 @@
 // gelu_and_mul_sparse) and elementwise (gelu_new, gelu_fast, quick_gelu, relu2, xielu).
 // Math in fp32 registers, one rounding at the store; gelu_and_mul_sparse rounds its row
 // statistics to the input dtype where the PyTorch reference does.
+#include "gated.h"
 #include "ops.h"
-#include "vec_common.h"
 
 #include <cmath>
 #include <tuple>
 
 namespace opmux_cpu {
 namespace {
-
-void check_gated_args(const char* op, const at::Tensor& out, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) % 2 == 0, "opmux::", op,
-                    " (provider 'cpp'): argument 'x' expected an even last dimension, got ",
-                    x.sizes());
-  TORCH_CHECK_VALUE(x.is_contiguous(), "opmux::", op,
-                    " (provider 'cpp'): argument 'x' expected a contiguous tensor, got strides ",
-                    x.strides());
-  auto expected = x.sizes().vec();
-  expected.back() /= 2;
-  TORCH_CHECK_VALUE(out.sizes() == at::IntArrayRef(expected) &&
-                        out.scalar_type() == x.scalar_type() && out.is_contiguous(),
-                    "opmux::", op, " (provider 'cpp'): out expected contiguous ",
-                    at::IntArrayRef(expected), " ", x.scalar_type(), ", got ", out.sizes(), " ",
-                    out.scalar_type());
-}
 
 void check_unary_args(const char* op, const at::Tensor& out, const at::Tensor& x) {
   TORCH_CHECK_VALUE(x.is_contiguous(), "opmux::", op,
@@ -35,29 +19,6 @@ void check_unary_args(const char* op, const at::Tensor& out, const at::Tensor& x
                         out.is_contiguous(),
                     "opmux::", op, " (provider 'cpp'): out expected contiguous ", x.sizes(),
                     " ", x.scalar_type(), ", got ", out.sizes(), " ", out.scalar_type());
-}
-
-int64_t gated_rows(const at::Tensor& x) {
-  const int64_t d = x.size(-1) / 2;
-  return d == 0 ? 0 : x.numel() / (2 * d);
-}
-
-// out[r, j] = fn(x[r, j], x[r, d + j]) for every row r.
-template <typename T, typename Fn>
-void split_rows(T* out, const T* x, int64_t rows, int64_t d, const Fn& fn) {
-  if (rows == 0 || d == 0) return;
-  const int64_t grain = std::max<int64_t>(1, 8192 / d);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* a = x + r * 2 * d;
-      const T* b = a + d;
-      T* o = out + r * d;
-      for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_nt(o + j, fn(load_n(a + j, n), load_n(b + j, n)), n);
-      });
-    }
-    stream_fence();
-  });
 }
 
 // out[i] = fn(x[i]) over the flat tensor.
@@ -140,7 +101,7 @@ void fatrelu_and_mul_out(at::Tensor& out, const at::Tensor& x, double threshold)
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "fatrelu_and_mul", [&] {
     // torch.threshold keeps x unless x <= threshold (NaN passes through)
     split_rows<scalar_t>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
-                         gated_rows(x), d, [&](const fVec& a, const fVec& b) {
+                         gated_row_count(x), d, [&](const fVec& a, const fVec& b) {
                            return fVec::blendv(a, zero, a <= th) * b;
                          });
   });
@@ -152,7 +113,7 @@ void mul_and_silu_out(at::Tensor& out, const at::Tensor& x) {
   const fVec one(1.f);
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "mul_and_silu", [&] {
     split_rows<scalar_t>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
-                         gated_rows(x), d, [&](const fVec& a, const fVec& b) {
+                         gated_row_count(x), d, [&](const fVec& a, const fVec& b) {
                            return a * (b / (one + b.neg().exp_u20()));
                          });
   });
@@ -161,34 +122,27 @@ void mul_and_silu_out(at::Tensor& out, const at::Tensor& x) {
 void swigluoai_and_mul_out(at::Tensor& out, const at::Tensor& x, double alpha, double limit) {
   check_gated_args("swigluoai_and_mul", out, x);
   const int64_t d = x.size(-1) / 2;
-  const int64_t rows = gated_rows(x);
+  const int64_t rows = gated_row_count(x);
   const float al = static_cast<float>(alpha), lim = static_cast<float>(limit);
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "swigluoai_and_mul", [&] {
-    scalar_t* o_base = out.data_ptr<scalar_t>();
-    const scalar_t* x_base = x.const_data_ptr<scalar_t>();
-    if (rows == 0 || d == 0) return;
     const fVec alv(al), hi(lim), lo(-lim), one(1.f);
-    const int64_t grain = std::max<int64_t>(1, 8192 / d);
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    // the row holds its halves interleaved (gate, up, gate, up, ...): it is read from its start
+    for_gated_rows(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), rows, d, 8192,
+                   [&](const scalar_t* xr, const scalar_t*, scalar_t* o) {
       float pair[2 * kF];
-      for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* xr = x_base + r * 2 * d;
-        scalar_t* o = o_base + r * d;
-        for_each_vec(d, [&](int64_t j, int64_t n) {
-          // 2n interleaved values (gate, up, gate, up, ...) -> two fp32 vectors
-          fVec v0 = load_n(xr + 2 * j, std::min<int64_t>(2 * n, kF));
-          fVec v1 = 2 * n > kF ? load_n(xr + 2 * j + kF, 2 * n - kF) : fVec(0.f);
-          v0.store(pair);
-          v1.store(pair + kF);
-          fVec gate, up;
-          std::tie(gate, up) = at::vec::deinterleave2(fVec::loadu(pair), fVec::loadu(pair + kF));
-          gate = at::vec::minimum(gate, hi);
-          up = at::vec::clamp(up, lo, hi);
-          const fVec glu = gate / (one + (gate * alv).neg().exp_u20());
-          store_nt(o + j, (up + one) * glu, n);
-        });
-      }
-      stream_fence();
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        // 2n interleaved values -> two fp32 vectors
+        fVec v0 = load_n(xr + 2 * j, std::min<int64_t>(2 * n, kF));
+        fVec v1 = 2 * n > kF ? load_n(xr + 2 * j + kF, 2 * n - kF) : fVec(0.f);
+        v0.store(pair);
+        v1.store(pair + kF);
+        fVec gate, up;
+        std::tie(gate, up) = at::vec::deinterleave2(fVec::loadu(pair), fVec::loadu(pair + kF));
+        gate = at::vec::minimum(gate, hi);
+        up = at::vec::clamp(up, lo, hi);
+        const fVec glu = gate / (one + (gate * alv).neg().exp_u20());
+        store_nt(o + j, (up + one) * glu, n);
+      });
     });
   });
 }
@@ -201,42 +155,33 @@ void gelu_and_mul_sparse_out(at::Tensor& out, const at::Tensor& x, double std_mu
                     approximate, "'");
   check_gated_args("gelu_and_mul_sparse", out, x);
   const int64_t d = x.size(-1) / 2;
-  const int64_t rows = gated_rows(x);
+  const int64_t rows = gated_row_count(x);
   const bool tanh = approximate == "tanh";
   const float mult = static_cast<float>(std_multiplier);
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "gelu_and_mul_sparse", [&] {
     using T = scalar_t;
-    T* o_base = out.data_ptr<T>();
-    const T* x_base = x.const_data_ptr<T>();
-    if (rows == 0 || d == 0) return;
-    const int64_t grain = std::max<int64_t>(1, 4096 / d);
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const T* g = x_base + r * 2 * d;
-        const T* u = g + d;
-        T* o = o_base + r * d;
-        fVec acc(0.f);
-        for_each_vec(d, [&](int64_t j, int64_t n) { acc = acc + load_n(g + j, n); });
-        const float mean = hsum(acc) / static_cast<float>(d);
-        const fVec mv(mean);
-        fVec acc2(0.f);
-        for_each_vec(d, [&](int64_t j, int64_t n) {
-          fVec c = load_n(g + j, n) - mv;
-          if (n < kF) c = fVec::set(fVec(0.f), c, n);
-          acc2 = acc2 + c * c;
-        });
-        const float stdv = std::sqrt(hsum(acc2) / static_cast<float>(d));
-        // the reference rounds mean, std, std*m and the cutoff to x.dtype
-        const float scaled = round_scalar<T>(round_scalar<T>(stdv) * mult);
-        const fVec cutoff(round_scalar<T>(round_scalar<T>(mean) + scaled));
-        const fVec zero(0.f);
-        for_each_vec(d, [&](int64_t j, int64_t n) {
-          fVec s = at::vec::maximum(round_vec<T>(load_n(g + j, n) - cutoff), zero);
-          fVec act = round_vec<T>(tanh ? tanh_gelu(s) : erf_gelu(s));
-          store_nt(o + j, act * load_n(u + j, n), n);
-        });
-      }
-      stream_fence();
+    for_gated_rows(out.data_ptr<T>(), x.const_data_ptr<T>(), rows, d, 4096,
+                   [&](const T* g, const T* u, T* o) {
+      fVec acc(0.f);
+      for_each_vec(d, [&](int64_t j, int64_t n) { acc = acc + load_n(g + j, n); });
+      const float mean = hsum(acc) / static_cast<float>(d);
+      const fVec mv(mean);
+      fVec acc2(0.f);
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        fVec c = load_n(g + j, n) - mv;
+        if (n < kF) c = fVec::set(fVec(0.f), c, n);
+        acc2 = acc2 + c * c;
+      });
+      const float stdv = std::sqrt(hsum(acc2) / static_cast<float>(d));
+      // the reference rounds mean, std, std*m and the cutoff to x.dtype
+      const float scaled = round_scalar<T>(round_scalar<T>(stdv) * mult);
+      const fVec cutoff(round_scalar<T>(round_scalar<T>(mean) + scaled));
+      const fVec zero(0.f);
+      for_each_vec(d, [&](int64_t j, int64_t n) {
+        fVec s = at::vec::maximum(round_vec<T>(load_n(g + j, n) - cutoff), zero);
+        fVec act = round_vec<T>(tanh ? tanh_gelu(s) : erf_gelu(s));
+        store_nt(o + j, act * load_n(u + j, n), n);
+      });
     });
   });
 }

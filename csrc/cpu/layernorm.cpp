@@ -1,62 +1,13 @@
 // rms_norm and fused_add_rms_norm: one pass for the sum of squares, one for the scaled output,
 // both in fp32 registers; rows split across threads.
+#include "norm_rows.h"
 #include "ops.h"
-#include "vec_common.h"
 
 #include <cmath>
 #include <vector>
 
 namespace opmux_cpu {
 namespace {
-
-void check_norm_args(const char* op, const at::Tensor& out, const at::Tensor& x,
-                     const at::Tensor& weight) {
-  TORCH_CHECK_VALUE(x.dim() >= 1, "opmux::", op, " (provider 'cpp'): x must have at least 1 dim");
-  const int64_t d = x.size(-1);
-  TORCH_CHECK_VALUE(x.is_contiguous(), "opmux::", op,
-                    " (provider 'cpp'): x must be contiguous, got strides ", x.strides());
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous(), "opmux::",
-                    op, " (provider 'cpp'): weight must be a contiguous [", d, "] tensor, got ",
-                    weight.sizes());
-  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "opmux::", op,
-                    " (provider 'cpp'): weight dtype must equal x dtype ", x.scalar_type(),
-                    ", got ", weight.scalar_type());
-  TORCH_CHECK_VALUE(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() &&
-                        out.is_contiguous(),
-                    "opmux::", op, " (provider 'cpp'): out must be contiguous ", x.sizes(), " ",
-                    x.scalar_type(), ", got ", out.sizes(), " ", out.scalar_type());
-}
-
-inline int64_t row_grain(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)); }
-
-template <typename T>
-void rms_norm_rows(T* out, const T* x, const T* w, int64_t rows, int64_t d, float eps) {
-  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * d;
-      T* orow = out + r * d;
-      fVec acc0(0.f);
-      fVec acc1(0.f);
-      int64_t i = 0;
-      for (; i + 2 * kF <= d; i += 2 * kF) {
-        fVec a = load_f(xr + i);
-        fVec b = load_f(xr + i + kF);
-        acc0 = at::vec::fmadd(a, a, acc0);
-        acc1 = at::vec::fmadd(b, b, acc1);
-      }
-      for (; i < d; i += kF) {
-        fVec a = load_n(xr + i, std::min(kF, d - i));
-        acc0 = at::vec::fmadd(a, a, acc0);
-      }
-      const float ss = hsum(acc0 + acc1);
-      const fVec inv(1.0f / std::sqrt(ss / static_cast<float>(d) + eps));
-      for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_nt(orow + j, load_n(xr + j, n) * inv * load_n(w + j, n), n);
-      });
-    }
-    stream_fence();
-  });
-}
 
 template <typename T>
 void fused_add_rms_norm_rows(T* out, T* res_out, const T* x, const T* res, const T* w,
@@ -85,7 +36,7 @@ void fused_add_rms_norm_rows(T* out, T* res_out, const T* x, const T* res, const
         store_nt(ro + j, s, n);
         acc = at::vec::fmadd(s, s, acc);
       });
-      const fVec inv(1.0f / std::sqrt(hsum(acc) / static_cast<float>(d) + eps));
+      const fVec inv(inv_rms(hsum(acc), d, eps));
       for_each_vec(d, [&](int64_t j, int64_t n) {
         store_nt(orow + j, fVec::loadu(buf + j, n) * inv * load_n(w + j, n), n);
       });
@@ -97,20 +48,19 @@ void fused_add_rms_norm_rows(T* out, T* res_out, const T* x, const T* res, const
 }  // namespace
 
 void rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_norm_args("rms_norm", out, x, weight);
+  check_norm_args("rms_norm", out, x, weight, false);
   const int64_t d = x.size(-1);
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   advise_huge_pages(out);
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "rms_norm", [&] {
-    rms_norm_rows<scalar_t>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
-                            weight.const_data_ptr<scalar_t>(), rows, d,
-                            static_cast<float>(eps));
+    norm_rows<false>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                     weight.const_data_ptr<scalar_t>(), rows, d, static_cast<float>(eps));
   });
 }
 
 void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x,
                             const at::Tensor& residual, const at::Tensor& weight, double eps) {
-  check_norm_args("fused_add_rms_norm", out, x, weight);
+  check_norm_args("fused_add_rms_norm", out, x, weight, false);
   TORCH_CHECK_VALUE(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type() &&
                         residual.is_contiguous(),
                     "opmux::fused_add_rms_norm (provider 'cpp'): residual must be contiguous ",

@@ -1,8 +1,8 @@
 // gemma_rms_norm, gemma_fused_add_rms_norm and rms_norm_gated: fp32 math in registers, one
 // rounding to the input dtype, rows split across threads. The weight may be the input dtype
 // or fp32 (Gemma checkpoints keep either).
+#include "norm_rows.h"
 #include "ops.h"
-#include "vec_common.h"
 
 #include <cmath>
 #include <optional>
@@ -11,77 +11,11 @@
 namespace opmux_cpu {
 namespace {
 
-
-void check_rows(const char* op, const at::Tensor& out, const at::Tensor& x,
-                const at::Tensor& weight) {
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.is_contiguous(), "opmux::", op,
-                    " (provider 'cpp'): x must be contiguous with at least 1 dim, got strides ",
-                    x.strides());
-  const int64_t d = x.size(-1);
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous(), "opmux::",
-                    op, " (provider 'cpp'): weight must be a contiguous [", d, "] tensor, got ",
-                    weight.sizes());
-  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type() ||
-                        weight.scalar_type() == at::kFloat,
-                    "opmux::", op, " (provider 'cpp'): weight dtype must be x's (",
-                    x.scalar_type(), ") or float32, got ", weight.scalar_type());
-  TORCH_CHECK_VALUE(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() &&
-                        out.is_contiguous(),
-                    "opmux::", op, " (provider 'cpp'): out must be contiguous ", x.sizes(), " ",
-                    x.scalar_type(), ", got ", out.sizes(), " ", out.scalar_type());
-}
-
 void check_like(const char* op, const char* name, const at::Tensor& t, const at::Tensor& x) {
   TORCH_CHECK_VALUE(t.sizes() == x.sizes() && t.scalar_type() == x.scalar_type() &&
                         t.is_contiguous(),
                     "opmux::", op, " (provider 'cpp'): ", name, " must be contiguous ", x.sizes(),
                     " ", x.scalar_type(), ", got ", t.sizes(), " ", t.scalar_type());
-}
-
-inline int64_t row_grain(int64_t d) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)); }
-
-inline float inv_rms(float sum_sq, int64_t n, float eps) {
-  return 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
-}
-
-template <typename T>
-float sum_sq(const T* p, int64_t n) {
-  fVec acc0(0.f), acc1(0.f);
-  int64_t i = 0;
-  for (; i + 2 * kF <= n; i += 2 * kF) {
-    fVec a = load_f(p + i);
-    fVec b = load_f(p + i + kF);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-  }
-  for (; i < n; i += kF) {
-    fVec a = load_n(p + i, std::min(kF, n - i));
-    acc0 = at::vec::fmadd(a, a, acc0);
-  }
-  return hsum(acc0 + acc1);
-}
-
-// (1 + w) for Gemma, w otherwise, as fp32 lanes.
-template <bool kGemma, typename W>
-inline fVec load_w(const W* w, int64_t j, int64_t n) {
-  fVec v = load_n(w + j, n);
-  if constexpr (kGemma) v = v + fVec(1.0f);
-  return v;
-}
-
-template <typename T, typename W>
-void gemma_rows(T* out, const T* x, const W* w, int64_t rows, int64_t d, float eps) {
-  at::parallel_for(0, rows, row_grain(d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * d;
-      T* orow = out + r * d;
-      const fVec inv(inv_rms(sum_sq(xr, d), d, eps));
-      for_each_vec(d, [&](int64_t j, int64_t n) {
-        store_nt(orow + j, load_n(xr + j, n) * inv * load_w<true>(w, j, n), n);
-      });
-    }
-    stream_fence();
-  });
 }
 
 template <typename T, typename W>
@@ -174,13 +108,13 @@ int64_t rows_of(const at::Tensor& x) {
 
 void gemma_rms_norm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                         double eps) {
-  check_rows("gemma_rms_norm", out, x, weight);
+  check_norm_args("gemma_rms_norm", out, x, weight, true);
   const int64_t d = x.size(-1);
   advise_huge_pages(out);
   with_weight_type(x, weight, "gemma_rms_norm", [&](auto t, auto w) {
     using T = decltype(t);
     using W = decltype(w);
-    gemma_rows<T, W>(out.data_ptr<T>(), x.const_data_ptr<T>(), weight.const_data_ptr<W>(),
+    norm_rows<true, T, W>(out.data_ptr<T>(), x.const_data_ptr<T>(), weight.const_data_ptr<W>(),
                      rows_of(x), d, static_cast<float>(eps));
   });
 }
@@ -189,7 +123,7 @@ void gemma_fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out,
                                   const at::Tensor& x, const at::Tensor& residual,
                                   const at::Tensor& weight, double eps) {
   const char* op = "gemma_fused_add_rms_norm";
-  check_rows(op, out, x, weight);
+  check_norm_args(op, out, x, weight, true);
   check_like(op, "residual", residual, x);
   check_like(op, "residual_out", residual_out, x);
   const int64_t d = x.size(-1);
@@ -208,7 +142,7 @@ void rms_norm_gated_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                         const std::optional<at::Tensor>& z, double eps, int64_t group_size,
                         bool norm_before_gate, bool sigmoid) {
   const char* op = "rms_norm_gated";
-  check_rows(op, out, x, weight);
+  check_norm_args(op, out, x, weight, true);
   if (z.has_value()) check_like(op, "z", *z, x);
   const int64_t d = x.size(-1);
   const int64_t group = group_size <= 0 ? d : group_size;

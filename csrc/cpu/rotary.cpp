@@ -1,9 +1,7 @@
 // rotary_embedding: functional (writes new query/key tensors), neox (halves) or gptj (pairs)
 // rotation of the first `rot` dims of every head; dims rot..head_size are copied through.
 #include "ops.h"
-#include "vec_common.h"
-
-#include <cstring>
+#include "rope_head.h"
 
 namespace opmux_cpu {
 namespace {
@@ -13,32 +11,6 @@ int64_t token_stride(const at::Tensor& t) {
   if (t.dim() == 2 && t.stride(1) == 1) return t.stride(0);
   if (t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2)) return t.stride(0);
   return -1;
-}
-
-template <typename T>
-inline void rotate_head(T* out, const T* in, const T* cos, const T* sin, int64_t rot,
-                        int64_t head_size, bool is_neox) {
-  const int64_t half = rot / 2;
-  if (is_neox) {
-    for_each_vec(half, [&](int64_t j, int64_t n) {
-      fVec x1 = load_n(in + j, n);
-      fVec x2 = load_n(in + half + j, n);
-      fVec c = load_n(cos + j, n);
-      fVec s = load_n(sin + j, n);
-      store_nt(out + j, x1 * c - x2 * s, n);
-      store_nt(out + half + j, x2 * c + x1 * s, n);
-    });
-  } else {
-    for (int64_t i = 0; i < half; ++i) {
-      const float x0 = static_cast<float>(in[2 * i]);
-      const float x1 = static_cast<float>(in[2 * i + 1]);
-      const float c = static_cast<float>(cos[i]);
-      const float s = static_cast<float>(sin[i]);
-      out[2 * i] = static_cast<T>(x0 * c - x1 * s);
-      out[2 * i + 1] = static_cast<T>(x1 * c + x0 * s);
-    }
-  }
-  if (rot < head_size) std::memcpy(out + rot, in + rot, (head_size - rot) * sizeof(T));
 }
 
 }  // namespace
@@ -110,11 +82,11 @@ void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
         const scalar_t* cos = cache + pos[t * ps] * rot;
         const scalar_t* sin = cos + rot / 2;
         for (int64_t h = 0; h < hq; ++h) {
-          rotate_head(qo + t * q_width + h * head_size, q + t * qs + h * head_size, cos, sin,
+          rope_head(qo + t * q_width + h * head_size, q + t * qs + h * head_size, cos, sin,
                       rot, head_size, is_neox);
         }
         for (int64_t h = 0; h < hk; ++h) {
-          rotate_head(ko + t * k_width + h * head_size, k + t * ks + h * head_size, cos, sin,
+          rope_head(ko + t * k_width + h * head_size, k + t * ks + h * head_size, cos, sin,
                       rot, head_size, is_neox);
         }
       }

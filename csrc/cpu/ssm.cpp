@@ -74,11 +74,12 @@ inline void scatter(T* p, int64_t stride, const fVec& v, int64_t n) {
 
 inline fVec silu(const fVec& v) { return v / (fVec(1.f) + v.neg().exp_u20()); }
 
-template <typename T, typename S>
-void conv_kernel(T* out, const T* x, const T* weight, const T* bias, S* states, int64_t dim,
-                 int64_t width, const Segments& seg, bool act) {
+// body(s, c0, n, t0, t1, slot) for every task (segment s, columns c0..c0+n of a kF block)
+// whose segment has a state slot, in parallel; a padding segment's (slot < 0) rows t0..t1
+// of out [*, dim] become zero there.
+template <typename T, typename Body>
+void for_segment_blocks(T* out, int64_t dim, const Segments& seg, const Body& body) {
   const int64_t blocks = (dim + kF - 1) / kF;
-  const int64_t hist = width - 1;
   at::parallel_for(0, seg.count * blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t s = task / blocks, c0 = (task % blocks) * kF;
@@ -88,22 +89,32 @@ void conv_kernel(T* out, const T* x, const T* weight, const T* bias, S* states, 
         for (int64_t t = t0; t < t1; ++t) store_n(out + t * dim + c0, fVec(0.f), n);
         continue;
       }
-      fVec w[kMaxWidth], win[kMaxWidth];
-      for (int64_t k = 0; k < width; ++k) w[k] = gather(weight + c0 * width + k, width, n);
-      const fVec b = bias ? load_n(bias + c0, n) : fVec(0.f);
-      S* st = states + (slot * dim + c0) * hist;
-      const bool init = seg.has_init(s);
-      for (int64_t k = 0; k < hist; ++k) win[k] = init ? gather(st + k, hist, n) : fVec(0.f);
-      for (int64_t t = t0; t < t1; ++t) {
-        const fVec xv = load_n(x + t * dim + c0, n);
-        fVec acc = at::vec::fmadd(w[hist], xv, b);
-        for (int64_t k = 0; k < hist; ++k) acc = at::vec::fmadd(w[k], win[k], acc);
-        for (int64_t k = 0; k + 1 < hist; ++k) win[k] = win[k + 1];
-        win[hist - 1] = xv;
-        store_n(out + t * dim + c0, act ? silu(acc) : acc, n);
-      }
-      for (int64_t k = 0; k < hist; ++k) scatter(st + k, hist, win[k], n);
+      body(s, c0, n, t0, t1, slot);
     }
+  });
+}
+
+template <typename T, typename S>
+void conv_kernel(T* out, const T* x, const T* weight, const T* bias, S* states, int64_t dim,
+                 int64_t width, const Segments& seg, bool act) {
+  const int64_t hist = width - 1;
+  for_segment_blocks(out, dim, seg, [&](int64_t s, int64_t c0, int64_t n, int64_t t0, int64_t t1,
+                                        int64_t slot) {
+    fVec w[kMaxWidth], win[kMaxWidth];
+    for (int64_t k = 0; k < width; ++k) w[k] = gather(weight + c0 * width + k, width, n);
+    const fVec b = bias ? load_n(bias + c0, n) : fVec(0.f);
+    S* st = states + (slot * dim + c0) * hist;
+    const bool init = seg.has_init(s);
+    for (int64_t k = 0; k < hist; ++k) win[k] = init ? gather(st + k, hist, n) : fVec(0.f);
+    for (int64_t t = t0; t < t1; ++t) {
+      const fVec xv = load_n(x + t * dim + c0, n);
+      fVec acc = at::vec::fmadd(w[hist], xv, b);
+      for (int64_t k = 0; k < hist; ++k) acc = at::vec::fmadd(w[k], win[k], acc);
+      for (int64_t k = 0; k + 1 < hist; ++k) win[k] = win[k + 1];
+      win[hist - 1] = xv;
+      store_n(out + t * dim + c0, act ? silu(acc) : acc, n);
+    }
+    for (int64_t k = 0; k < hist; ++k) scatter(st + k, hist, win[k], n);
   });
 }
 
@@ -117,46 +128,37 @@ template <typename T, typename S>
 void scan_kernel(T* out, const T* u, const T* delta, const T* B, const T* C, const T* z,
                  S* states, const ScanArgs& a, const Segments& seg) {
   const int64_t dim = a.dim, ns = a.dstate;
-  const int64_t blocks = (dim + kF - 1) / kF;
-  at::parallel_for(0, seg.count * blocks, 1, [&](int64_t lo, int64_t hi) {
+  const fVec twenty(20.f);
+  for_segment_blocks(out, dim, seg, [&](int64_t s, int64_t c0, int64_t n, int64_t t0, int64_t t1,
+                                        int64_t slot) {
     fVec h[kMaxState], At[kMaxState];
-    const fVec twenty(20.f);
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t s = task / blocks, c0 = (task % blocks) * kF;
-      const int64_t n = std::min(kF, dim - c0);
-      const int64_t t0 = seg.begin(s), t1 = seg.end(s), slot = seg.slot(s);
-      if (slot < 0) {
-        for (int64_t t = t0; t < t1; ++t) store_n(out + t * dim + c0, fVec(0.f), n);
-        continue;
-      }
-      S* st = states + (slot * dim + c0) * ns;
-      const bool init = seg.has_init(s);
-      for (int64_t j = 0; j < ns; ++j) {
-        At[j] = gather(a.A + c0 * ns + j, ns, n);
-        h[j] = init ? gather(st + j, ns, n) : fVec(0.f);
-      }
-      const fVec Dv = a.D ? load_n(a.D + c0, n) : fVec(0.f);
-      const fVec bias = a.dt_bias ? load_n(a.dt_bias + c0, n) : fVec(0.f);
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t row = t * dim + c0;
-        fVec dt = load_n(delta + row, n) + bias;
-        if (a.softplus) dt = fVec::blendv(dt.exp_u20().log1p(), dt, dt > twenty);
-        const fVec uv = load_n(u + row, n);
-        const fVec dtu = dt * uv;
-        const T* Bt = B + t * ns;
-        const T* Ct = C + t * ns;
-        fVec y(0.f);
-        for (int64_t j = 0; j < ns; ++j) {
-          const fVec decay = (dt * At[j]).exp_u20();
-          h[j] = at::vec::fmadd(decay, h[j], dtu * fVec(static_cast<float>(Bt[j])));
-          y = at::vec::fmadd(h[j], fVec(static_cast<float>(Ct[j])), y);
-        }
-        y = at::vec::fmadd(Dv, uv, y);
-        if (z) y = y * silu(load_n(z + row, n));
-        store_n(out + row, y, n);
-      }
-      for (int64_t j = 0; j < ns; ++j) scatter(st + j, ns, h[j], n);
+    S* st = states + (slot * dim + c0) * ns;
+    const bool init = seg.has_init(s);
+    for (int64_t j = 0; j < ns; ++j) {
+      At[j] = gather(a.A + c0 * ns + j, ns, n);
+      h[j] = init ? gather(st + j, ns, n) : fVec(0.f);
     }
+    const fVec Dv = a.D ? load_n(a.D + c0, n) : fVec(0.f);
+    const fVec bias = a.dt_bias ? load_n(a.dt_bias + c0, n) : fVec(0.f);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t row = t * dim + c0;
+      fVec dt = load_n(delta + row, n) + bias;
+      if (a.softplus) dt = fVec::blendv(dt.exp_u20().log1p(), dt, dt > twenty);
+      const fVec uv = load_n(u + row, n);
+      const fVec dtu = dt * uv;
+      const T* Bt = B + t * ns;
+      const T* Ct = C + t * ns;
+      fVec y(0.f);
+      for (int64_t j = 0; j < ns; ++j) {
+        const fVec decay = (dt * At[j]).exp_u20();
+        h[j] = at::vec::fmadd(decay, h[j], dtu * fVec(static_cast<float>(Bt[j])));
+        y = at::vec::fmadd(h[j], fVec(static_cast<float>(Ct[j])), y);
+      }
+      y = at::vec::fmadd(Dv, uv, y);
+      if (z) y = y * silu(load_n(z + row, n));
+      store_n(out + row, y, n);
+    }
+    for (int64_t j = 0; j < ns; ++j) scatter(st + j, ns, h[j], n);
   });
 }
 

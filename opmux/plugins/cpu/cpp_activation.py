@@ -13,56 +13,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from opmux.ops._activation_checks import (
-    check_elementwise,
-    check_fatrelu_and_mul,
-    check_gated,
-    check_gelu_and_mul_sparse,
-    check_swigluoai_and_mul,
-    check_xielu,
-)
-from opmux.ops._checks import kernel_error
+from opmux.ops import _activation_checks as _checks
 from opmux.ops.activation import sparsity_std_multiplier
-
-__all__ = [
-    "OPS",
-    "fatrelu_and_mul",
-    "gelu_and_mul_sparse",
-    "gelu_fast",
-    "gelu_new",
-    "mul_and_silu",
-    "quick_gelu",
-    "relu2",
-    "swigluoai_and_mul",
-    "xielu",
-]
-
-_PROVIDER = "cpp"
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_K = torch.ops.opmux_cpu
+from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 
 def _ok(x: Tensor) -> bool:
-    return x.is_cpu and x.dtype in _FLOATS and x.is_contiguous()
+    return x.is_cpu and x.dtype in FLOATS and x.is_contiguous()
 
 
 def _half(x: Tensor) -> Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
-def _run(kernel: Callable[..., None], *args: Any) -> None:
-    try:
-        kernel(*args)
-    except ValueError as exc:
-        # the kernel ``<op>_out`` serves catalog op ``<op>``
-        op = getattr(kernel, "__name__", "kernel").removesuffix("_out")
-        raise kernel_error(op, _PROVIDER, exc) from None
-
-
 def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
-    check_fatrelu_and_mul(x, threshold, provider=_PROVIDER)
+    _checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     out = _half(x)
-    _run(_K.fatrelu_and_mul_out, out, x, threshold)
+    call("fatrelu_and_mul", K.fatrelu_and_mul_out, out, x, threshold)
     return out
 
 
@@ -71,18 +38,18 @@ def _fatrelu_and_mul_ok(x: Tensor, threshold: float = 0.0) -> bool:
 
 
 def mul_and_silu(x: Tensor) -> Tensor:
-    check_gated("mul_and_silu", x, provider=_PROVIDER)
+    _checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     out = _half(x)
-    _run(_K.mul_and_silu_out, out, x)
+    call("mul_and_silu", K.mul_and_silu_out, out, x)
     return out
 
 
 def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
                         approximate: str = "none") -> Tensor:
-    check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=_PROVIDER)
+    _checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     out = _half(x)
-    _run(_K.gelu_and_mul_sparse_out, out, x, sparsity_std_multiplier(float(activation_sparsity)),
-         approximate)
+    call("gelu_and_mul_sparse", K.gelu_and_mul_sparse_out, out, x,
+         sparsity_std_multiplier(float(activation_sparsity)), approximate)
     return out
 
 
@@ -92,9 +59,9 @@ def _gelu_and_mul_sparse_ok(x: Tensor, activation_sparsity: float,
 
 
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-    check_swigluoai_and_mul(x, alpha, limit, provider=_PROVIDER)
+    _checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     out = _half(x)
-    _run(_K.swigluoai_and_mul_out, out, x, alpha, limit)
+    call("swigluoai_and_mul", K.swigluoai_and_mul_out, out, x, alpha, limit)
     return out
 
 
@@ -103,32 +70,32 @@ def _swigluoai_and_mul_ok(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -
 
 
 def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
-    check_elementwise(op, x, provider=_PROVIDER)
+    _checks.check_elementwise(op, x, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _run(kernel, out, x)
+    call(op, kernel, out, x)
     return out
 
 
 def gelu_new(x: Tensor) -> Tensor:
-    return _unary("gelu_new", _K.gelu_new_out, x)
+    return _unary("gelu_new", K.gelu_new_out, x)
 
 
 def gelu_fast(x: Tensor) -> Tensor:
-    return _unary("gelu_fast", _K.gelu_fast_out, x)
+    return _unary("gelu_fast", K.gelu_fast_out, x)
 
 
 def quick_gelu(x: Tensor) -> Tensor:
-    return _unary("quick_gelu", _K.quick_gelu_out, x)
+    return _unary("quick_gelu", K.quick_gelu_out, x)
 
 
 def relu2(x: Tensor) -> Tensor:
-    return _unary("relu2", _K.relu2_out, x)
+    return _unary("relu2", K.relu2_out, x)
 
 
 def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> Tensor:
-    check_xielu(x, alpha_p, alpha_n, beta, eps, provider=_PROVIDER)
+    _checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _run(_K.xielu_out, out, x, alpha_p, alpha_n, beta, eps)
+    call("xielu", K.xielu_out, out, x, alpha_p, alpha_n, beta, eps)
     return out
 
 
@@ -142,7 +109,7 @@ def xielu_out_dtype(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> torch.dtype:
 
 
 def _xielu_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> bool:
-    return (_ok(x) and alpha_p.dtype in _FLOATS and alpha_n.dtype == alpha_p.dtype
+    return (_ok(x) and alpha_p.dtype in FLOATS and alpha_n.dtype == alpha_p.dtype
             and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
             and alpha_p.is_cpu and alpha_n.is_cpu
             and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype)
@@ -160,3 +127,5 @@ OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
     "xielu": (xielu, _xielu_ok),
 }
 """Op name -> (impl, supports_args), merged into :data:`opmux.plugins.cpu.cpp_ops.OPS`."""
+
+__all__ = ["OPS", *OPS]  # the impls are the ops of the table

@@ -28,12 +28,10 @@ from opmux.ops._attention_extra_checks import (
     check_encoder_attention,
     check_mla_attention,
 )
-from opmux.ops._checks import kernel_error
+from opmux.plugins.cpu._kernels import FLOATS, K, call
 
 __all__ = ["OPS", "concat_and_cache_mla", "encoder_attention", "mla_attention"]
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_K = torch.ops.opmux_cpu
 
 
 def _int32(t: Tensor) -> Tensor:
@@ -45,16 +43,14 @@ def encoder_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                       max_seqlen: Optional[int], scale: float) -> Tensor:
     check_encoder_attention(q, k, v, cu_seqlens, max_seqlen, scale, provider="cpp")
     out = torch.empty(q.shape, dtype=q.dtype)
-    try:
-        _K.encoder_attention_out(out, q, k, v, _int32(cu_seqlens), scale)
-    except ValueError as exc:
-        raise kernel_error("encoder_attention", "cpp", exc) from None
+    call("encoder_attention", K.encoder_attention_out, out, q, k, v, _int32(cu_seqlens),
+          scale)
     return out
 
 
 def _encoder_attention_ok(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                           max_seqlen: Optional[int], scale: float) -> bool:
-    return (q.is_cpu and q.dtype in _FLOATS and q.dim() == 3 and k.dim() == 3 and v.dim() == 3
+    return (q.is_cpu and q.dtype in FLOATS and q.dim() == 3 and k.dim() == 3 and v.dim() == 3
             and k.dtype == q.dtype and v.dtype == q.dtype and k.is_cpu and v.is_cpu
             and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
             and cu_seqlens.is_cpu)
@@ -63,15 +59,12 @@ def _encoder_attention_ok(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
 def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
                          slot_mapping: Tensor) -> None:
     check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, provider="cpp")
-    try:
-        _K.concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping)
-    except ValueError as exc:
-        raise kernel_error("concat_and_cache_mla", "cpp", exc) from None
+    call("concat_and_cache_mla", K.concat_and_cache_mla, kv_c, k_pe, kv_cache, slot_mapping)
 
 
 def _concat_and_cache_mla_ok(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
                              slot_mapping: Tensor) -> bool:
-    return (kv_cache.is_cpu and kv_cache.dtype in _FLOATS and kv_c.dim() == 2
+    return (kv_cache.is_cpu and kv_cache.dtype in FLOATS and kv_c.dim() == 2
             and k_pe.dim() == 2 and kv_c.stride(1) == 1 and k_pe.stride(1) == 1
             and slot_mapping.is_contiguous())
 
@@ -89,11 +82,8 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
     q_lat = torch.cat([torch.bmm(qh[..., :nope], w[:, :nope]), qh[..., nope:]], dim=-1)
     q_lat = q_lat.transpose(0, 1).contiguous()                          # [T, H, L + R]
     o_lat = torch.empty((tokens, heads, lora), dtype=torch.float32)
-    try:
-        _K.mla_latent_attention_out(o_lat, q_lat, kv_cache, _int32(block_tables),
-                                    _int32(seq_lens), _int32(query_start_loc), scale)
-    except ValueError as exc:
-        raise kernel_error("mla_attention", "cpp", exc) from None
+    call("mla_attention", K.mla_latent_attention_out, o_lat, q_lat, kv_cache,
+          _int32(block_tables), _int32(seq_lens), _int32(query_start_loc), scale)
     out = torch.bmm(o_lat.transpose(0, 1), w[:, nope:].transpose(1, 2))  # [H, T, v]
     return out.transpose(0, 1).to(q.dtype).contiguous()
 
@@ -101,7 +91,7 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
 def _mla_attention_ok(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
                       seq_lens: Tensor, query_start_loc: Tensor, scale: float,
                       qk_nope_head_dim: int) -> bool:
-    return (q.is_cpu and q.dtype in _FLOATS and q.dim() == 3 and kv_cache.dim() == 3
+    return (q.is_cpu and q.dtype in FLOATS and q.dim() == 3 and kv_cache.dim() == 3
             and kv_cache.dtype == q.dtype and kv_cache.is_contiguous()
             and kv_b_weight.dim() == 2 and kv_b_weight.is_contiguous())
 

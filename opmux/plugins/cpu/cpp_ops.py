@@ -35,6 +35,7 @@ from opmux.ops._norm_quant_checks import (
 )
 
 from . import _build, cpp_activation, cpp_attention_extra, cpp_ssd, cpp_ssm
+from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
 
 if TYPE_CHECKING:
     from opmux.plugins._registration import RegistryLike
@@ -58,16 +59,7 @@ __all__ = [
     "silu_and_mul",
 ]
 
-PROVIDER = "cpp"
-"""Provider name of the C++ CPU kernels."""
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_GQA_GROUP = 32  # query heads per kv head the attention kernel takes (kMaxRows)
-_K = torch.ops.opmux_cpu
-
-
-def _cpu_float(t: object) -> bool:
-    return isinstance(t, Tensor) and t.is_cpu and t.dtype in _FLOATS
 
 
 def _cpu_tensor(t: object) -> bool:
@@ -81,67 +73,83 @@ def _token_rows(t: Tensor, tokens: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- norms
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    check_rms_norm(x, weight, eps, provider=PROVIDER)
-    out = torch.empty_like(x)
-    try:
-        _K.rms_norm_out(out, x, weight, eps)
-    except ValueError as exc:
-        raise kernel_error("rms_norm", PROVIDER, exc) from None
-    return out
+def _norm_impl(op: str, check: Callable[..., None], kernel: str) -> Callable[..., Tensor]:
+    """The impl of norm ``op``: its shared check, then ``K.<kernel>(out, x, weight, eps)``
+    (looked up per call: the kernels are loaded after this module is imported)."""
+
+    def impl(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+        check(x, weight, eps, provider=PROVIDER)
+        out = torch.empty_like(x)
+        call(op, getattr(K, kernel), out, x, weight, eps)
+        return out
+
+    impl.__name__ = impl.__qualname__ = op
+    return impl
+
+
+def _fused_add_norm_impl(op: str, check: Callable[..., None],
+                         kernel: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The impl of fused-add norm ``op``: its shared check, then
+    ``K.<kernel>(out, new_residual, x, residual, weight, eps)``."""
+
+    def impl(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
+             ) -> tuple[Tensor, Tensor]:
+        check(x, residual, weight, eps, provider=PROVIDER)
+        out = torch.empty_like(x)
+        new_residual = torch.empty_like(x)
+        call(op, getattr(K, kernel), out, new_residual, x, residual, weight, eps)
+        return out, new_residual
+
+    impl.__name__ = impl.__qualname__ = op
+    return impl
+
+
+def _fused_add_ok(weight_ok: Callable[[Tensor, Tensor], bool]) -> Callable[..., bool]:
+    """The predicate of a fused-add norm whose ``x``/``weight`` pass ``weight_ok``: the
+    residual must be a contiguous CPU tensor of x's dtype."""
+
+    def ok(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+        return (weight_ok(x, weight) and isinstance(residual, Tensor)
+                and residual.dtype == x.dtype and residual.is_cpu and residual.is_contiguous())
+
+    return ok
+
+
+rms_norm = _norm_impl("rms_norm", check_rms_norm, "rms_norm_out")
+fused_add_rms_norm = _fused_add_norm_impl("fused_add_rms_norm", check_fused_add_rms_norm,
+                                          "fused_add_rms_norm_out")
 
 
 def _rms_norm_ok(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
     # contiguous x and weight only: strided and stride-0 views go to native
-    return (_cpu_float(x) and isinstance(weight, Tensor) and weight.dtype == x.dtype
+    return (cpu_float(x) and isinstance(weight, Tensor) and weight.dtype == x.dtype
             and weight.is_cpu and x.is_contiguous() and weight.is_contiguous())
 
 
-def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
-                       ) -> tuple[Tensor, Tensor]:
-    check_fused_add_rms_norm(x, residual, weight, eps, provider=PROVIDER)
-    out = torch.empty_like(x)
-    new_residual = torch.empty_like(x)
-    try:
-        _K.fused_add_rms_norm_out(out, new_residual, x, residual, weight, eps)
-    except ValueError as exc:
-        raise kernel_error("fused_add_rms_norm", PROVIDER, exc) from None
-    return out, new_residual
-
-
-def _fused_add_rms_norm_ok(x: Tensor, residual: Tensor, weight: Tensor,
-                           eps: float = 1e-6) -> bool:
-    return (_rms_norm_ok(x, weight) and isinstance(residual, Tensor)
-            and residual.dtype == x.dtype and residual.is_cpu and residual.is_contiguous())
+_fused_add_rms_norm_ok = _fused_add_ok(_rms_norm_ok)
 
 
 # ----------------------------------------------------------------------------- activations
 def silu_and_mul(x: Tensor) -> Tensor:
     check_silu_and_mul(x, provider=PROVIDER)
     out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-    try:
-        _K.silu_and_mul_out(out, x)
-    except ValueError as exc:
-        raise kernel_error("silu_and_mul", PROVIDER, exc) from None
+    call("silu_and_mul", K.silu_and_mul_out, out, x)
     return out
 
 
 def _silu_and_mul_ok(x: Tensor) -> bool:
-    return _cpu_float(x) and x.is_contiguous()
+    return cpu_float(x) and x.is_contiguous()
 
 
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     check_gelu_and_mul(x, approximate, provider=PROVIDER)
     out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-    try:
-        _K.gelu_and_mul_out(out, x, approximate)
-    except ValueError as exc:
-        raise kernel_error("gelu_and_mul", PROVIDER, exc) from None
+    call("gelu_and_mul", K.gelu_and_mul_out, out, x, approximate)
     return out
 
 
 def _gelu_and_mul_ok(x: Tensor, approximate: str = "none") -> bool:
-    return _cpu_float(x) and x.is_contiguous()
+    return cpu_float(x) and x.is_contiguous()
 
 
 # ----------------------------------------------------------------------------- rotary
@@ -161,7 +169,7 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
     query_out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     key_out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
     try:
-        _K.rotary_embedding_out(query_out.view(tokens, -1) if tokens else query_out,
+        K.rotary_embedding_out(query_out.view(tokens, -1) if tokens else query_out,
                                 key_out.view(tokens, -1) if tokens else key_out, flat,
                                 q_rows, k_rows, cos_sin_cache, head_size, is_neox)
     except ValueError as exc:
@@ -172,7 +180,7 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
 
 def _rotary_embedding_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
                          head_size: int, is_neox: bool = True) -> bool:
-    return (_cpu_float(query) and isinstance(key, Tensor) and key.dtype == query.dtype
+    return (cpu_float(query) and isinstance(key, Tensor) and key.dtype == query.dtype
             and isinstance(cos_sin_cache, Tensor) and cos_sin_cache.dtype == query.dtype
             and _cpu_tensor(positions) and positions.dtype == torch.int64
             and key.is_cpu and cos_sin_cache.is_cpu and cos_sin_cache.is_contiguous())
@@ -189,10 +197,8 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
                       slot_mapping: Tensor) -> None:
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                             provider=PROVIDER)
-    try:
-        _K.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    except ValueError as exc:
-        raise kernel_error("reshape_and_cache", PROVIDER, exc) from None
+    call("reshape_and_cache", K.reshape_and_cache, key, value, key_cache, value_cache,
+          slot_mapping)
 
 
 def _reshape_and_cache_ok(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -221,7 +227,7 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
                           read_data=False)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     try:
-        _K.paged_attention_out(out, query, key_cache, value_cache, block_tables, seq_lens,
+        K.paged_attention_out(out, query, key_cache, value_cache, block_tables, seq_lens,
                                query_start_loc, scale,
                                -1 if sliding_window is None else sliding_window,
                                0.0 if soft_cap is None else soft_cap)
@@ -239,7 +245,7 @@ def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                         soft_cap: Optional[float] = None) -> bool:
     # the kernel reads contiguous caches; strided cache views run on the next provider
     return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-            and _cpu_float(query) and key_cache.dtype == query.dtype
+            and cpu_float(query) and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
             and block_tables.is_cpu and seq_lens.is_cpu and query_start_loc.is_cpu
             and key_cache.is_contiguous() and value_cache.is_contiguous()
@@ -260,12 +266,9 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,
                                  block_tables, provider=PROVIDER)
-    try:
-        _K.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
-                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,
-                                  block_tables)
-    except ValueError as exc:
-        raise kernel_error("advance_step_flashattn", PROVIDER, exc) from None
+    call("advance_step_flashattn", K.advance_step_flashattn, num_seqs, num_queries,
+          block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
+          block_tables)
 
 
 def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
@@ -295,17 +298,14 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = 
     elif cos.dtype not in (x.dtype, torch.float32):
         cos, sin = cos.float(), sin.float()
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    try:
-        _K.apply_rotary_emb_out(out, x, cos, sin, is_neox_style)
-    except ValueError as exc:
-        raise kernel_error("apply_rotary_emb", PROVIDER, exc) from None
+    call("apply_rotary_emb", K.apply_rotary_emb_out, out, x, cos, sin, is_neox_style)
     return out
 
 
 def _apply_rotary_emb_ok(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = True,
                          enable_fp32_compute: bool = False) -> bool:
-    return (_cpu_float(x) and x.is_contiguous() and x.dim() >= 3
-            and cos.is_cpu and sin.is_cpu and cos.dtype in _FLOATS and sin.dtype == cos.dtype
+    return (cpu_float(x) and x.is_contiguous() and x.dim() >= 3
+            and cos.is_cpu and sin.is_cpu and cos.dtype in FLOATS and sin.dtype == cos.dtype
             and cos.dim() == 2 and sin.dim() == 2 and cos.stride(1) == 1
             and sin.stride(1) == 1)
 
@@ -319,13 +319,9 @@ def dual_chunk_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     tokens = positions.shape[0]
     query_out = query.new_empty((tokens, 5 * query.shape[-1]))
     key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
-    try:
-        _K.dual_chunk_rotary_embedding_out(
-            query_out, key_out, positions, query, key, cos_sin_q_cache, cos_sin_qc_cache,
-            cos_sin_k_cache, cos_sin_qc_no_clamp_cache, cos_sin_q_inter_cache, head_size,
-            is_neox_style, offsets)
-    except ValueError as exc:
-        raise kernel_error("dual_chunk_rotary_embedding", PROVIDER, exc) from None
+    call("dual_chunk_rotary_embedding", K.dual_chunk_rotary_embedding_out, query_out,
+          key_out, positions, query, key, cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache,
+          cos_sin_qc_no_clamp_cache, cos_sin_q_inter_cache, head_size, is_neox_style, offsets)
     return query_out, key_out
 
 
@@ -336,7 +332,7 @@ def _dual_chunk_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_q_cach
                    offsets: Optional[Tensor] = None) -> bool:
     caches = (cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache, cos_sin_qc_no_clamp_cache,
               cos_sin_q_inter_cache)
-    return (_cpu_float(query) and key.dtype == query.dtype and key.is_cpu
+    return (cpu_float(query) and key.dtype == query.dtype and key.is_cpu
             and query.dim() == 2 and key.dim() == 2
             and query.stride(1) == 1 and key.stride(1) == 1
             and positions.dtype == torch.int64 and positions.is_cpu
@@ -348,40 +344,18 @@ def _dual_chunk_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_q_cach
 
 # ------------------------------------------------------- gemma / gated norms, fp8 quant
 def _norm_weight_ok(x: Tensor, weight: Tensor) -> bool:
-    return (_cpu_float(x) and x.is_contiguous() and weight.is_cpu and weight.is_contiguous()
+    return (cpu_float(x) and x.is_contiguous() and weight.is_cpu and weight.is_contiguous()
             and weight.dtype in (x.dtype, torch.float32))
 
 
-def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    check_gemma_rms_norm(x, weight, eps, provider=PROVIDER)
-    out = torch.empty_like(x)
-    try:
-        _K.gemma_rms_norm_out(out, x, weight, eps)
-    except ValueError as exc:
-        raise kernel_error("gemma_rms_norm", PROVIDER, exc) from None
-    return out
+gemma_rms_norm = _norm_impl("gemma_rms_norm", check_gemma_rms_norm, "gemma_rms_norm_out")
+gemma_fused_add_rms_norm = _fused_add_norm_impl(
+    "gemma_fused_add_rms_norm", check_gemma_fused_add_rms_norm, "gemma_fused_add_rms_norm_out")
+_gemma_fused_add_rms_norm_ok = _fused_add_ok(_norm_weight_ok)
 
 
 def _gemma_rms_norm_ok(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
     return _norm_weight_ok(x, weight)
-
-
-def gemma_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
-                             ) -> tuple[Tensor, Tensor]:
-    check_gemma_fused_add_rms_norm(x, residual, weight, eps, provider=PROVIDER)
-    out = torch.empty_like(x)
-    new_residual = torch.empty_like(x)
-    try:
-        _K.gemma_fused_add_rms_norm_out(out, new_residual, x, residual, weight, eps)
-    except ValueError as exc:
-        raise kernel_error("gemma_fused_add_rms_norm", PROVIDER, exc) from None
-    return out, new_residual
-
-
-def _gemma_fused_add_rms_norm_ok(x: Tensor, residual: Tensor, weight: Tensor,
-                                 eps: float = 1e-6) -> bool:
-    return (_norm_weight_ok(x, weight) and residual.dtype == x.dtype and residual.is_cpu
-            and residual.is_contiguous())
 
 
 def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-5,
@@ -390,11 +364,8 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: f
     check_rms_norm_gated(x, weight, z, eps, group_size, norm_before_gate, activation,
                          provider=PROVIDER)
     out = torch.empty_like(x)
-    try:
-        _K.rms_norm_gated_out(out, x, weight, z, eps, -1 if group_size is None else group_size,
-                              norm_before_gate, activation == "sigmoid")
-    except ValueError as exc:
-        raise kernel_error("rms_norm_gated", PROVIDER, exc) from None
+    call("rms_norm_gated", K.rms_norm_gated_out, out, x, weight, z, eps,
+          -1 if group_size is None else group_size, norm_before_gate, activation == "sigmoid")
     return out
 
 
@@ -413,15 +384,15 @@ def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False
     try:
         if scale is not None:
             s2 = scale.float().reshape(1, 1) if scale.numel() == 1 else scale.float()
-            _K.quant_fp8_static_out(q, x, s2.contiguous())
+            K.quant_fp8_static_out(q, x, s2.contiguous())
             return q, scale.clone()
         if group_size is not None:
             groups = (x.shape[-1] + group_size - 1) // group_size
             scales = torch.empty((*x.shape[:-1], groups), dtype=torch.float32)
-            _K.quant_fp8_group_out(q, scales, x, group_size, use_ue8m0)
+            K.quant_fp8_group_out(q, scales, x, group_size, use_ue8m0)
             return q, scales
         scales = torch.empty((*x.shape[:-1], 1) if per_token else (1,), dtype=torch.float32)
-        _K.quant_fp8_dynamic_out(q, scales, x, per_token, scale_ub)
+        K.quant_fp8_dynamic_out(q, scales, x, per_token, scale_ub)
     except ValueError as exc:
         raise kernel_error("quant_fp8", PROVIDER, exc) from None
     return q, scales
@@ -430,7 +401,7 @@ def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False
 def _quant_fp8_ok(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
                   scale_ub: Optional[Tensor] = None, group_size: Optional[int] = None,
                   use_ue8m0: bool = False) -> bool:
-    return (_cpu_float(x) and x.is_contiguous() and (scale is None or scale.is_cpu)
+    return (cpu_float(x) and x.is_contiguous() and (scale is None or scale.is_cpu)
             and (scale_ub is None or scale_ub.is_cpu))
 
 

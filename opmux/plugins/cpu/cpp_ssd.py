@@ -17,14 +17,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from opmux.core.errors import OpInputError
 from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 __all__ = ["OPS", "ssd_chunk_scan", "ssd_state_update"]
 
-_PROVIDER = "cpp"
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_K = torch.ops.opmux_cpu
 
 
 def _f32(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -41,19 +38,12 @@ def _d(D: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
 def _ok(x: Tensor, dt: Tensor, B: Tensor, C: Tensor, ssm_state: Tensor,
         z: Optional[Tensor]) -> bool:
     dtype = x.dtype
-    return (x.is_cpu and dtype in _FLOATS and x.dim() == 3 and dt.dtype == dtype
+    return (x.is_cpu and dtype in FLOATS and x.dim() == 3 and dt.dtype == dtype
             and B.dtype == dtype and C.dtype == dtype and B.dim() == 3 and C.dim() == 3
             and B.stride(2) == 1 and C.stride(2) == 1
             and (z is None or z.dtype == dtype)
             and ssm_state.dtype in (torch.float32, dtype) and ssm_state.dim() == 4
             and ssm_state.stride(3) == 1 and ssm_state.stride(2) == ssm_state.shape[3])
-
-
-def _run(*args: Any) -> None:
-    try:
-        _K.ssd_scan_out(*args)
-    except ValueError as exc:
-        raise OpInputError(str(exc)) from None
 
 
 def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_state: Tensor,
@@ -64,11 +54,11 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
                    dt_max: Optional[float] = None, chunk_size: int = 256) -> Tensor:
     check_ssd_chunk_scan(x, dt, A, B, C, ssm_state, state_indices, query_start_loc,
                          has_initial_state, D, z, dt_bias, dt_softplus, dt_min, dt_max,
-                         chunk_size, provider=_PROVIDER)
+                         chunk_size, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     his = None if has_initial_state is None else has_initial_state.contiguous()
-    _run(out, ssm_state, x, dt, _f32(A), B, C, _d(D, x), z, _f32(dt_bias),
-         state_indices.to(torch.int64).contiguous(),
+    call("ssd_chunk_scan", K.ssd_scan_out, out, ssm_state, x, dt, _f32(A), B, C, _d(D, x), z,
+         _f32(dt_bias), state_indices.to(torch.int64).contiguous(),
          query_start_loc.to(torch.int64).contiguous(), his, dt_softplus, dt_min,
          -1.0 if dt_max is None else dt_max)
     return out
@@ -89,10 +79,10 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                      dt_softplus: bool = False, dt_min: float = 0.0,
                      dt_max: Optional[float] = None) -> Tensor:
     check_ssd_state_update(x, dt, A, B, C, ssm_state, state_indices, D, z, dt_bias,
-                           dt_softplus, dt_min, dt_max, provider=_PROVIDER)
+                           dt_softplus, dt_min, dt_max, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _run(out, ssm_state, x, dt, _f32(A), B, C, _d(D, x), z, _f32(dt_bias),
-         state_indices.to(torch.int64).contiguous(), None, None, dt_softplus, dt_min,
+    call("ssd_state_update", K.ssd_scan_out, out, ssm_state, x, dt, _f32(A), B, C, _d(D, x), z,
+         _f32(dt_bias), state_indices.to(torch.int64).contiguous(), None, None, dt_softplus, dt_min,
          -1.0 if dt_max is None else dt_max)
     return out
 

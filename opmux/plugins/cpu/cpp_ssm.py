@@ -15,29 +15,19 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from opmux.core.errors import OpInputError
 from opmux.ops._ssm_checks import (
     check_causal_conv1d,
     check_causal_conv1d_update,
     check_selective_scan,
     check_selective_state_update,
 )
+from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 __all__ = ["OPS", "causal_conv1d", "causal_conv1d_update", "selective_scan",
            "selective_state_update"]
 
-_PROVIDER = "cpp"
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_WIDTH = 8
 _MAX_STATE = 256
-_K = torch.ops.opmux_cpu
-
-
-def _run(kernel: Callable[..., None], *args: Any) -> None:
-    try:
-        kernel(*args)
-    except ValueError as exc:
-        raise OpInputError(str(exc)) from None
 
 
 def _c(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -78,12 +68,12 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
                   has_initial_state: Optional[Tensor] = None,
                   activation: Optional[str] = "silu") -> Tensor:
     check_causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                        has_initial_state, activation, provider=_PROVIDER)
+                        has_initial_state, activation, provider=PROVIDER)
     if query_start_loc is None:  # one sequence
         query_start_loc = torch.tensor([0, x.shape[0]], dtype=torch.int64)
     out = torch.empty(x.shape, dtype=x.dtype)
-    _run(_K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(), _c(bias), conv_states,
-         query_start_loc.contiguous(), _c(cache_indices), _c(has_initial_state),
+    call("causal_conv1d", K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(), _c(bias),
+         conv_states, query_start_loc.contiguous(), _c(cache_indices), _c(has_initial_state),
          activation is not None)
     return out
 
@@ -93,7 +83,7 @@ def _causal_conv1d_ok(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_st
                       cache_indices: Optional[Tensor] = None,
                       has_initial_state: Optional[Tensor] = None,
                       activation: Optional[str] = "silu") -> bool:
-    return (x.is_cpu and x.dtype in _FLOATS and _like(x, weight, bias)
+    return (x.is_cpu and x.dtype in FLOATS and _like(x, weight, bias)
             and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
             and _state_ok(x, conv_states)
             and _index_ok(query_start_loc, has_initial_state) and _slots_ok(cache_indices))
@@ -103,17 +93,17 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
                          bias: Optional[Tensor] = None, activation: Optional[str] = None,
                          conv_state_indices: Optional[Tensor] = None) -> Tensor:
     check_causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
-                               provider=_PROVIDER)
+                               provider=PROVIDER)
     out = torch.empty(x.shape, dtype=x.dtype)
-    _run(_K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(), _c(bias), conv_state,
-         None, _c(conv_state_indices), None, activation is not None)
+    call("causal_conv1d_update", K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(),
+         _c(bias), conv_state, None, _c(conv_state_indices), None, activation is not None)
     return out
 
 
 def _causal_conv1d_update_ok(x: Tensor, conv_state: Tensor, weight: Tensor,
                              bias: Optional[Tensor] = None, activation: Optional[str] = None,
                              conv_state_indices: Optional[Tensor] = None) -> bool:
-    return (x.is_cpu and x.dtype in _FLOATS and _like(x, weight, bias)
+    return (x.is_cpu and x.dtype in FLOATS and _like(x, weight, bias)
             and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
             and _state_ok(x, conv_state) and _slots_ok(conv_state_indices))
 
@@ -126,13 +116,14 @@ def selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: T
                    cache_indices: Optional[Tensor] = None,
                    has_initial_state: Optional[Tensor] = None) -> Tensor:
     check_selective_scan(u, ssm_states, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                         query_start_loc, cache_indices, has_initial_state, provider=_PROVIDER)
+                         query_start_loc, cache_indices, has_initial_state, provider=PROVIDER)
     if query_start_loc is None:  # one sequence
         query_start_loc = torch.tensor([0, u.shape[0]], dtype=torch.int64)
     out = torch.empty(u.shape, dtype=u.dtype)
-    _run(_K.selective_scan_out, out, u.contiguous(), ssm_states, delta.contiguous(), _f32(A),
-         B.contiguous(), C.contiguous(), _f32(D), _c(z), _f32(delta_bias), delta_softplus,
-         query_start_loc.contiguous(), _c(cache_indices), _c(has_initial_state))
+    call("selective_scan", K.selective_scan_out, out, u.contiguous(), ssm_states,
+         delta.contiguous(), _f32(A), B.contiguous(), C.contiguous(), _f32(D), _c(z),
+         _f32(delta_bias), delta_softplus, query_start_loc.contiguous(), _c(cache_indices),
+         _c(has_initial_state))
     return out
 
 
@@ -142,7 +133,7 @@ def _selective_scan_ok(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, 
                        query_start_loc: Optional[Tensor] = None,
                        cache_indices: Optional[Tensor] = None,
                        has_initial_state: Optional[Tensor] = None) -> bool:
-    return (u.is_cpu and u.dtype in _FLOATS and _like(u, delta, B, C, z)
+    return (u.is_cpu and u.dtype in FLOATS and _like(u, delta, B, C, z)
             and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
             and _state_ok(u, ssm_states)
             and _index_ok(query_start_loc, has_initial_state) and _slots_ok(cache_indices))
@@ -153,11 +144,11 @@ def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
                            dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
                            state_batch_indices: Optional[Tensor] = None) -> Tensor:
     check_selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                 state_batch_indices, provider=_PROVIDER)
+                                 state_batch_indices, provider=PROVIDER)
     out = torch.empty(x.shape, dtype=x.dtype)
-    _run(_K.selective_scan_out, out, x.contiguous(), ssm_states, dt.contiguous(), _f32(A),
-         B.contiguous(), C.contiguous(), _f32(D), _c(z), _f32(dt_bias), dt_softplus,
-         None, _c(state_batch_indices), None)
+    call("selective_state_update", K.selective_scan_out, out, x.contiguous(), ssm_states,
+         dt.contiguous(), _f32(A), B.contiguous(), C.contiguous(), _f32(D), _c(z), _f32(dt_bias),
+         dt_softplus, None, _c(state_batch_indices), None)
     return out
 
 
@@ -166,7 +157,7 @@ def _selective_state_update_ok(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Ten
                                z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                                dt_softplus: bool = False,
                                state_batch_indices: Optional[Tensor] = None) -> bool:
-    return (x.is_cpu and x.dtype in _FLOATS and _like(x, dt, B, C, z)
+    return (x.is_cpu and x.dtype in FLOATS and _like(x, dt, B, C, z)
             and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
             and _state_ok(x, ssm_states) and _slots_ok(state_batch_indices))
 

@@ -10,11 +10,10 @@ import triton
 import triton.language as tl
 
 from opmux.ops._checks import check_gelu_and_mul, check_silu_and_mul
-from opmux.plugins.cuda.triton_runtime import PROVIDER, one_config_when_interpreting
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, one_config_when_interpreting
 
 __all__ = ["gelu_and_mul", "gelu_and_mul_supports", "silu_and_mul", "silu_and_mul_supports"]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 _ACT_SILU = 0
 _ACT_GELU = 1
@@ -91,7 +90,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def silu_and_mul_supports(x: torch.Tensor) -> bool:
     """Float dtypes (not float64) and an even last dimension."""
-    return (isinstance(x, torch.Tensor) and x.dtype in _DTYPES and x.dim() >= 1
+    return (isinstance(x, torch.Tensor) and x.dtype in DTYPES and x.dim() >= 1
             and x.shape[-1] % 2 == 0)
 
 

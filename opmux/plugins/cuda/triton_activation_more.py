@@ -10,21 +10,16 @@ Inputs of any layout are accepted: they are made row-contiguous first (a copy on
 needed).
 """
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._activation_checks import (
-    check_elementwise,
-    check_fatrelu_and_mul,
-    check_gated,
-    check_gelu_and_mul_sparse,
-    check_swigluoai_and_mul,
-    check_xielu,
-)
+from opmux.ops import _activation_checks as _checks
 from opmux.ops.activation import sparsity_std_multiplier
 from opmux.plugins.cuda.triton_activation import _tanh
-from opmux.plugins.cuda.triton_runtime import PROVIDER, one_config_when_interpreting
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, one_config_when_interpreting
 
 __all__ = [
     "fatrelu_and_mul", "fatrelu_and_mul_supports", "gelu_and_mul_sparse",
@@ -33,7 +28,6 @@ __all__ = [
     "xielu_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_SPARSE_D = 32768
 
 _FATRELU, _MUL_SILU, _SWIGLUOAI = 0, 1, 2
@@ -195,12 +189,12 @@ def _unary(x: torch.Tensor, act: int, alpha_p: torch.Tensor | None = None,
 
 def supports(x: torch.Tensor) -> bool:
     """Float dtypes (fp32/fp16/bf16)."""
-    return x.dtype in _DTYPES
+    return x.dtype in DTYPES
 
 
 def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
     """``threshold(x[..., :d], threshold, 0) * x[..., d:]`` (Triton)."""
-    check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
+    _checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     return _gated(x, _FATRELU, threshold)
 
 
@@ -211,14 +205,14 @@ def fatrelu_and_mul_supports(x: torch.Tensor, threshold: float = 0.0) -> bool:
 
 def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
     """``x[..., :d] * silu(x[..., d:])`` (Triton)."""
-    check_gated("mul_and_silu", x, provider=PROVIDER)
+    _checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     return _gated(x, _MUL_SILU)
 
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0
                       ) -> torch.Tensor:
     """gpt-oss's clamped SwiGLU on interleaved gate/up (Triton)."""
-    check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
+    _checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     return _gated(x, _SWIGLUOAI, alpha, limit)
 
 
@@ -231,7 +225,7 @@ def swigluoai_and_mul_supports(x: torch.Tensor, alpha: float = 1.702,
 def gelu_and_mul_sparse(x: torch.Tensor, activation_sparsity: float,
                         approximate: str = "none") -> torch.Tensor:
     """Gemma-3n's sparse GeGLU (Triton), one program per row."""
-    check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
+    _checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     d = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
@@ -250,34 +244,28 @@ def gelu_and_mul_sparse_supports(x: torch.Tensor, activation_sparsity: float,
     return supports(x) and x.dim() >= 1 and x.shape[-1] // 2 <= _MAX_SPARSE_D
 
 
-def gelu_new(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's tanh GELU (Triton)."""
-    check_elementwise("gelu_new", x, provider=PROVIDER)
-    return _unary(x, _GELU_NEW)
+def _elementwise(op: str, act: int, doc: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The impl of elementwise activation ``op``: native's check, then kernel ``act``."""
+
+    def impl(x: torch.Tensor) -> torch.Tensor:
+        _checks.check_elementwise(op, x, provider=PROVIDER)
+        return _unary(x, act)
+
+    impl.__name__ = impl.__qualname__ = op
+    impl.__doc__ = doc
+    return impl
 
 
-def gelu_fast(x: torch.Tensor) -> torch.Tensor:
-    """The fast tanh GELU (Triton)."""
-    check_elementwise("gelu_fast", x, provider=PROVIDER)
-    return _unary(x, _GELU_FAST)
-
-
-def quick_gelu(x: torch.Tensor) -> torch.Tensor:
-    """``x * sigmoid(1.702 x)`` (Triton)."""
-    check_elementwise("quick_gelu", x, provider=PROVIDER)
-    return _unary(x, _QUICK_GELU)
-
-
-def relu2(x: torch.Tensor) -> torch.Tensor:
-    """``relu(x)^2`` (Triton)."""
-    check_elementwise("relu2", x, provider=PROVIDER)
-    return _unary(x, _RELU2)
+gelu_new = _elementwise("gelu_new", _GELU_NEW, "GPT-2's tanh GELU (Triton).")
+gelu_fast = _elementwise("gelu_fast", _GELU_FAST, "The fast tanh GELU (Triton).")
+quick_gelu = _elementwise("quick_gelu", _QUICK_GELU, "``x * sigmoid(1.702 x)`` (Triton).")
+relu2 = _elementwise("relu2", _RELU2, "``relu(x)^2`` (Triton).")
 
 
 def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float,
           eps: float) -> torch.Tensor:
     """xIELU with the layer's raw parameters (Triton)."""
-    check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
+    _checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     return _unary(x, _XIELU, alpha_p, alpha_n, beta, eps)
 
 
@@ -290,7 +278,7 @@ def xielu_supports(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor
     for t in (alpha_p, alpha_n):
         if t.dim() > 0:
             dtype = torch.promote_types(dtype, t.dtype)
-    return (supports(x) and alpha_p.dtype in _DTYPES and alpha_n.dtype == alpha_p.dtype
+    return (supports(x) and alpha_p.dtype in DTYPES and alpha_n.dtype == alpha_p.dtype
             and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
             and alpha_p.device == x.device and alpha_n.device == x.device
             and dtype == x.dtype)

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from opmux.ops._checks import check_paged_attention
 from opmux.plugins.cuda.triton_runtime import (
+    DTYPES,
     interpreting,
     next_pow2,
     one_config_when_interpreting,
@@ -26,7 +27,6 @@ from opmux.plugins.cuda.validation import check
 
 __all__ = ["paged_attention", "paged_attention_supports"]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX = (torch.int32, torch.int64)
 
 _CONFIGS = one_config_when_interpreting(
@@ -149,7 +149,7 @@ def _validate(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap, provider="triton",
                           read_data=getattr(query, "is_cpu", False))
-    check(query.dtype in _DTYPES, "paged_attention", "query", "float32/float16/bfloat16",
+    check(query.dtype in DTYPES, "paged_attention", "query", "float32/float16/bfloat16",
           query.dtype)
 
 
@@ -199,7 +199,7 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
     """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts (any
     strides: the kernel addresses query, caches and output through them)."""
     tensors = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-    return (all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in _DTYPES
+    return (all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in DTYPES
             and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
             and key_cache.shape[3] == query.shape[2] and key_cache.shape[2] > 0

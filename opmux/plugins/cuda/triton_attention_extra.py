@@ -23,7 +23,7 @@ from opmux.ops._attention_extra_checks import (
     check_encoder_attention,
     check_mla_attention,
 )
-from opmux.plugins.cuda.triton_runtime import interpreting, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, interpreting, next_pow2
 
 __all__ = [
     "concat_and_cache_mla",
@@ -34,7 +34,6 @@ __all__ = [
     "mla_attention_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX = (torch.int32, torch.int64)
 
 _FP32_DOT_BF16 = interpreting()
@@ -127,7 +126,7 @@ def encoder_attention_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                cu_seqlens: torch.Tensor, max_seqlen: Optional[int],
                                scale: float) -> bool:
     """Float q/k/v of one dtype, 3-D; int32/int64 offsets."""
-    return (q.dtype in _DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+    return (q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
             and q.dim() == 3 and k.dim() == 3 and v.dim() == 3 and cu_seqlens.dtype in _INDEX)
 
 
@@ -168,7 +167,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
 def concat_and_cache_mla_supports(kv_c: torch.Tensor, k_pe: torch.Tensor,
                                   kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
     """Float tensors of one dtype, 2-D rows, a 3-D cache."""
-    return (kv_cache.dtype in _DTYPES and kv_c.dtype == kv_cache.dtype
+    return (kv_cache.dtype in DTYPES and kv_c.dtype == kv_cache.dtype
             and k_pe.dtype == kv_cache.dtype and kv_c.dim() == 2 and k_pe.dim() == 2
             and kv_cache.dim() == 3)
 
@@ -261,6 +260,6 @@ def mla_attention_supports(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight:
                            query_start_loc: torch.Tensor, scale: float,
                            qk_nope_head_dim: int) -> bool:
     """Float tensors of one dtype, a 3-D cache, int32/int64 index tensors."""
-    return (q.dtype in _DTYPES and kv_cache.dtype == q.dtype and kv_b_weight.dtype == q.dtype
+    return (q.dtype in DTYPES and kv_cache.dtype == q.dtype and kv_b_weight.dtype == q.dtype
             and q.dim() == 3 and kv_cache.dim() == 3 and block_tables.dtype in _INDEX
             and seq_lens.dtype in _INDEX and query_start_loc.dtype in _INDEX)

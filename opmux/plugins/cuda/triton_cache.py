@@ -13,15 +13,13 @@ import triton
 import triton.language as tl
 
 from opmux.ops._checks import check_advance_step_flashattn, check_reshape_and_cache
-from opmux.plugins.cuda.triton_runtime import next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, next_pow2
 
 __all__ = [
     "advance_step_flashattn",
     "reshape_and_cache",
     "reshape_and_cache_supports",
 ]
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -73,9 +71,9 @@ def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache
     """Float tensors, 3-D key/value, 4-D caches, an int64 slot mapping (any strides)."""
     return (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
             and isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)
-            and isinstance(slot_mapping, torch.Tensor) and key.dtype in _DTYPES
-            and value.dtype in _DTYPES and key_cache.dtype in _DTYPES
-            and value_cache.dtype in _DTYPES and key.dim() == 3 and key_cache.dim() == 4
+            and isinstance(slot_mapping, torch.Tensor) and key.dtype in DTYPES
+            and value.dtype in DTYPES and key_cache.dtype in DTYPES
+            and value_cache.dtype in DTYPES and key.dim() == 3 and key_cache.dim() == 4
             and slot_mapping.dtype == torch.int64)
 
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from opmux.ops._checks import check_fused_add_rms_norm, check_rms_norm
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "fused_add_rms_norm",
@@ -20,7 +20,6 @@ __all__ = [
     "rms_norm_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_SINGLE = 16384
 """Longest row normalised from registers in one pass; longer rows loop in chunks of this."""
 
@@ -123,7 +122,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 def rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
     """Float ``x`` and ``weight``, ``weight`` of shape ``(x.shape[-1],)``."""
     return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and x.dtype in _DTYPES and weight.dtype in _DTYPES and x.dim() >= 1
+            and x.dtype in DTYPES and weight.dtype in DTYPES and x.dim() >= 1
             and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
 
 

@@ -19,7 +19,7 @@ from opmux.ops._norm_quant_checks import (
     check_gemma_rms_norm,
     check_rms_norm_gated,
 )
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "gemma_fused_add_rms_norm",
@@ -30,9 +30,22 @@ __all__ = [
     "rms_norm_gated_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_BLOCK = 8192
 """Widest chunk of a row one program holds in registers."""
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _f32(ptr, cols, mask):  # type: ignore[no-untyped-def]
+    return tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _chunk(row_ptr, start, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Columns ``start..start+BLOCK`` of a row of ``n`` values: the columns, their mask and
+    the row's values there in fp32."""
+    cols = start + tl.arange(0, BLOCK)
+    mask = cols < n
+    return cols, mask, _f32(row_ptr, cols, mask)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -45,21 +58,17 @@ def _gemma_kernel(  # type: ignore[no-untyped-def]
     res_row = res_ptr + row * res_stride
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, d, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < d
-        s = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        cols, mask, s = _chunk(x_row, start, d, BLOCK)
         if HAS_RESIDUAL:
-            s += tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
+            s += _f32(res_row, cols, mask)
             tl.store(res_out_ptr + row * d + cols, s.to(res_out_ptr.dtype.element_ty), mask=mask)
         acc += s * s
     inv = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / d + eps)
     for start in range(0, d, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < d
-        s = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        cols, mask, s = _chunk(x_row, start, d, BLOCK)
         if HAS_RESIDUAL:
-            s += tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + 1.0
+            s += _f32(res_row, cols, mask)
+        w = _f32(w_ptr, cols, mask) + 1.0
         tl.store(out_ptr + row * d + cols, (s * inv * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -83,23 +92,18 @@ def _gated_kernel(  # type: ignore[no-untyped-def]
     z_row = z_ptr + row * z_stride + g0
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, group, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < group
-        v = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        cols, mask, v = _chunk(x_row, start, group, BLOCK)
         if HAS_Z and not NORM_BEFORE_GATE:
-            v = v * _act(tl.load(z_row + cols, mask=mask, other=0.0).to(tl.float32), SIGMOID)
+            v = v * _act(_f32(z_row, cols, mask), SIGMOID)
         acc += v * v
     inv = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / group + eps)
     for start in range(0, group, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < group
-        v = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        cols, mask, v = _chunk(x_row, start, group, BLOCK)
         if HAS_Z:
-            gate = _act(tl.load(z_row + cols, mask=mask, other=0.0).to(tl.float32), SIGMOID)
+            gate = _act(_f32(z_row, cols, mask), SIGMOID)
             if not NORM_BEFORE_GATE:
                 v = v * gate
-        w = tl.load(w_ptr + g0 + cols, mask=mask, other=0.0).to(tl.float32)
-        v = v * inv * w
+        v = v * inv * _f32(w_ptr + g0, cols, mask)
         if HAS_Z and NORM_BEFORE_GATE:
             v = v * gate
         tl.store(out_ptr + row * d + g0 + cols, v.to(out_ptr.dtype.element_ty), mask=mask)
@@ -131,7 +135,7 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> 
 
 def gemma_rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
     """Float32/16/bf16 ``x`` and ``weight``."""
-    return x.dtype in _DTYPES and weight.dtype in _DTYPES
+    return x.dtype in DTYPES and weight.dtype in DTYPES
 
 
 def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -154,7 +158,7 @@ def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
 def gemma_fused_add_rms_norm_supports(x: torch.Tensor, residual: torch.Tensor,
                                       weight: torch.Tensor, eps: float = 1e-6) -> bool:
     """As :func:`gemma_rms_norm_supports`."""
-    return x.dtype in _DTYPES and weight.dtype in _DTYPES
+    return x.dtype in DTYPES and weight.dtype in DTYPES
 
 
 def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor] = None,
@@ -183,5 +187,5 @@ def rms_norm_gated_supports(x: torch.Tensor, weight: torch.Tensor,
                             group_size: Optional[int] = None, norm_before_gate: bool = False,
                             activation: str = "swish") -> bool:
     """Float32/16/bf16 ``x``, ``weight`` and ``z``."""
-    return (x.dtype in _DTYPES and weight.dtype in _DTYPES
-            and (z is None or z.dtype in _DTYPES))
+    return (x.dtype in DTYPES and weight.dtype in DTYPES
+            and (z is None or z.dtype in DTYPES))

@@ -20,11 +20,10 @@ import triton.language as tl
 
 from opmux.ops._norm_quant_checks import check_quant_fp8
 from opmux.ops.quant import FP8_MAX, FP8_MIN_SCALE
-from opmux.plugins.cuda.triton_runtime import PROVIDER, interpreting, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, interpreting, next_pow2
 
 __all__ = ["quant_fp8", "quant_fp8_supports"]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_BLOCK = 4096
 _ROUND = interpreting()
 """Round to the e4m3 grid before the cast (the interpreter's cast rounds wrongly; a GPU's
@@ -181,4 +180,4 @@ def quant_fp8_supports(x: torch.Tensor, scale: Optional[torch.Tensor] = None,
                        per_token: bool = False, scale_ub: Optional[torch.Tensor] = None,
                        group_size: Optional[int] = None, use_ue8m0: bool = False) -> bool:
     """Float32/16/bf16 ``x``."""
-    return x.dtype in _DTYPES
+    return x.dtype in DTYPES

@@ -15,19 +15,15 @@ import triton
 import triton.language as tl
 
 from opmux.ops._checks import check_rotary_embedding
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = ["rotary_embedding", "rotary_embedding_supports"]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-
+# Column i of a rotated head reads cos/sin entry c and partner column partner with sign sign
+# (the layouts of the module docstring); shared with triton_rope_more.
 @triton.jit  # type: ignore[untyped-decorator]
-def _rope_heads(  # type: ignore[no-untyped-def]
-    src_ptr, dst_ptr, src_stride, dst_stride, cos_row, sin_row, tok, head0, n_heads, head_size,
-    rot, IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, D_PAD: tl.constexpr,
-):
-    heads = head0 + tl.arange(0, BLOCK_H)
+def _columns(rot, IS_NEOX: tl.constexpr, D_PAD: tl.constexpr):  # type: ignore[no-untyped-def]
     cols = tl.arange(0, D_PAD)
     half = rot // 2
     if IS_NEOX:
@@ -38,6 +34,16 @@ def _rope_heads(  # type: ignore[no-untyped-def]
         c = cols // 2
         partner = cols ^ 1
         sign = tl.where((cols % 2) == 0, -1.0, 1.0)
+    return cols, c, partner, sign
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _rope_heads(  # type: ignore[no-untyped-def]
+    src_ptr, dst_ptr, src_stride, dst_stride, cos_row, sin_row, tok, head0, n_heads, head_size,
+    rot, IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, D_PAD: tl.constexpr,
+):
+    heads = head0 + tl.arange(0, BLOCK_H)
+    cols, c, partner, sign = _columns(rot, IS_NEOX, D_PAD)
     in_rot = cols < rot
     hmask = heads < n_heads
     mask = hmask[:, None] & (cols < head_size)[None, :]
@@ -125,7 +131,7 @@ def rotary_embedding_supports(positions: torch.Tensor, query: torch.Tensor, key:
     """Float query/key of one dtype, integer positions, an even ``rot <= head_size``."""
     return (isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor)
             and isinstance(key, torch.Tensor) and isinstance(cos_sin_cache, torch.Tensor)
-            and query.dtype in _DTYPES and key.dtype == query.dtype
-            and cos_sin_cache.dtype in _DTYPES and cos_sin_cache.dim() == 2
+            and query.dtype in DTYPES and key.dtype == query.dtype
+            and cos_sin_cache.dtype in DTYPES and cos_sin_cache.dim() == 2
             and positions.dtype in (torch.int64, torch.int32)
             and 0 < cos_sin_cache.shape[1] <= head_size and cos_sin_cache.shape[1] % 2 == 0)

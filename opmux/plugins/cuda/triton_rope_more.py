@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from opmux.ops.rotary_more import check_apply_rotary_emb, check_dual_chunk_rotary_embedding
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_rope import _columns
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "apply_rotary_emb",
@@ -31,23 +32,6 @@ __all__ = [
     "dual_chunk_rotary_embedding",
     "dual_chunk_rotary_embedding_supports",
 ]
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit  # type: ignore[untyped-decorator]
-def _columns(rot, IS_NEOX: tl.constexpr, D_PAD: tl.constexpr):  # type: ignore[no-untyped-def]
-    cols = tl.arange(0, D_PAD)
-    half = rot // 2
-    if IS_NEOX:
-        c = tl.where(cols < half, cols, cols - half)
-        partner = tl.where(cols < half, cols + half, cols - half)
-        sign = tl.where(cols < half, -1.0, 1.0)
-    else:
-        c = cols // 2
-        partner = cols ^ 1
-        sign = tl.where((cols % 2) == 0, -1.0, 1.0)
-    return cols, c, partner, sign
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -102,8 +86,8 @@ def apply_rotary_emb_supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
                               is_neox_style: bool = True,
                               enable_fp32_compute: bool = False) -> bool:
     """``x`` 3-d or 4-d in float32/float16/bfloat16 (any strides), floating tables."""
-    return (x.dtype in _DTYPES and x.dim() in (3, 4) and cos.dtype in _DTYPES
-            and sin.dtype in _DTYPES and cos.dim() == 2 and sin.dim() == 2)
+    return (x.dtype in DTYPES and x.dim() in (3, 4) and cos.dtype in DTYPES
+            and sin.dtype in DTYPES and cos.dim() == 2 and sin.dim() == 2)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -219,5 +203,5 @@ def dual_chunk_rotary_embedding_supports(
     """Query/key of one float dtype (any strides); contiguous caches of that dtype."""
     caches = (cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache, cos_sin_qc_no_clamp_cache,
               cos_sin_q_inter_cache)
-    return (query.dtype in _DTYPES and key.dtype == query.dtype
+    return (query.dtype in DTYPES and key.dtype == query.dtype
             and all(c.dtype == query.dtype and c.is_contiguous() for c in caches))

@@ -12,9 +12,12 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from opmux.core import config
 
 __all__ = [
+    "DTYPES",
     "PROVIDER",
     "interpreting",
     "next_pow2",
@@ -24,6 +27,9 @@ __all__ = [
 
 PROVIDER = "triton"
 """Provider name of every impl in the Triton kernel modules."""
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""Floating dtypes the Triton kernels take."""
 
 
 def interpreting() -> bool:

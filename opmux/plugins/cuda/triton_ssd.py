@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "ssd_chunk_scan",
@@ -27,8 +27,6 @@ __all__ = [
     "ssd_state_update",
     "ssd_state_update_supports",
 ]
-
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -153,7 +151,7 @@ def ssd_chunk_scan_supports(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                             dt_min: float = 0.0, dt_max: Optional[float] = None,
                             chunk_size: int = 256) -> bool:
     """float32/float16/bfloat16 ``x`` and state (any strides)."""
-    return x.dtype in _DTYPES and ssm_state.dtype in _DTYPES
+    return x.dtype in DTYPES and ssm_state.dtype in DTYPES
 
 
 def ssd_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -176,4 +174,4 @@ def ssd_state_update_supports(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
                               dt_softplus: bool = False, dt_min: float = 0.0,
                               dt_max: Optional[float] = None) -> bool:
     """float32/float16/bfloat16 ``x`` and state (any strides)."""
-    return x.dtype in _DTYPES and ssm_state.dtype in _DTYPES
+    return x.dtype in DTYPES and ssm_state.dtype in DTYPES

@@ -24,7 +24,7 @@ from opmux.ops._ssm_checks import (
     check_selective_scan,
     check_selective_state_update,
 )
-from opmux.plugins.cuda.triton_runtime import PROVIDER, next_pow2
+from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
     "causal_conv1d", "causal_conv1d_supports", "causal_conv1d_update",
@@ -32,7 +32,6 @@ __all__ = [
     "selective_state_update", "selective_state_update_supports",
 ]
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK_D = 32
 _MAX_STATE = 256
 
@@ -63,6 +62,14 @@ def _segment(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _zero_rows(out_ptr, t0, t1, dim, c, cm, BLOCK_D: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Columns ``c`` of output rows ``t0..t1`` become zero (a padding slot's tokens)."""
+    for t in range(t0, t1):
+        tl.store(out_ptr + t * dim + c, tl.zeros([BLOCK_D], tl.float32)
+                 .to(out_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _conv_kernel(  # type: ignore[no-untyped-def]
     out_ptr, x_ptr, w_ptr, b_ptr, st_ptr, qsl_ptr, idx_ptr, init_ptr, dim,
     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_QSL: tl.constexpr,
@@ -73,9 +80,7 @@ def _conv_kernel(  # type: ignore[no-untyped-def]
     cm = c < dim
     t0, t1, slot, init = _segment(pid, qsl_ptr, idx_ptr, init_ptr, HAS_QSL, HAS_IDX, HAS_INIT)
     if slot < 0:
-        for t in range(t0, t1):
-            tl.store(out_ptr + t * dim + c, tl.zeros([BLOCK_D], tl.float32)
-                     .to(out_ptr.dtype.element_ty), mask=cm)
+        _zero_rows(out_ptr, t0, t1, dim, c, cm, BLOCK_D)
     else:
         hist = WIDTH - 1
         zero = tl.zeros([BLOCK_D], tl.int64)
@@ -120,9 +125,7 @@ def _scan_kernel(  # type: ignore[no-untyped-def]
     m2 = cm[:, None] & nm[None, :]
     t0, t1, slot, init = _segment(pid, qsl_ptr, idx_ptr, init_ptr, HAS_QSL, HAS_IDX, HAS_INIT)
     if slot < 0:
-        for t in range(t0, t1):
-            tl.store(out_ptr + t * dim + c, tl.zeros([BLOCK_D], tl.float32)
-                     .to(out_ptr.dtype.element_ty), mask=cm)
+        _zero_rows(out_ptr, t0, t1, dim, c, cm, BLOCK_D)
     else:
         st = st_ptr + slot * dim * nstate + c[:, None] * nstate + n[None, :]
         h = tl.load(st, mask=m2 & (n[None, :] < nstate * init), other=0.0).to(tl.float32)
@@ -195,8 +198,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
 
 def _conv_ok(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
              states: torch.Tensor) -> bool:
-    return (x.dtype in _DTYPES and weight.dtype in _DTYPES and states.is_contiguous()
-            and states.dtype in _DTYPES and (bias is None or bias.dtype in _DTYPES))
+    return (x.dtype in DTYPES and weight.dtype in DTYPES and states.is_contiguous()
+            and states.dtype in DTYPES and (bias is None or bias.dtype in DTYPES))
 
 
 def causal_conv1d_supports(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -271,9 +274,9 @@ def selective_scan(u: torch.Tensor, ssm_states: torch.Tensor, delta: torch.Tenso
 
 def _scan_ok(u: torch.Tensor, states: torch.Tensor, A: torch.Tensor,
              *acts: Optional[torch.Tensor]) -> bool:
-    return (u.dtype in _DTYPES and states.dtype in _DTYPES and states.is_contiguous()
+    return (u.dtype in DTYPES and states.dtype in DTYPES and states.is_contiguous()
             and A.dim() == 2 and A.shape[1] <= _MAX_STATE
-            and all(t is None or t.dtype in _DTYPES for t in acts))
+            and all(t is None or t.dtype in DTYPES for t in acts))
 
 
 def selective_scan_supports(u: torch.Tensor, ssm_states: torch.Tensor, delta: torch.Tensor,

@@ -38,7 +38,9 @@ Providers (one per dispatch key):
 """
 
 import importlib.util
-from typing import Final, Optional
+import inspect
+from collections.abc import Callable
+from typing import Any, Final, Optional, cast
 
 import torch
 from torch import Tensor
@@ -47,7 +49,11 @@ from opmux.core.errors import OpInputError, UnknownOpError
 from opmux.core.op import Op, OpImpl
 from opmux.core.registry import global_registry
 from opmux.plugins._registration import RegistryLike
-from opmux.plugins.xla.static_attention import check_inputs, static_paged_attention
+from opmux.plugins.xla.static_attention import (
+    PagedArgs,
+    check_inputs,
+    static_paged_attention,
+)
 
 __all__ = ["NAMESPACE", "PROVIDERS", "QUALNAME", "paged_attention_op", "register",
            "xla_gpu_paged_attention"]
@@ -61,43 +67,61 @@ PROVIDERS: Final = ("static_xla", "catalog_cuda", "catalog_cpu")
 """Providers this module registers, in default priority order."""
 
 
-def xla_gpu_paged_attention(
-    query: Tensor,
-    kv_cache: Tensor,
-    context_lens: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    num_seqs: Tensor,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    soft_cap: Optional[float] = None,
-) -> Tensor:
-    """Paged attention over a fused ``[2, num_blocks, block_size, Hkv, D]`` KV cache.
+_SIGNATURE: Final = inspect.signature(static_paged_attention)
 
-    Sequence ``i < num_seqs`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]``
-    and ``context_lens[i]`` cached tokens in blocks ``block_tables[i]``; its row ``j`` sits
-    at position ``p = kv_len - q_len + j`` and sees keys ``t <= p`` (and ``t > p -
-    sliding_window``). Rows of ``block_tables``/``context_lens``/``query_start_loc`` past
-    ``num_seqs`` are padding and never read for output; query rows at or past
-    ``query_start_loc[num_seqs]`` come out zero. Same math as the catalog
-    ``paged_attention`` (keys/values split at dim 0 of ``kv_cache``).
 
-    :param query: ``[T, H, D]`` query rows (``T`` may be padded; padding rows give zeros).
-    :param kv_cache: ``[2, num_blocks, block_size, Hkv, D]``, keys at 0, values at 1.
-    :param context_lens: ``[S]`` int32 cached tokens per sequence.
-    :param block_tables: ``[S, max_blocks]`` int32 cache blocks per sequence.
-    :param query_start_loc: ``[S + 1]`` int32 row offsets per sequence.
-    :param num_seqs: ``[1]`` int32 count of live sequences (``<= S``).
-    :param scale: score scale, usually ``D ** -0.5``.
-    :param sliding_window: keys older than ``p - sliding_window`` are invisible.
-    :param soft_cap: scores become ``soft_cap * tanh(s / soft_cap)``.
-    :returns: ``[T, H, D]`` in ``query.dtype``.
-    :raises OpInputError: on a wrong rank, dtype or size (checked from shapes only).
+def _entry(name: str, provider: str, body: Callable[[PagedArgs], Tensor],
+           doc: str) -> Callable[..., Tensor]:
+    """A function with :func:`static_paged_attention`'s signature (the op's schema) that
+    validates its arguments as ``provider`` and returns ``body(args)``.
+
+    The dispatcher passes all nine arguments positionally; other calls are bound to the
+    signature first (defaults filled in).
     """
-    check_inputs("native", query, kv_cache, context_lens, block_tables, query_start_loc,
-                 num_seqs, sliding_window, soft_cap)
-    return static_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                                  num_seqs, scale, sliding_window, soft_cap)
+
+    def entry(*args: Any, **kwargs: Any) -> Tensor:
+        if kwargs or len(args) != len(_SIGNATURE.parameters):
+            bound = _SIGNATURE.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args
+        full = cast(PagedArgs, args)
+        check_inputs(provider, full)
+        return body(full)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = doc
+    entry.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
+    entry.__annotations__ = dict(static_paged_attention.__annotations__)
+    return entry
+
+
+def _static(args: PagedArgs) -> Tensor:
+    return static_paged_attention(*args)
+
+
+xla_gpu_paged_attention = _entry("xla_gpu_paged_attention", "native", _static, """\
+Paged attention over a fused ``[2, num_blocks, block_size, Hkv, D]`` KV cache.
+
+Sequence ``i < num_seqs`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]``
+and ``context_lens[i]`` cached tokens in blocks ``block_tables[i]``; its row ``j`` sits
+at position ``p = kv_len - q_len + j`` and sees keys ``t <= p`` (and ``t > p -
+sliding_window``). Rows of ``block_tables``/``context_lens``/``query_start_loc`` past
+``num_seqs`` are padding and never read for output; query rows at or past
+``query_start_loc[num_seqs]`` come out zero. Same math as the catalog
+``paged_attention`` (keys/values split at dim 0 of ``kv_cache``).
+
+:param query: ``[T, H, D]`` query rows (``T`` may be padded; padding rows give zeros).
+:param kv_cache: ``[2, num_blocks, block_size, Hkv, D]``, keys at 0, values at 1.
+:param context_lens: ``[S]`` int32 cached tokens per sequence.
+:param block_tables: ``[S, max_blocks]`` int32 cache blocks per sequence.
+:param query_start_loc: ``[S + 1]`` int32 row offsets per sequence.
+:param num_seqs: ``[1]`` int32 count of live sequences (``<= S``).
+:param scale: score scale, usually ``D ** -0.5``.
+:param sliding_window: keys older than ``p - sliding_window`` are invisible.
+:param soft_cap: scores become ``soft_cap * tanh(s / soft_cap)``.
+:returns: ``[T, H, D]`` in ``query.dtype``.
+:raises OpInputError: on a wrong rank, dtype or size (checked from shapes only).
+""")
 
 
 def paged_attention_op() -> Op:
@@ -108,44 +132,14 @@ def paged_attention_op() -> Op:
 
 
 # ---------------------------------------------------------------------------- providers
-def static_xla(
-    query: Tensor,
-    kv_cache: Tensor,
-    context_lens: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    num_seqs: Tensor,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    soft_cap: Optional[float] = None,
-) -> Tensor:
-    """XLA provider: the static-shape code; traced lazily, one graph per shape bucket."""
-    check_inputs("static_xla", query, kv_cache, context_lens, block_tables, query_start_loc,
-                 num_seqs, sliding_window, soft_cap)
-    return static_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                                  num_seqs, scale, sliding_window, soft_cap)
+# Each provider has the native signature (built by ``_entry``) and validates its arguments
+# under its own name before running.
+static_xla = _entry("static_xla", "static_xla", _static, """\
+XLA provider: the static-shape code; traced lazily, one graph per shape bucket.""")
 
 
-def catalog_cuda(
-    query: Tensor,
-    kv_cache: Tensor,
-    context_lens: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    num_seqs: Tensor,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    soft_cap: Optional[float] = None,
-) -> Tensor:
-    """CUDA provider: the catalog's ``triton`` provider after a sync-free layout change.
-
-    Padding sequences become empty (``q_len = kv_len = 0``), block ids are clamped into
-    the cache, and rows outside the live range are zeroed afterwards, so no value is read
-    back to the host (CUDA-graph safe). Falls back to the static code when the triton
-    provider is absent, unsupported, or rejects the arguments.
-    """
-    check_inputs("catalog_cuda", query, kv_cache, context_lens, block_tables, query_start_loc,
-                 num_seqs, sliding_window, soft_cap)
+def _catalog_cuda(args: PagedArgs) -> Tensor:
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs = args[:6]
     impl = _catalog_impl("triton")
     if impl is not None:
         batch = block_tables.shape[0]
@@ -157,36 +151,28 @@ def catalog_cuda(
         starts = torch.where(seq_idx <= count, qsl, end).to(torch.int32)
         lens = torch.where(seq_idx[:batch] < count, context_lens.to(torch.int64), 0)
         tables = block_tables.clamp(0, kv_cache.shape[1] - 1).to(torch.int32)
-        args = (query, kv_cache[0], kv_cache[1], tables, lens.to(torch.int32), starts, scale,
-                sliding_window, soft_cap)
+        routed = (query, kv_cache[0], kv_cache[1], tables, lens.to(torch.int32), starts,
+                  *args[6:])
         pred = impl.supports_args
-        if pred is None or pred(*args):
-            out: Tensor = impl.fn(*args)
+        if pred is None or pred(*routed):
+            out: Tensor = impl.fn(*routed)
             rows = torch.arange(query.shape[0], device=device)
             live = (rows < end) & (rows >= qsl[0])
             return torch.where(live.reshape(-1, 1, 1), out, 0.0).to(query.dtype)
-    return static_paged_attention(query, kv_cache, context_lens, block_tables, query_start_loc,
-                                  num_seqs, scale, sliding_window, soft_cap)
+    return static_paged_attention(*args)
 
 
-def catalog_cpu(
-    query: Tensor,
-    kv_cache: Tensor,
-    context_lens: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    num_seqs: Tensor,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    soft_cap: Optional[float] = None,
-) -> Tensor:
-    """CPU provider: the catalog ``paged_attention`` (``cpp`` when built, else native).
+catalog_cuda = _entry("catalog_cuda", "catalog_cuda", _catalog_cuda, """\
+CUDA provider: the catalog's ``triton`` provider after a sync-free layout change.
 
-    The live part of the batch is sliced out (reading ``num_seqs`` and the row count is
-    free on CPU), block ids are clamped into the cache, and padding rows come back zero.
-    """
-    check_inputs("catalog_cpu", query, kv_cache, context_lens, block_tables, query_start_loc,
-                 num_seqs, sliding_window, soft_cap)
+Padding sequences become empty (``q_len = kv_len = 0``), block ids are clamped into
+the cache, and rows outside the live range are zeroed afterwards, so no value is read
+back to the host (CUDA-graph safe). Falls back to the static code when the triton
+provider is absent, unsupported, or rejects the arguments.""")
+
+
+def _catalog_cpu(args: PagedArgs) -> Tensor:
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs = args[:6]
     batch = block_tables.shape[0]
     count = int(num_seqs.reshape(-1)[0])
     if not 0 <= count <= batch:
@@ -205,35 +191,27 @@ def catalog_cpu(
     if count == 0 or end == first:
         return result
     # the catalog op's offsets start at 0: rebase the live rows
-    args = (query[first:end], kv_cache[0], kv_cache[1],
-            block_tables[:count].clamp(0, kv_cache.shape[1] - 1).to(torch.int32),
-            context_lens[:count].to(torch.int32),
-            (query_start_loc[: count + 1] - first).to(torch.int32),
-            scale, sliding_window, soft_cap)
+    routed = (query[first:end], kv_cache[0], kv_cache[1],
+              block_tables[:count].clamp(0, kv_cache.shape[1] - 1).to(torch.int32),
+              context_lens[:count].to(torch.int32),
+              (query_start_loc[: count + 1] - first).to(torch.int32), *args[6:])
     impl = _catalog_impl("cpp")
     fn = impl.fn if impl is not None and (
-        impl.supports_args is None or impl.supports_args(*args)) else _catalog().native
-    out: Tensor = fn(*args)
+        impl.supports_args is None or impl.supports_args(*routed)) else _catalog().native
+    out: Tensor = fn(*routed)
     result[first:end] = out
     return result
 
 
-def fake_paged_attention(
-    query: Tensor,
-    kv_cache: Tensor,
-    context_lens: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    num_seqs: Tensor,
-    scale: float,
-    sliding_window: Optional[int] = None,
-    soft_cap: Optional[float] = None,
-) -> Tensor:
-    """Fake (meta) kernel: validates shapes and returns an empty ``[T, H, D]``."""
-    check_inputs("fake", query, kv_cache, context_lens, block_tables, query_start_loc,
-                 num_seqs, sliding_window, soft_cap)
-    return query.new_empty(query.shape)
+catalog_cpu = _entry("catalog_cpu", "catalog_cpu", _catalog_cpu, """\
+CPU provider: the catalog ``paged_attention`` (``cpp`` when built, else native).
 
+The live part of the batch is sliced out (reading ``num_seqs`` and the row count is
+free on CPU), block ids are clamped into the cache, and padding rows come back zero.""")
+
+fake_paged_attention = _entry("fake_paged_attention", "fake",
+                              lambda args: args[0].new_empty(args[0].shape), """\
+Fake (meta) kernel: validates shapes and returns an empty ``[T, H, D]``.""")
 
 
 def _catalog() -> Op:

@@ -42,22 +42,21 @@ def _fail(provider: str, argument: str, expected: str, got: object) -> OpInputEr
     )
 
 
-def check_inputs(
-    provider: str,
-    query: Tensor,
-    kv_cache: Tensor,
-    context_lens: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    num_seqs: Tensor,
-    sliding_window: Optional[int],
-    soft_cap: Optional[float],
-) -> None:
+PagedArgs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float, Optional[int],
+                  Optional[float]]
+"""The op's arguments in schema order: ``(query, kv_cache, context_lens, block_tables,
+query_start_loc, num_seqs, scale, sliding_window, soft_cap)``."""
+
+
+def check_inputs(provider: str, args: PagedArgs) -> None:
     """Validate shapes and dtypes (static properties only; never reads tensor values).
 
     :param provider: provider name reported in errors.
+    :param args: the op's arguments (:data:`PagedArgs`).
     :raises OpInputError: naming the argument, what was expected and what was got.
     """
+    query, kv_cache, context_lens, block_tables, query_start_loc, num_seqs = args[:6]
+    sliding_window, soft_cap = args[7], args[8]
     if query.dim() != 3:
         raise _fail(provider, "query", "a 3-d tensor [T, H, D]", f"shape {tuple(query.shape)}")
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:

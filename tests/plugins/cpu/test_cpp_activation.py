@@ -18,12 +18,7 @@ OPS = ("fatrelu_and_mul", "mul_and_silu", "gelu_and_mul_sparse", "swigluoai_and_
 
 
 @pytest.fixture(scope="session")
-def k() -> Any:
-    from opmux.plugins.cpu import _build
-
-    ok, message = _build.build_status()
-    assert ok, message
-    opmux.load_plugins()
+def k(cpp: Any) -> Any:
     from opmux.plugins.cpu import cpp_activation
 
     return cpp_activation

@@ -18,17 +18,6 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 
 
-@pytest.fixture(scope="session")
-def cpp() -> Any:
-    from opmux.plugins.cpu import _build
-
-    ok, message = _build.build_status()
-    assert ok, message
-    from opmux.plugins.cpu import cpp_ops
-
-    return cpp_ops
-
-
 def native(name: str) -> Callable[..., Any]:
     """The native reference from the op catalog (every op tested here is in it)."""
     import opmux

@@ -18,18 +18,6 @@ OPS = ["gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-@pytest.fixture(scope="module")
-def cpp() -> Any:
-    from opmux.plugins.cpu import _build
-
-    ok, message = _build.build_status()
-    assert ok, message
-    opmux.load_plugins()
-    from opmux.plugins.cpu import cpp_ops
-
-    return cpp_ops
-
-
 def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 

@@ -18,17 +18,6 @@ pytestmark = pytest.mark.slow  # the session fixture compiles the extension on f
 OPS = ("apply_rotary_emb", "dual_chunk_rotary_embedding")
 
 
-@pytest.fixture(scope="session")
-def cpp() -> Any:
-    from opmux.plugins.cpu import _build
-
-    ok, message = _build.build_status()
-    assert ok, message
-    from opmux.plugins.cpu import cpp_ops
-
-    return cpp_ops
-
-
 def _all_cases() -> list[tuple[str, Case]]:
     return [(name, c) for name in OPS for c in cases_for(name)]
 

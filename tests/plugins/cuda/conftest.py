@@ -7,8 +7,10 @@ imported, so it is switched on here, before any test module imports one.
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 import torch
@@ -31,19 +33,37 @@ def device() -> torch.device:
 
 
 @pytest.fixture
-def triton_catalog(registry: opmux.OpRegistry, ns: str,
-                   device: torch.device) -> Iterator[dict[str, opmux.Op]]:
-    """The catalog's natives in a fresh registry and namespace, with provider ``triton``
-    registered for the key of ``device`` (``CPU`` under the interpreter) and put first."""
-    from opmux.plugins.cuda import triton_ops
+def triton_ops_in(registry: opmux.OpRegistry, ns: str,
+                  device: torch.device) -> Callable[[Iterable[str]], dict[str, opmux.Op]]:
+    """Registers the natives of the named catalog ops in the test's fresh registry and
+    namespace, with provider ``triton`` registered for the key of ``device`` (``CPU`` under
+    the interpreter) and put first; returns them by name."""
 
-    ops = {}
-    for name in CATALOG:
-        src = getattr(opmux.ops, name)
-        ops[name] = registry.register_op(src.native, name=name, namespace=ns,
-                                         mutates_args=src.mutates_args)
-    done = triton_ops.register(registry, "CUDA" if device.type == "cuda" else "CPU")
-    assert sorted(done) == sorted(f"{n}:triton" for n in CATALOG)
-    for op in ops.values():
-        op.set_default_priority(["triton", "native"])
-    yield ops
+    def make(names: Iterable[str]) -> dict[str, opmux.Op]:
+        from opmux.plugins.cuda import triton_ops
+
+        ops = {}
+        for name in names:
+            src = getattr(opmux.ops, name)
+            ops[name] = registry.register_op(src.native, name=name, namespace=ns,
+                                             mutates_args=src.mutates_args)
+        done = triton_ops.register(registry, "CUDA" if device.type == "cuda" else "CPU")
+        assert sorted(done) == sorted(f"{n}:triton" for n in ops)
+        for op in ops.values():
+            op.set_default_priority(["triton", "native"])
+        return ops
+
+    return make
+
+
+@pytest.fixture
+def triton_catalog(triton_ops_in: Callable[[Iterable[str]], dict[str, opmux.Op]]
+                   ) -> dict[str, opmux.Op]:
+    """The catalog ops of :data:`CATALOG` with provider ``triton`` first."""
+    return triton_ops_in(CATALOG)
+
+
+@pytest.fixture(scope="module")
+def k(request: pytest.FixtureRequest) -> Any:
+    """The Triton kernel module named by the test module's ``KERNELS``."""
+    return importlib.import_module(f"opmux.plugins.cuda.{request.module.KERNELS}")

@@ -7,10 +7,9 @@ key; bad arguments raise the same errors as native.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
+from cuda_refs import OpsFactory
 
 import opmux
 import opmux.ops
@@ -24,19 +23,8 @@ OPS = ("fatrelu_and_mul", "mul_and_silu", "gelu_and_mul_sparse", "swigluoai_and_
 
 
 @pytest.fixture
-def act_ops(registry: opmux.OpRegistry, ns: str,
-            device: torch.device) -> Iterator[dict[str, opmux.Op]]:
-    from opmux.plugins.cuda import triton_ops
-
-    ops = {}
-    for name in OPS:
-        src = getattr(opmux.ops, name)
-        ops[name] = registry.register_op(src.native, name=name, namespace=ns)
-    done = triton_ops.register(registry, "CUDA" if device.type == "cuda" else "CPU")
-    assert sorted(done) == sorted(f"{n}:triton" for n in OPS)
-    for op in ops.values():
-        op.set_default_priority(["triton", "native"])
-    yield ops
+def act_ops(triton_ops_in: OpsFactory) -> dict[str, opmux.Op]:
+    return triton_ops_in(OPS)
 
 
 @pytest.mark.parametrize("name", OPS)

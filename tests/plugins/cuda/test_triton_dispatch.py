@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_refs import close, paged_case
+from cuda_refs import close, close_outputs, paged_case
 
 import opmux
 
@@ -43,9 +43,7 @@ def test_functional_ops_dispatch_to_triton(triton_catalog: dict[str, opmux.Op],
         with opmux.enable_torch_wrap(wrap):
             got = op(*args)
         want = op.native(*args)
-        for g, w in zip(got if isinstance(got, tuple) else (got,),
-                        want if isinstance(want, tuple) else (want,), strict=True):
-            close(g, w, dtype)
+        close_outputs(got, want, dtype)
 
 
 def test_mutating_ops_dispatch_to_triton(triton_catalog: dict[str, opmux.Op],

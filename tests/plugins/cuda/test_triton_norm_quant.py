@@ -4,10 +4,9 @@ through opmux, errors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
+from cuda_refs import OpsFactory
 
 import opmux
 import opmux.ops
@@ -19,19 +18,9 @@ OPS = ("gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp
 
 
 @pytest.fixture
-def ops(registry: opmux.OpRegistry, ns: str, device: torch.device) -> Iterator[dict[str, opmux.Op]]:
+def ops(triton_ops_in: OpsFactory) -> dict[str, opmux.Op]:
     """The four natives in a fresh registry, with provider ``triton`` first on the device key."""
-    from opmux.plugins.cuda import triton_ops
-
-    found = {}
-    for name in OPS:
-        src = getattr(opmux.ops, name)
-        found[name] = registry.register_op(src.native, name=name, namespace=ns)
-    done = triton_ops.register(registry, "CUDA" if device.type == "cuda" else "CPU")
-    assert sorted(done) == sorted(f"{n}:triton" for n in OPS)
-    for op in found.values():
-        op.set_default_priority(["triton", "native"])
-    yield found
+    return triton_ops_in(OPS)
 
 
 @pytest.mark.parametrize("name", OPS)

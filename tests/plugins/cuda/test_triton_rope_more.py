@@ -1,50 +1,26 @@
 """Triton kernels of ``apply_rotary_emb`` and ``dual_chunk_rotary_embedding`` (interpreter on
-CPU, or a GPU) against the native references, directly and through opmux dispatch."""
+CPU, or a GPU): errors and dispatch through opmux (the conformance cases run in
+``test_triton_kernel_cases.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from cuda_refs import close
+from cuda_refs import OpsFactory, close_outputs
 
 import opmux
 import opmux.ops
 from opmux.core.errors import OpInputError
 from opmux.ops.rotary_more import make_dual_chunk_caches
-from opmux.testing import Case, cases_for
+from opmux.testing import cases_for
 
 pytestmark = pytest.mark.triton
 
+KERNELS = "triton_rope_more"
+"""The kernel module the ``k`` fixture (conftest) imports."""
 OPS = ("apply_rotary_emb", "dual_chunk_rotary_embedding")
-
-
-@pytest.fixture(scope="module")
-def k() -> Any:
-    from opmux.plugins.cuda import triton_rope_more
-
-    return triton_rope_more
-
-
-def _all_cases() -> list[tuple[str, Case]]:
-    return [(name, c) for name in OPS for c in cases_for(name)]
-
-
-@pytest.mark.parametrize("name,case", _all_cases(), ids=lambda v: v if isinstance(v, str)
-                         else v.name)
-def test_kernel_matches_native(k: Any, device: torch.device, name: str, case: Case) -> None:
-    args, _ = case.materialize(device)
-    fn, supports = getattr(k, name), getattr(k, f"{name}_supports")
-    assert supports(*args), case.name  # strided and int32 inputs are read in place
-    got = fn(*args)
-    want = getattr(opmux.ops, name).native(*args)
-    dtype = case.tolerance_dtype() or torch.float32
-    for g, w in zip(got if isinstance(got, tuple) else (got,),
-                    want if isinstance(want, tuple) else (want,), strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        close(g, w, dtype)
 
 
 def test_errors(k: Any, device: torch.device) -> None:
@@ -62,18 +38,9 @@ def test_errors(k: Any, device: torch.device) -> None:
 
 
 @pytest.fixture
-def rope_ops(registry: opmux.OpRegistry, ns: str,
-             device: torch.device) -> Iterator[dict[str, opmux.Op]]:
+def rope_ops(triton_ops_in: OpsFactory) -> dict[str, opmux.Op]:
     """The two ops in a fresh registry with provider ``triton`` first."""
-    from opmux.plugins.cuda import triton_ops
-
-    ops = {name: registry.register_op(getattr(opmux.ops, name).native, name=name,
-                                      namespace=ns) for name in OPS}
-    done = triton_ops.register(registry, "CUDA" if device.type == "cuda" else "CPU")
-    assert sorted(done) == sorted(f"{n}:triton" for n in OPS)
-    for op in ops.values():
-        op.set_default_priority(["triton", "native"])
-    yield ops
+    return triton_ops_in(OPS)
 
 
 @pytest.mark.parametrize("wrap", [True, False], ids=["dispatcher", "eager"])
@@ -86,6 +53,4 @@ def test_dispatch_to_triton(rope_ops: dict[str, opmux.Op], device: torch.device,
         with opmux.enable_torch_wrap(wrap):
             got = op(*args)
         want = op.native(*args)
-        for g, w in zip(got if isinstance(got, tuple) else (got,),
-                        want if isinstance(want, tuple) else (want,), strict=True):
-            close(g, w, torch.float32)
+        close_outputs(got, want, torch.float32)

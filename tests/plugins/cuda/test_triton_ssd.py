@@ -1,51 +1,26 @@
 """Triton kernels of ``ssd_chunk_scan`` and ``ssd_state_update`` (interpreter on CPU, or a
-GPU) against the native references and the per-token reference, directly and through
-opmux dispatch."""
+GPU) against the per-token reference, directly and through opmux dispatch (the conformance
+cases run in ``test_triton_kernel_cases.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from cuda_refs import close
+from cuda_refs import OpsFactory, close
 
 import opmux
 import opmux.ops
 from opmux.core.errors import OpInputError
-from opmux.testing import Case, cases_for
 from opmux.testing.ssd_cases import ssd_inputs
 from opmux.testing.ssd_reference import sequential_ssd
 
 pytestmark = pytest.mark.triton
 
+KERNELS = "triton_ssd"
+"""The kernel module the ``k`` fixture (conftest) imports."""
 OPS = ("ssd_chunk_scan", "ssd_state_update")
-
-
-@pytest.fixture(scope="module")
-def k() -> Any:
-    from opmux.plugins.cuda import triton_ssd
-
-    return triton_ssd
-
-
-def _all_cases() -> list[tuple[str, Case]]:
-    return [(name, c) for name in OPS for c in cases_for(name)]
-
-
-@pytest.mark.parametrize("name,case", _all_cases(), ids=lambda v: v if isinstance(v, str)
-                         else v.name)
-def test_kernel_matches_native(k: Any, device: torch.device, name: str, case: Case) -> None:
-    args, kwargs = case.materialize(device)
-    ref_args, ref_kwargs = case.materialize("cpu")
-    assert getattr(k, f"{name}_supports")(*args, **kwargs)  # strided inputs are read in place
-    got = getattr(k, name)(*args, **kwargs)
-    want = getattr(opmux.ops, name).native(*ref_args, **ref_kwargs)
-    dtype = case.tolerance_dtype() or torch.float32
-    assert got.shape == want.shape and got.dtype == want.dtype
-    close(got, want, dtype)
-    close(args[5], ref_args[5], dtype)  # the state cache, every slot
 
 
 def test_scan_then_decode_matches_sequential(k: Any, device: torch.device) -> None:
@@ -82,20 +57,8 @@ def test_errors(k: Any, device: torch.device) -> None:
 
 
 @pytest.fixture
-def triton_ssd_ops(registry: opmux.OpRegistry, ns: str,
-                   device: torch.device) -> Iterator[dict[str, opmux.Op]]:
-    from opmux.plugins.cuda import triton_ops
-
-    ops = {}
-    for name in OPS:
-        src = getattr(opmux.ops, name)
-        ops[name] = registry.register_op(src.native, name=name, namespace=ns,
-                                         mutates_args=src.mutates_args)
-    done = triton_ops.register(registry, "CUDA" if device.type == "cuda" else "CPU")
-    assert sorted(done) == sorted(f"{n}:triton" for n in OPS)
-    for op in ops.values():
-        op.set_default_priority(["triton", "native"])
-    yield ops
+def triton_ssd_ops(triton_ops_in: OpsFactory) -> dict[str, opmux.Op]:
+    return triton_ops_in(OPS)
 
 
 def test_dispatch_selects_triton(triton_ssd_ops: dict[str, opmux.Op],

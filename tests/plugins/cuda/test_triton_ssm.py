@@ -1,6 +1,6 @@
-"""Triton kernels of the state-space ops (interpreter on CPU, or a GPU) against the native
-references on every conformance case, against the sequential per-token references, and
-decode continuing a prefill; plus the errors they raise before writing anything."""
+"""Triton kernels of the state-space ops (interpreter on CPU, or a GPU) against the sequential
+per-token references, and decode continuing a prefill; plus the errors they raise before
+writing anything. The conformance cases run in ``test_triton_kernel_cases.py``."""
 
 from __future__ import annotations
 
@@ -10,44 +10,14 @@ import pytest
 import torch
 from cuda_refs import close
 
-import opmux
-import opmux.ops
 from opmux.core.errors import OpInputError
-from opmux.testing import Case, cases_for
 from opmux.testing.ssm_cases import make_scan_inputs
 from opmux.testing.ssm_reference import sequential_causal_conv1d, sequential_selective_scan
 
 pytestmark = pytest.mark.triton
 
-OPS = ("causal_conv1d", "causal_conv1d_update", "selective_scan", "selective_state_update")
-
-
-@pytest.fixture(scope="module")
-def k() -> Any:
-    from opmux.plugins.cuda import triton_ssm
-
-    return triton_ssm
-
-
-def _all_cases() -> list[tuple[str, Case]]:
-    return [(name, c) for name in OPS for c in cases_for(name)]
-
-
-@pytest.mark.parametrize("name,case", _all_cases(), ids=lambda v: v if isinstance(v, str)
-                         else v.name)
-def test_kernel_matches_native(k: Any, device: torch.device, name: str, case: Case) -> None:
-    got_args, got_kw = case.materialize(device)
-    want_args, want_kw = case.materialize(device)
-    fn, supports = getattr(k, name), getattr(k, f"{name}_supports")
-    assert supports(*got_args, **got_kw), case.name
-    got = fn(*got_args, **got_kw)
-    want = getattr(opmux.ops, name).native(*want_args, **want_kw)
-    dtype = case.tolerance_dtype() or torch.float32
-    assert got.shape == want.shape and got.dtype == want.dtype
-    close(got, want, dtype)
-    for g, w in zip(got_args, want_args, strict=True):  # the state cache
-        if isinstance(g, torch.Tensor) and g.is_floating_point():
-            close(g, w, dtype)
+KERNELS = "triton_ssm"
+"""The kernel module the ``k`` fixture (conftest) imports."""
 
 
 def test_sequential_and_decode_continuation(k: Any, device: torch.device) -> None:

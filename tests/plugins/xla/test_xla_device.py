@@ -45,17 +45,25 @@ def fallbacks() -> list[str]:
     return sorted(met.executed_fallback_ops())
 
 
-def run_xla(case: Case, device: torch.device) -> torch.Tensor:
+def to_host(out: torch.Tensor) -> torch.Tensor:
+    """Run the pending XLA graph and copy ``out`` to the CPU."""
     import torch_xla
 
-    out = torch.ops.xla_gpu.paged_attention(*case.to(device).args())
     torch_xla.sync()
     return out.cpu()
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_native_on_cpu(device: torch.device, name: str) -> None:
-    case = make_case(**CASES[name])  # type: ignore[arg-type]
+def run_xla(case: Case, device: torch.device) -> torch.Tensor:
+    return to_host(torch.ops.xla_gpu.paged_attention(*case.to(device).args()))
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> Case:
+    """Each named case of ``xla_cases.CASES``."""
+    return make_case(**CASES[request.param])  # type: ignore[arg-type]
+
+
+def test_matches_native_on_cpu(device: torch.device, case: Case) -> None:
     out = run_xla(case, device)
     op = opmux.get_op("xla_gpu::paged_attention")
     assert op.dispatch(*case.to(device).args()).provider == "static_xla"
@@ -79,7 +87,6 @@ def ragged_oracle(case: Case, device: torch.device) -> torch.Tensor:
     ``pages >= ceil(max(kv_lens) / page_size)``, so ids are clamped and padded lengths
     zeroed here (the xla_gpu op needs neither).
     """
-    import torch_xla
     from torch_xla.experimental.custom_kernel import ragged_paged_attention
 
     _, num_blocks, block_size, kv_heads, head_size = case.kv_cache.shape
@@ -95,13 +102,10 @@ def ragged_oracle(case: Case, device: torch.device) -> torch.Tensor:
         sm_scale=case.scale, sliding_window=case.sliding_window, soft_cap=case.soft_cap,
         use_kernel=False,
     )
-    torch_xla.sync()
-    return out.cpu()
+    return to_host(out)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_agrees_with_torch_xla_ragged_paged_attention(device: torch.device, name: str) -> None:
-    case = make_case(**CASES[name])  # type: ignore[arg-type]
+def test_agrees_with_torch_xla_ragged_paged_attention(device: torch.device, case: Case) -> None:
     ours = run_xla(case, device)
     theirs = ragged_oracle(case, device)
     assert theirs.shape[0] == case.live_tokens
