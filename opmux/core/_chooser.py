@@ -1,0 +1,162 @@
+"""The per-key chooser: what an op's kernel walks on every call (the dispatch hot path).
+
+A :class:`_KeyChain` holds the providers of one dispatch key in priority order, in the form
+the hot path reads: ``pairs`` (``(supports_args, fn)`` per provider), ``direct`` (the first
+provider's function when it takes every call) and, when a tuned table gives the op a
+different order per shape bucket, ``sized``: one ``pairs`` tuple per bit length of the
+first argument's ``numel()`` (64 entries, so the bucket is one index, no search).
+
+Both selection functions (the torch kernel of a key, and the eager path used with the
+torch wrap off) are generated from one template, :data:`_SELECT`, when the op is built or
+gets its first provider for a key: the walk is written once, and each function keeps the
+calling convention it needs (positional only for the dispatcher; keywords and a device
+lookup for the eager path) without an extra call per dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, final
+
+if TYPE_CHECKING:
+    from opmux.core.op import OpImpl
+
+__all__ = ["SIZE_BUCKETS", "bucket_of", "make_eager", "make_kernel"]
+
+SIZE_BUCKETS: Final = 64
+"""Size buckets: bucket ``b`` holds calls whose first argument has ``numel().bit_length() == b``
+(``numel`` in ``[2**(b-1), 2**b)``; bucket 0 is an empty tensor)."""
+
+Pairs = tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...]
+
+
+def bucket_of(numel: int) -> int:
+    """The size bucket of a first argument with ``numel`` elements."""
+    return int(numel).bit_length()
+
+
+@final
+class _KeyChain:
+    """The providers of one dispatch key, in priority order (mutable holder)."""
+
+    __slots__ = ("chain", "direct", "key", "pairs", "sized", "sized_chains")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.chain: tuple[OpImpl, ...] = ()
+        #: ``(supports_args, fn)`` of each chain entry: what the hot path reads.
+        self.pairs: Pairs = ()
+        #: the first provider's function when it takes every call (no ``supports_args``)
+        self.direct: Callable[..., Any] | None = None
+        #: per size bucket ``pairs`` (a tuned table with different orders), else ``None``
+        self.sized: tuple[Pairs, ...] | None = None
+        #: per size bucket chains (for ``dispatch`` / ``explain``), else ``None``
+        self.sized_chains: tuple[tuple[OpImpl, ...], ...] | None = None
+
+    def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
+            sized: list[tuple[tuple[OpImpl, ...], tuple[Callable[..., Any], ...]]] | None
+            = None) -> None:
+        """Publish a new selection; ``sized`` gives a chain per size bucket (64 entries)."""
+        # readers see either the old or the new selection, never a mix: clear the shortcut,
+        # publish the buckets and the pairs, then the new shortcut
+        self.direct = None
+        if sized is None:
+            self.sized = self.sized_chains = None
+        else:
+            self.sized_chains = tuple(c for c, _ in sized)
+            self.sized = tuple(_pairs(c, f) for c, f in sized)
+        self.pairs = _pairs(chain, fns)
+        self.chain = chain
+        if sized is None and chain and chain[0].supports_args is None:
+            self.direct = fns[0]
+
+    def chain_for(self, first: Any, is_tensor: bool) -> tuple[OpImpl, ...]:
+        """The chain a call whose first argument is ``first`` walks (not the hot path)."""
+        if self.sized_chains is not None and is_tensor:
+            return self.sized_chains[bucket_of(first.numel())]
+        return self.chain
+
+
+def _pairs(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> Pairs:
+    return tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
+
+
+# The one walk over a chain. ``{call}`` is how arguments are passed on; ``{sized}`` is the
+# condition under which the first argument picks a size bucket, ``{first}`` that argument.
+_SELECT: Final = """\
+def {name}({params}):
+{prologue}
+    direct = holder.direct
+    if direct is not None:
+        return direct({call})
+    pairs = holder.pairs
+    sized = holder.sized
+    if {sized}:
+        pairs = sized[{first}.numel().bit_length()]
+    for pred, fn in pairs:
+        if pred is None:
+            return fn({call})
+        try:
+            ok = pred({call})
+        except Exception:  # a predicate that raises declines (see opmux.core.op)
+            continue
+        if ok:
+            return fn({call})
+    return native({call})
+"""
+
+_KERNEL_PROLOGUE: Final = """\
+    # HOT PATH: the torch dispatcher calls this with every argument positional.
+    if not loaded[0]:
+        ensure_loaded()"""
+
+_EAGER_PROLOGUE: Final = """\
+    # HOT PATH (torch wrap off): a plain call of the selected provider. Installed as the
+    # op class's __call__ (hence _self).
+    if is_compiling():
+        return torch_op(*args, **kwargs)
+    if not loaded[0]:
+        ensure_loaded()
+    first = args[0] if args else None
+    if isinstance(first, tensor):
+        # is_cpu / is_cuda are cheap; Tensor.device builds an object (about 1 us)
+        key = "CPU" if first.is_cpu else "CUDA" if first.is_cuda else keymap.get(
+            first.device.type, "PrivateUse1")
+    else:
+        key = key_of(args, kwargs)
+    holder = chains.get(key)
+    if holder is None:
+        return native(*args, **kwargs)"""
+
+
+def _compile(name: str, source: str, env: dict[str, Any]) -> Callable[..., Any]:
+    namespace = dict(env)
+    exec(compile(source, f"<opmux chooser {name}>", "exec"), namespace)  # noqa: S102
+    fn: Callable[..., Any] = namespace[name]
+    return fn
+
+
+def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded: list[bool],
+                ensure_loaded: Callable[[], None]) -> Callable[..., Any]:
+    """The torch kernel of one key: walks ``holder``, falls back to ``native``."""
+    source = _SELECT.format(name="kernel", params="*args", prologue=_KERNEL_PROLOGUE,
+                            call="*args", sized="sized is not None", first="args[0]")
+    kernel = _compile("kernel", source, {
+        "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded})
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
+def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_op: Any,
+               loaded: list[bool], ensure_loaded: Callable[[], None],
+               is_compiling: Callable[[], bool], keymap: dict[str, str],
+               key_of: Callable[..., str], tensor: type) -> Callable[..., Any]:
+    """The eager ``__call__`` (torch wrap off): the device's key, then the same walk."""
+    source = _SELECT.format(name="eager", params="_self, *args, **kwargs",
+                            prologue=_EAGER_PROLOGUE, call="*args, **kwargs",
+                            sized="sized is not None and isinstance(first, tensor)",
+                            first="first")
+    return _compile("eager", source, {
+        "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,
+        "ensure_loaded": ensure_loaded, "is_compiling": is_compiling, "keymap": keymap,
+        "key_of": key_of, "tensor": tensor})
