@@ -4,7 +4,8 @@ A :class:`_KeyChain` holds the providers of one dispatch key in priority order, 
 the hot path reads: ``pairs`` (``(supports_args, fn)`` per provider), ``direct`` (the first
 provider's function when it takes every call) and, when a tuned table gives the op a
 different order per shape bucket, ``sized``: one ``pairs`` tuple per bit length of the
-first argument's ``numel()`` (64 entries, so the bucket is one index, no search).
+first argument's ``numel()`` (64 entries, so the bucket is one index, no search), with
+``pairs`` set to ``None`` so that an op without buckets pays one ``is None`` test.
 
 Both selection functions (the torch kernel of a key, and the eager path used with the
 torch wrap off) are generated from one template, :data:`_SELECT`, when the op is built or
@@ -39,13 +40,16 @@ def bucket_of(numel: int) -> int:
 class _KeyChain:
     """The providers of one dispatch key, in priority order (mutable holder)."""
 
-    __slots__ = ("chain", "direct", "key", "pairs", "sized", "sized_chains")
+    __slots__ = ("chain", "direct", "key", "pairs", "sized", "sized_chains", "unsized")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.chain: tuple[OpImpl, ...] = ()
-        #: ``(supports_args, fn)`` of each chain entry: what the hot path reads.
-        self.pairs: Pairs = ()
+        #: ``(supports_args, fn)`` of each chain entry: what the hot path reads; ``None``
+        #: while size buckets are set (the walk then reads ``sized``)
+        self.pairs: Pairs | None = ()
+        #: the pairs of ``chain`` whether or not size buckets are set
+        self.unsized: Pairs = ()
         #: the first provider's function when it takes every call (no ``supports_args``)
         self.direct: Callable[..., Any] | None = None
         #: per size bucket ``pairs`` (a tuned table with different orders), else ``None``
@@ -60,12 +64,14 @@ class _KeyChain:
         # readers see either the old or the new selection, never a mix: clear the shortcut,
         # publish the buckets and the pairs, then the new shortcut
         self.direct = None
+        self.unsized = _pairs(chain, fns)
         if sized is None:
+            self.pairs = self.unsized
             self.sized = self.sized_chains = None
         else:
             self.sized_chains = tuple(c for c, _ in sized)
             self.sized = tuple(_pairs(c, f) for c, f in sized)
-        self.pairs = _pairs(chain, fns)
+            self.pairs = None
         self.chain = chain
         if sized is None and chain and chain[0].supports_args is None:
             self.direct = fns[0]
@@ -81,8 +87,8 @@ def _pairs(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> Pa
     return tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
 
 
-# The one walk over a chain. ``{call}`` is how arguments are passed on; ``{sized}`` is the
-# condition under which the first argument picks a size bucket, ``{first}`` that argument.
+# The one walk over a chain. ``{call}`` is how arguments are passed on; ``{sized}`` picks the
+# pairs of the first argument's size bucket (``pairs`` is None exactly when buckets are set).
 _SELECT: Final = """\
 def {name}({params}):
 {prologue}
@@ -90,9 +96,8 @@ def {name}({params}):
     if direct is not None:
         return direct({call})
     pairs = holder.pairs
-    sized = holder.sized
-    if {sized}:
-        pairs = sized[{first}.numel().bit_length()]
+    if pairs is None:
+        pairs = {sized}
     for pred, fn in pairs:
         if pred is None:
             return fn({call})
@@ -140,7 +145,8 @@ def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded
                 ensure_loaded: Callable[[], None]) -> Callable[..., Any]:
     """The torch kernel of one key: walks ``holder``, falls back to ``native``."""
     source = _SELECT.format(name="kernel", params="*args", prologue=_KERNEL_PROLOGUE,
-                            call="*args", sized="sized is not None", first="args[0]")
+                            call="*args",
+                            sized="holder.sized[args[0].numel().bit_length()]")
     kernel = _compile("kernel", source, {
         "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded})
     kernel.__name__ = kernel.__qualname__ = name
@@ -154,8 +160,8 @@ def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_o
     """The eager ``__call__`` (torch wrap off): the device's key, then the same walk."""
     source = _SELECT.format(name="eager", params="_self, *args, **kwargs",
                             prologue=_EAGER_PROLOGUE, call="*args, **kwargs",
-                            sized="sized is not None and isinstance(first, tensor)",
-                            first="first")
+                            sized="holder.sized[first.numel().bit_length()] if isinstance("
+                                  "first, tensor) else holder.unsized")
     return _compile("eager", source, {
         "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,
         "ensure_loaded": ensure_loaded, "is_compiling": is_compiling, "keymap": keymap,

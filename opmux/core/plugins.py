@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 
-from opmux.core import config
+from opmux.core import config, tuned
 from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
 from opmux.core.errors import ConfigError, PluginLoadError, UnknownOpError
 from opmux.core.op import NATIVE
@@ -336,7 +336,8 @@ def _merged_priority(state: _State, op: Op, platform: Platform) -> list[str] | N
 
 
 def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -> None:
-    """Compose priority defaults: platform → plugins (merge rule) → ``OPMUX_PRIORITY``.
+    """Compose priority defaults: platform → plugins (merge rule) → tuned table (see
+    :mod:`opmux.core.tuned`; never fatal) → ``OPMUX_PRIORITY``.
 
     :raises ConfigError: ``OPMUX_PRIORITY`` is malformed or names unknown ops/providers.
     """
@@ -348,6 +349,7 @@ def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -
         op._set_layer("platform", platform.default_priority(_asked_name(op)) or None,
                       strict=False)
         op._set_layer("plugins", _merged_priority(state, op, platform), strict=False)
+    tuned.apply_tuned(registry, platform, ops)
     resolved: list[tuple[Op, list[str]]] = []
     text = config.priority_text()
     for op_name, providers in env.items():
