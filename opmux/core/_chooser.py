@@ -134,9 +134,16 @@ _EAGER_PROLOGUE: Final = """\
         return native(*args, **kwargs)"""
 
 
+_CODE: dict[str, Any] = {}
+"""Compiled template per variant: compiled once per process, instantiated per op and key."""
+
+
 def _compile(name: str, source: str, env: dict[str, Any]) -> Callable[..., Any]:
+    code = _CODE.get(name)
+    if code is None:
+        code = _CODE[name] = compile(source, f"<opmux chooser {name}>", "exec")
     namespace = dict(env)
-    exec(compile(source, f"<opmux chooser {name}>", "exec"), namespace)  # noqa: S102
+    exec(code, namespace)  # defines the function; its body was compiled once
     fn: Callable[..., Any] = namespace[name]
     return fn
 

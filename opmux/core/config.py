@@ -17,6 +17,7 @@ variable                       accessor                       meaning
 ``OPMUX_COMPILE_MODE``         :func:`compile_mode_spec`      ``inductor``: layers default off
 ``OPMUX_CHECK_OUTPUTS``        :func:`check_outputs`          check provider outputs (debug)
 ``OPMUX_CACHE_DIR``            :func:`cache_dir`              native build cache root
+``OPMUX_TUNED``                :func:`tuned_enabled`          load the ``opmux tune`` table
 ``OPMUX_DEBUG``                :func:`debug`                  CLI errors show tracebacks
 ``OPMUX_ASCEND_SOC_VERSION``   :func:`ascend_soc_version`     AscendC target SoC
 ``ASCEND_HOME_PATH`` /         :func:`cann_home`              CANN toolkit folder

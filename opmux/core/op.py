@@ -455,8 +455,9 @@ class Op:
                 f"choose another name",
                 op=self.qualname, provider=provider,
             )
-        got = infer_schema(impl.fn, op=self.qualname, mutates_args=self.mutates_args,
-                           what=f"provider {provider!r}")
+        got = self.schema if _same_signature(impl.fn, self.native) else infer_schema(
+            impl.fn, op=self.qualname, mutates_args=self.mutates_args,
+            what=f"provider {provider!r}")
         if got != self.schema:
             raise SignatureMismatchError(
                 f"op {self.qualname!r}: provider {provider!r} has signature {got} but the "
@@ -492,6 +493,8 @@ class Op:
             self._rebuild_chains()
 
     def _check_predicate(self, provider: str, pred: Callable[..., bool]) -> None:
+        if _same_signature(pred, self.native, annotations=False):
+            return  # the common case, without building two inspect.Signature objects
         try:
             sig = inspect.signature(pred)
         except (TypeError, ValueError) as exc:
@@ -530,6 +533,22 @@ class Op:
 
     def __repr__(self) -> str:
         return f"opmux.Op({self.qualname}, providers={sorted(self._impls)})"
+
+
+def _same_signature(fn: Callable[..., Any], native: Callable[..., Any], *,
+                    annotations: bool = True) -> bool:
+    """Whether two plain functions have the same parameters, defaults and (``annotations``)
+    annotations; then they infer the same schema, so start-up skips torch's inference."""
+    a, b = getattr(fn, "__code__", None), getattr(native, "__code__", None)
+    if a is None or b is None or type(fn) is not type(native):
+        return False
+    n = a.co_argcount
+    return (n == b.co_argcount and a.co_varnames[:n] == b.co_varnames[:n]
+            and a.co_kwonlyargcount == b.co_kwonlyargcount == 0
+            and (a.co_flags & 0x0C) == (b.co_flags & 0x0C) == 0  # no *args / **kwargs
+            and getattr(fn, "__defaults__", None) == getattr(native, "__defaults__", None)
+            and (not annotations or getattr(fn, "__annotations__", None)
+                 == getattr(native, "__annotations__", None)))
 
 
 def _fmt(params: list[tuple[str, Any]]) -> str:

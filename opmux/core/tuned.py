@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opmux.core import config
 from opmux.core._chooser import SIZE_BUCKETS
+from opmux.core._dist import dist_headers
 from opmux.core.op import NATIVE
 from opmux.core.state import register_reset
 
@@ -116,13 +117,14 @@ def fingerprint(registry: OpRegistry, platform: Platform) -> dict[str, Any]:
     import torch
 
     try:
-        version = importlib.metadata.version("opmux")
+        version = dist_headers(importlib.metadata.distribution("opmux"))["Version"]
     except importlib.metadata.PackageNotFoundError:
         version = "0+unknown"
     providers = sorted(f"{op.qualname}:{name}" for op in registry.list_ops()
                        for name, impl in op._impls.items() if impl.supported and name != NATIVE)
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return {"platform": platform.name, "machine": _platform.machine(), "cpu": _cpu(),
-            "threads": torch.get_num_threads(), "python": "%d.%d" % sys.version_info[:2],
+            "threads": torch.get_num_threads(), "python": python,
             "torch": torch.__version__, "opmux": version,
             "providers": hashlib.sha256("\n".join(providers).encode()).hexdigest()[:16]}
 
