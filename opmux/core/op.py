@@ -120,7 +120,7 @@ class Op:
         self.native = native
         self.schema = schema
         self.mutates_args = mutates_args
-        self.signature = inspect.signature(native)
+        self._signature: inspect.Signature | None = None
         self.__doc__ = native.__doc__
         self.__wrapped__ = native
         self._registry = registry
@@ -142,6 +142,14 @@ class Op:
         self.__class__ = type("Op", (type(self),), {"__module__": "opmux"})
         self._install_call(_WRAP[0])
         switches._track(self)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The native function's :class:`inspect.Signature` (built on first use)."""
+        sig = self._signature
+        if sig is None:
+            sig = self._signature = inspect.signature(self.native)
+        return sig
 
     # ------------------------------------------------------------------ calling
     # Each Op gets its own subclass whose ``__call__`` forwards straight to the
@@ -348,8 +356,11 @@ class Op:
     def _set_layer(self, layer: str, providers: Sequence[str] | None, *,
                    strict: bool = True) -> None:
         with self._lock:
-            self._layers[layer] = (None if providers is None
-                                   else self._check_providers(providers, strict=strict))
+            value = None if providers is None else self._check_providers(providers,
+                                                                         strict=strict)
+            if value == self._layers[layer] and layer != "tuned":
+                return  # start-up sets every layer of every op: most change nothing
+            self._layers[layer] = value
             self._rebuild_chains()
 
     def _reset_priorities(self) -> None:
