@@ -7,7 +7,10 @@ with a ``supports_args`` that declines, so the second runs), and the same 3 prov
 tuned table that orders them per size bucket (what ``opmux tune`` writes; the call's bucket
 has the same order, so the difference is the cost of picking the bucket).
 
-    python benchmarks/dispatch_overhead.py [--number 20000] [--repeat 7]
+    python benchmarks/dispatch_overhead.py [--number 500] [--repeat 400]
+
+Many short samples (500 calls each): on a shared machine a preemption spoils a few samples,
+which the median drops, instead of a large part of a long one.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ def _time_all(cases: dict[str, Callable[[], Any]], number: int, repeat: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--number", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=25)
+    parser.add_argument("--number", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=400)
     ns = parser.parse_args()
     torch.set_num_threads(1)
     x, y = torch.ones(4), torch.ones(4)

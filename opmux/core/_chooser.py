@@ -40,7 +40,8 @@ def bucket_of(numel: int) -> int:
 class _KeyChain:
     """The providers of one dispatch key, in priority order (mutable holder)."""
 
-    __slots__ = ("chain", "direct", "key", "pairs", "sized", "sized_chains", "unsized")
+    __slots__ = ("chain", "direct", "guard", "key", "pairs", "sized", "sized_chains",
+                 "unsized")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -52,6 +53,10 @@ class _KeyChain:
         self.unsized: Pairs = ()
         #: the first provider's function when it takes every call (no ``supports_args``)
         self.direct: Callable[..., Any] | None = None
+        #: ``(supports_args, fn, next_fn)`` when only the first provider has a predicate and
+        #: the next one (or native) takes every call: one test, no walk
+        self.guard: tuple[Callable[..., bool], Callable[..., Any], Callable[..., Any]] | None \
+            = None
         #: per size bucket ``pairs`` (a tuned table with different orders), else ``None``
         self.sized: tuple[Pairs, ...] | None = None
         #: per size bucket chains (for ``dispatch`` / ``explain``), else ``None``
@@ -59,11 +64,11 @@ class _KeyChain:
 
     def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
             sized: list[tuple[tuple[OpImpl, ...], tuple[Callable[..., Any], ...]]] | None
-            = None) -> None:
+            = None, native: Callable[..., Any] | None = None) -> None:
         """Publish a new selection; ``sized`` gives a chain per size bucket (64 entries)."""
         # readers see either the old or the new selection, never a mix: clear the shortcut,
         # publish the buckets and the pairs, then the new shortcut
-        self.direct = None
+        self.direct = self.guard = None
         self.unsized = _pairs(chain, fns)
         if sized is None:
             self.pairs = self.unsized
@@ -73,8 +78,14 @@ class _KeyChain:
             self.sized = tuple(_pairs(c, f) for c, f in sized)
             self.pairs = None
         self.chain = chain
-        if sized is None and chain and chain[0].supports_args is None:
-            self.direct = fns[0]
+        if sized is None and chain:
+            pred = chain[0].supports_args
+            if pred is None:
+                self.direct = fns[0]
+            elif len(chain) == 1 and native is not None:
+                self.guard = (pred, fns[0], native)
+            elif len(chain) > 1 and chain[1].supports_args is None:
+                self.guard = (pred, fns[0], fns[1])
 
     def chain_for(self, first: Any, is_tensor: bool) -> tuple[OpImpl, ...]:
         """The chain a call whose first argument is ``first`` walks (not the hot path)."""
@@ -95,6 +106,14 @@ def {name}({params}):
     direct = holder.direct
     if direct is not None:
         return direct({call})
+    guard = holder.guard
+    if guard is not None:
+        pred, chosen, other = guard
+        try:
+            ok = pred({call})
+        except Exception:  # a predicate that raises declines (see opmux.core.op)
+            ok = False
+        return chosen({call}) if ok else other({call})
     pairs = holder.pairs
     if pairs is None:
         pairs = {sized}
@@ -135,13 +154,14 @@ _EAGER_PROLOGUE: Final = """\
 
 
 _CODE: dict[str, Any] = {}
-"""Compiled template per variant: compiled once per process, instantiated per op and key."""
+"""Compiled template per variant (eager, kernel of each arity): compiled once per process,
+instantiated per op and key."""
 
 
-def _compile(name: str, source: str, env: dict[str, Any]) -> Callable[..., Any]:
-    code = _CODE.get(name)
+def _compile(variant: str, source: str, env: dict[str, Any], name: str) -> Callable[..., Any]:
+    code = _CODE.get(variant)
     if code is None:
-        code = _CODE[name] = compile(source, f"<opmux chooser {name}>", "exec")
+        code = _CODE[variant] = compile(source, f"<opmux chooser {variant}>", "exec")
     namespace = dict(env)
     exec(code, namespace)  # defines the function; its body was compiled once
     fn: Callable[..., Any] = namespace[name]
@@ -150,12 +170,26 @@ def _compile(name: str, source: str, env: dict[str, Any]) -> Callable[..., Any]:
 
 def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded: list[bool],
                 ensure_loaded: Callable[[], None]) -> Callable[..., Any]:
-    """The torch kernel of one key: walks ``holder``, falls back to ``native``."""
-    source = _SELECT.format(name="kernel", params="*args", prologue=_KERNEL_PROLOGUE,
-                            call="*args",
-                            sized="holder.sized[args[0].numel().bit_length()]")
-    kernel = _compile("kernel", source, {
-        "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded})
+    """The torch kernel of one key: walks ``holder``, falls back to ``native``.
+
+    For a plain native function the kernel takes its parameters by position (``a0, a1,
+    ...`` with native's defaults): passing them on is then a plain call, cheaper than
+    ``*args`` (the dispatcher never passes keywords; providers and predicates have native's
+    parameters and defaults, checked at registration).
+    """
+    code = getattr(native, "__code__", None)
+    params = "*args"
+    if code is not None and not code.co_kwonlyargcount and not code.co_flags & 0x0C:
+        params = ", ".join(f"a{i}" for i in range(code.co_argcount))  # no *args / **kwargs
+    fixed = params != "*args"
+    source = _SELECT.format(name="kernel", params=params, prologue=_KERNEL_PROLOGUE,
+                            call=params, sized=f"holder.sized[{'a0' if fixed else 'args[0]'}"
+                                                 f".numel().bit_length()]")
+    kernel = _compile(f"kernel/{params}", source, {
+        "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded},
+        "kernel")
+    if fixed:
+        kernel.__defaults__ = getattr(native, "__defaults__", None)
     kernel.__name__ = kernel.__qualname__ = name
     return kernel
 
@@ -172,4 +206,4 @@ def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_o
     return _compile("eager", source, {
         "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,
         "ensure_loaded": ensure_loaded, "is_compiling": is_compiling, "keymap": keymap,
-        "key_of": key_of, "tensor": tensor})
+        "key_of": key_of, "tensor": tensor}, "eager")

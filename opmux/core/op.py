@@ -403,7 +403,7 @@ class Op:
                             entry = built[tuple(names)] = (
                                 c, tuple(checked(self, i) if check else i.fn for i in c))
                         per_bucket.append(entry)
-                holder.set(chain, fns, per_bucket)
+                holder.set(chain, fns, per_bucket, self.native)
 
     def _chain(self, order: list[str], key: str) -> tuple[OpImpl, ...]:
         # providers after native never run: native wins where it is listed first
