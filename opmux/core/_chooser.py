@@ -11,13 +11,22 @@ Both selection functions (the torch kernel of a key, and the eager path used wit
 torch wrap off) are generated from one template, :data:`_SELECT`, when the op is built or
 gets its first provider for a key: the walk is written once, and each function keeps the
 calling convention it needs (positional only for the dispatcher; keywords and a device
-lookup for the eager path) without an extra call per dispatch.
+lookup for the eager path) without an extra call per dispatch. The compiled variants are kept
+in ``$OPMUX_CACHE_DIR/chooser/`` (a damaged or unwritable copy only costs the compile).
 """
 
 from __future__ import annotations
 
+import hashlib
+import marshal
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import CodeType
 from typing import TYPE_CHECKING, Any, Final, final
+
+from opmux.core import config
 
 if TYPE_CHECKING:
     from opmux.core.op import OpImpl
@@ -153,15 +162,51 @@ _EAGER_PROLOGUE: Final = """\
         return native(*args, **kwargs)"""
 
 
-_CODE: dict[str, Any] = {}
-"""Compiled template per variant (eager, kernel of each arity): compiled once per process,
-instantiated per op and key."""
+_CODE: dict[str, CodeType] = {}
+"""Compiled template per variant (eager, kernel of each arity), instantiated per op and key."""
+
+_DISK: list[bool] = [False]
+"""Whether this process has read the on-disk copy of :data:`_CODE` yet."""
+
+
+def _disk_path() -> Path:
+    # compiling the variants a catalog needs takes milliseconds of start-up; like Python's
+    # own bytecode cache, keep the code objects, keyed by interpreter and template text
+    digest = hashlib.sha256("\0".join((_SELECT, _KERNEL_PROLOGUE, _EAGER_PROLOGUE)).encode())
+    return config.cache_dir() / "chooser" / (
+        f"{sys.implementation.cache_tag}-{digest.hexdigest()[:16]}.marshal")
+
+
+def _read_disk() -> None:
+    _DISK[0] = True
+    try:
+        data = marshal.loads(_disk_path().read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):
+        return  # none yet, or unreadable: compile again
+    if isinstance(data, dict):
+        _CODE.update({k: v for k, v in data.items()
+                      if isinstance(k, str) and isinstance(v, CodeType) and k not in _CODE})
+
+
+def _write_disk() -> None:
+    path = _disk_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(marshal.dumps(dict(_CODE)))
+        tmp.replace(path)  # readers see the old or the new file, never half of one
+    except OSError:
+        pass  # a read-only cache only costs the compile next time
 
 
 def _compile(variant: str, source: str, env: dict[str, Any], name: str) -> Callable[..., Any]:
     code = _CODE.get(variant)
+    if code is None and not _DISK[0]:
+        _read_disk()
+        code = _CODE.get(variant)
     if code is None:
         code = _CODE[variant] = compile(source, f"<opmux chooser {variant}>", "exec")
+        _write_disk()
     namespace = dict(env)
     exec(code, namespace)  # defines the function; its body was compiled once
     fn: Callable[..., Any] = namespace[name]
