@@ -2,7 +2,9 @@
 
 A :class:`_KeyChain` holds the providers of one dispatch key in priority order, in the form
 the hot path reads: ``pairs`` (``(supports_args, fn)`` per provider), ``direct`` (the first
-provider's function when it takes every call) and, when a tuned table gives the op a
+provider's function when it takes every call), ``guard`` (the first provider's predicate
+picks it or the next function, when that one takes every call: the next provider or native)
+and, when a tuned table gives the op a
 different order per shape bucket, ``sized``: one ``pairs`` tuple per bit length of the
 first argument's ``numel()`` (64 entries, so the bucket is one index, no search), with
 ``pairs`` set to ``None`` so that an op without buckets pays one ``is None`` test.
@@ -62,8 +64,8 @@ class _KeyChain:
         self.unsized: Pairs = ()
         #: the first provider's function when it takes every call (no ``supports_args``)
         self.direct: Callable[..., Any] | None = None
-        #: ``(supports_args, fn, next_fn)`` when only the first provider has a predicate and
-        #: the next one (or native) takes every call: one test, no walk
+        #: ``(supports_args, fn, next_fn)`` when the first provider has a predicate and the
+        #: next one (or native, when there is none) takes every call: one test, no walk
         self.guard: tuple[Callable[..., bool], Callable[..., Any], Callable[..., Any]] | None \
             = None
         #: per size bucket ``pairs`` (a tuned table with different orders), else ``None``
