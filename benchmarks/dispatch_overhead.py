@@ -3,9 +3,14 @@
 Prints µs/call (median of repeats) and ratios: opmux (torch wrap on) vs a bare
 ``Library.define/impl`` op, opmux (wrap off) vs a plain call of the chosen provider,
 both vs ``torch.library.custom_op``. Each with 1 provider and with 3 providers (the first
-with a ``supports_args`` that declines, so the second runs).
+with a ``supports_args`` that declines, so the second runs), and the same 3 providers with a
+tuned table that orders them per size bucket (what ``opmux tune`` writes; the call's bucket
+has the same order, so the difference is the cost of picking the bucket).
 
-    python benchmarks/dispatch_overhead.py [--number 20000] [--repeat 7]
+    python benchmarks/dispatch_overhead.py [--number 500] [--repeat 400]
+
+Many short samples (500 calls each): on a shared machine a preemption spoils a few samples,
+which the median drops, instead of a large part of a long one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 from timing import interleaved_us
 
 import opmux
+from opmux.core._chooser import SIZE_BUCKETS, bucket_of
 
 
 def _time_all(cases: dict[str, Callable[[], Any]], number: int, repeat: int) -> dict[str, float]:
@@ -27,8 +33,8 @@ def _time_all(cases: dict[str, Callable[[], Any]], number: int, repeat: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--number", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=25)
+    parser.add_argument("--number", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=400)
     ns = parser.parse_args()
     torch.set_num_threads(1)
     x, y = torch.ones(4), torch.ones(4)
@@ -58,6 +64,16 @@ def main() -> None:
     three.register_impl("third", dispatch_key="CPU")(add)
     three.set_default_priority(["picky", "second", "third"])
     assert one.dispatch(x, y).provider == "fast" and three.dispatch(x, y).provider == "second"
+    sized = opmux.register_op(name="add3_sized", namespace="opmux_bench", registry=registry)(add)
+    for name, pred in (("picky", declines), ("second", None), ("third", None)):
+        sized.register_impl(name, dispatch_key="CPU", supports_args=pred)(add)
+    # the tuned layer as start-up sets it from a file: x's bucket (numel 4) keeps the order
+    # of `three`, every other bucket prefers "third"
+    per_bucket = [["third", "second"]] * SIZE_BUCKETS
+    per_bucket[bucket_of(x.numel())] = ["picky", "second", "third"]
+    sized._set_tuned(["third", "second"], per_bucket)
+    assert sized.priority_source() == "tuned" and sized.dispatch(x, y).provider == "second"
+    assert sized.dispatch(torch.ones(64), y).provider == "third"
 
     with opmux.enable_torch_wrap(False):
         # the __call__ functions enable_torch_wrap(False) installs, bound to their ops
@@ -69,6 +85,7 @@ def main() -> None:
         "torch.library.custom_op": lambda: co_add(x, y),
         "opmux wrap on, 1 provider": lambda: one(x, y),
         "opmux wrap on, 3 providers": lambda: three(x, y),
+        "opmux wrap on, 3 providers, tuned by size": lambda: sized(x, y),
         "opmux wrap off, 1 provider": lambda: eager_one(x, y),
         "opmux wrap off, 3 providers": lambda: eager_three(x, y),
     }
@@ -84,6 +101,8 @@ def main() -> None:
          "Library.define/impl op", 1.10),
         ("wrap on, 3 providers / bare define-impl op", "opmux wrap on, 3 providers",
          "Library.define/impl op", 1.10),
+        ("wrap on, 3 tuned by size / 3 providers", "opmux wrap on, 3 providers, tuned by size",
+         "opmux wrap on, 3 providers", 1.03),
         ("wrap off, 1 provider / plain call", "opmux wrap off, 1 provider", "plain call", 1.5),
         ("wrap off, 3 providers / plain call", "opmux wrap off, 3 providers", "plain call", 1.5),
         ("wrap on, 1 provider / custom_op", "opmux wrap on, 1 provider",

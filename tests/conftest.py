@@ -63,6 +63,8 @@ def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for var in ("OPMUX_PLUGINS", "OPMUX_STRICT_PLUGINS", "OPMUX_PRIORITY", "OPMUX_PLATFORM",
                 "OPMUX_CHECK_OUTPUTS"):
         monkeypatch.delenv(var, raising=False)
+    # a table `opmux tune` wrote on this machine must not change what the tests expect
+    monkeypatch.setenv("OPMUX_TUNED", "0")
     reset_for_tests()
     yield
     monkeypatch.undo()  # the reset after the test sees the real environment

@@ -7,7 +7,7 @@ import inspect
 import json
 from typing import Any, Final
 
-__all__ = ["HELP", "add_arguments", "run"]
+__all__ = ["HELP", "add_arguments", "op_args", "run"]
 
 HELP: Final = "which provider would run for such arguments, and why"
 
@@ -46,22 +46,35 @@ def _parse_value(text: str) -> Any:
 
 def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
     """The op and zero-filled arguments of the requested shapes and dtypes."""
-    import torch
-
     import opmux
     from opmux.core.errors import ConfigError
 
     op = opmux.get_op(ns.op)
     shapes = [tuple(int(d) for d in s.split(",") if d.strip()) for s in ns.shape]
-    dtypes = [_DTYPES.get(d.lower()) for d in ns.dtype] or ["float32"]
-    if None in dtypes:
-        raise ConfigError(f"--dtype: unknown dtype in {ns.dtype}; valid: {sorted(_DTYPES)}")
     extra = {}
     for item in ns.arg:
         name, sep, value = str(item).partition("=")
         if not sep:
             raise ConfigError(f"--arg {item!r}: expected name=value")
         extra[name] = _parse_value(value)
+    return op, op_args(op, shapes, ns.dtype, extra, ns.device)
+
+
+def op_args(op: Any, shapes: list[tuple[int, ...]], dtype_names: list[str],
+            extra: dict[str, Any], device: str) -> list[Any]:
+    """Zero-filled arguments of ``op``: one shape per Tensor parameter, in order; ``extra``
+    gives non-tensor values by name, defaults fill the rest (``explain`` and ``tune``).
+
+    :raises ConfigError: a missing shape or value, an unknown dtype or parameter name.
+    """
+    import torch
+
+    from opmux.core.errors import ConfigError
+
+    dtypes = [_DTYPES.get(d.lower()) for d in dtype_names] or ["float32"]
+    if None in dtypes:
+        raise ConfigError(f"--dtype: unknown dtype in {dtype_names}; valid: {sorted(_DTYPES)}")
+    extra = dict(extra)
     args: list[Any] = []
     tensor_i = 0
     for param in op.signature.parameters.values():
@@ -73,7 +86,7 @@ def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
                     f"op {op.qualname!r} takes Tensor {param.name!r}: give one --shape per "
                     f"Tensor argument, in order; signature {op.schema}")
             dtype = getattr(torch, str(dtypes[min(tensor_i, len(dtypes) - 1)]))
-            args.append(torch.zeros(shapes[tensor_i], dtype=dtype, device=ns.device))
+            args.append(torch.zeros(shapes[tensor_i], dtype=dtype, device=device))
             tensor_i += 1
         elif param.default is not inspect.Parameter.empty:
             args.append(param.default)
@@ -82,7 +95,7 @@ def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
                               f"(signature {op.schema})")
     if extra:
         raise ConfigError(f"op {op.qualname!r} has no parameter(s) {sorted(extra)}")
-    return op, args
+    return args
 
 
 def run(ns: argparse.Namespace) -> int:

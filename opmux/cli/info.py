@@ -41,6 +41,7 @@ def info_data() -> dict[str, Any]:
     """Everything ``opmux info`` shows, as plain data."""
     import opmux
     from opmux.core.custom_op import custom_op_settings
+    from opmux.core.tuned import tuned_status
     from opmux.platforms import detections
 
     opmux.load_plugins()
@@ -62,6 +63,7 @@ def info_data() -> dict[str, Any]:
         "detectors": [d.as_dict() for d in detections()],
         "plugins": [r.as_dict() for r in opmux.plugin_report()],
         "ops": ops,
+        "tuned": tuned_status().as_dict(),
         "custom_ops": opmux.custom_op_counts(),
         "custom_op_settings": custom_op_settings(),
         "versions": _versions(),
@@ -96,6 +98,9 @@ def run(ns: argparse.Namespace) -> int:
                          "yes" if pr["supported"] else f"no: {pr['reason'] or ''}".strip(),
                          pr["rank"] or "-", op["priority_source"]))
     print(format_table(rows, ("op", "provider", "key", "supported", "rank", "priority from")))
+    t = data["tuned"]
+    print(f"\ntuned priority layer (between plugins and OPMUX_PRIORITY): {t['state']}"
+          + (f", {t['path']}" if t["path"] else "") + (f" ({t['reason']})" if t["reason"] else ""))
     counts, cfg = data["custom_ops"], data["custom_op_settings"]
     print(f"\ncustom ops: base {cfg['base']} ({cfg['source']}), overrides "
           f"{cfg['overrides'] or '-'}, compile mode {cfg['compile_mode']}")

@@ -17,6 +17,7 @@ variable                       accessor                       meaning
 ``OPMUX_COMPILE_MODE``         :func:`compile_mode_spec`      ``inductor``: layers default off
 ``OPMUX_CHECK_OUTPUTS``        :func:`check_outputs`          check provider outputs (debug)
 ``OPMUX_CACHE_DIR``            :func:`cache_dir`              native build cache root
+``OPMUX_TUNED``                :func:`tuned_enabled`          load the ``opmux tune`` table
 ``OPMUX_DEBUG``                :func:`debug`                  CLI errors show tracebacks
 ``OPMUX_ASCEND_SOC_VERSION``   :func:`ascend_soc_version`     AscendC target SoC
 ``ASCEND_HOME_PATH`` /         :func:`cann_home`              CANN toolkit folder
@@ -47,6 +48,7 @@ __all__ = [
     "ENV_PLUGINS",
     "ENV_PRIORITY",
     "ENV_STRICT_PLUGINS",
+    "ENV_TUNED",
     "ascend_soc_version",
     "cache_dir",
     "cann_home",
@@ -64,6 +66,7 @@ __all__ = [
     "priority_overrides",
     "strict_plugins",
     "triton_interpret",
+    "tuned_enabled",
 ]
 
 ENV_PLATFORM: Final = "OPMUX_PLATFORM"
@@ -80,7 +83,10 @@ ENV_COMPILE_MODE: Final = "OPMUX_COMPILE_MODE"
 ENV_CHECK_OUTPUTS: Final = "OPMUX_CHECK_OUTPUTS"
 """``1``: check every provider's outputs against the op's fake and its inputs for mutation."""
 ENV_CACHE_DIR: Final = "OPMUX_CACHE_DIR"
-"""Root folder of the native build caches (default ``~/.cache/opmux``)."""
+"""Root folder of the native build caches, the tuned tables and the compiled dispatch
+functions (default ``~/.cache/opmux``)."""
+ENV_TUNED: Final = "OPMUX_TUNED"
+"""``0``/``false``: start-up ignores the table ``opmux tune`` wrote (default: load it)."""
 ENV_DEBUG: Final = "OPMUX_DEBUG"
 """``1``: the ``opmux`` CLI re-raises errors with their traceback."""
 ENV_ASCEND_SOC_VERSION: Final = "OPMUX_ASCEND_SOC_VERSION"
@@ -202,6 +208,12 @@ def cache_dir() -> Path:
     """``OPMUX_CACHE_DIR`` (``~`` expanded), default ``~/.cache/opmux``."""
     value = (_env(ENV_CACHE_DIR) or "").strip()
     return Path(value).expanduser() if value else Path.home() / ".cache" / "opmux"
+
+
+def tuned_enabled() -> bool:
+    """``OPMUX_TUNED``: whether start-up loads the tuned priority table (unset: yes)."""
+    text = _env(ENV_TUNED)
+    return True if text is None or not text.strip() else parse_bool(text, source=ENV_TUNED)
 
 
 def debug() -> bool:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import torch
 
 from opmux.core import switches
+from opmux.core._chooser import SIZE_BUCKETS, _KeyChain, bucket_of, make_eager, make_kernel
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 from opmux.core.output_checks import checked
 from opmux.core.switches import _WRAP, enable_torch_wrap, torch_wrap_enabled
@@ -98,32 +99,8 @@ class OpImpl:
         return f"OpImpl({self.op_name}, provider={self.provider!r}, key={self.dispatch_key}{flag})"
 
 
-@final
-class _KeyChain:
-    """The providers of one dispatch key, in priority order (mutable holder)."""
-
-    __slots__ = ("chain", "direct", "key", "pairs")
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.chain: tuple[OpImpl, ...] = ()
-        #: ``(supports_args, fn)`` of each chain entry: what the hot path reads.
-        self.pairs: tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...] = ()
-        #: the first provider's function when it takes every call (no ``supports_args``)
-        self.direct: Callable[..., Any] | None = None
-
-    def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> None:
-        # readers see either the old or the new selection, never a mix: clear the shortcut,
-        # publish the pairs, then the new shortcut
-        self.direct = None
-        self.pairs = tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
-        self.chain = chain
-        if chain and chain[0].supports_args is None:
-            self.direct = fns[0]
-
-
-_LAYERS: Final = ("code", "env", "plugins", "platform")
-"""Priority sources, strongest first."""
+_LAYERS: Final = ("code", "env", "tuned", "plugins", "platform")
+"""Priority sources, strongest first (``tuned``: the table ``opmux tune`` wrote)."""
 
 
 class Op:
@@ -143,7 +120,7 @@ class Op:
         self.native = native
         self.schema = schema
         self.mutates_args = mutates_args
-        self.signature = inspect.signature(native)
+        self._signature: inspect.Signature | None = None
         self.__doc__ = native.__doc__
         self.__wrapped__ = native
         self._registry = registry
@@ -154,6 +131,8 @@ class Op:
         self._impls: dict[str, OpImpl] = {NATIVE: self._native_impl}
         self._chains: dict[str, _KeyChain] = {}
         self._layers: dict[str, list[str] | None] = dict.fromkeys(_LAYERS)
+        #: the tuned layer's order per size bucket (``SIZE_BUCKETS`` lists), or ``None``
+        self._tuned_sized: list[list[str]] | None = None
         #: open ``set_priority`` scopes, oldest first: ``(token, providers)``
         self._scopes: list[tuple[object, list[str]]] = []
         self._fake: Callable[..., Any] = native
@@ -163,6 +142,14 @@ class Op:
         self.__class__ = type("Op", (type(self),), {"__module__": "opmux"})
         self._install_call(_WRAP[0])
         switches._track(self)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The native function's :class:`inspect.Signature` (built on first use)."""
+        sig = self._signature
+        if sig is None:
+            sig = self._signature = inspect.signature(self.native)
+        return sig
 
     # ------------------------------------------------------------------ calling
     # Each Op gets its own subclass whose ``__call__`` forwards straight to the
@@ -177,80 +164,27 @@ class Op:
             setattr(type(self), "__call__", self._eager)  # noqa: B010
             return
         target = self.torch_op
+        # the overload's own C++ callable: one Python frame less than OpOverload.__call__;
+        # Dynamo cannot trace it, so a compiled region calls the overload itself
+        raw = target._op
+        is_compiling = torch.compiler.is_dynamo_compiling
 
         def __call__(_self: Any, *args: Any, **kwargs: Any) -> Any:
-            return target(*args, **kwargs)
+            if is_compiling():
+                return target(*args, **kwargs)
+            return raw(*args, **kwargs)
 
         setattr(type(self), "__call__", __call__)  # noqa: B010
 
     def _build_eager(self) -> Callable[..., Any]:
-        chains = self._chains
-        native = self.native
-        torch_op = self.torch_op
-        loaded = self._registry._loaded
-        ensure_loaded = self._registry._ensure_loaded
-        # Dynamo evaluates this as True while tracing; plain calls get a constant False
-        is_compiling = torch.compiler.is_dynamo_compiling
-        keymap = DEVICE_TYPE_TO_KEY
-        tensor = torch.Tensor
-
-        def eager(_self: Any, *args: Any, **kwargs: Any) -> Any:
-            # HOT PATH (torch wrap off): a plain call of the selected provider. Installed as
-            # the op class's __call__ (hence _self).
-            if is_compiling():
-                return torch_op(*args, **kwargs)
-            if not loaded[0]:
-                ensure_loaded()
-            first = args[0] if args else None
-            if isinstance(first, tensor):
-                # is_cpu / is_cuda are cheap; Tensor.device builds an object (≈1 µs)
-                key = "CPU" if first.is_cpu else "CUDA" if first.is_cuda else keymap.get(
-                    first.device.type, "PrivateUse1")
-            else:
-                key = _key_of(args, kwargs)
-            holder = chains.get(key)
-            if holder is not None:
-                direct = holder.direct
-                if direct is not None:
-                    return direct(*args, **kwargs)
-                for pred, fn in holder.pairs:
-                    if pred is None:
-                        return fn(*args, **kwargs)
-                    try:
-                        ok = pred(*args, **kwargs)
-                    except Exception:  # a predicate that raises declines (see module doc)
-                        continue
-                    if ok:
-                        return fn(*args, **kwargs)
-            return native(*args, **kwargs)
-
-        return eager
+        # Dynamo evaluates is_compiling as True while tracing; plain calls get False
+        return make_eager(self._chains, self.native, self.torch_op, self._registry._loaded,
+                          self._registry._ensure_loaded, torch.compiler.is_dynamo_compiling,
+                          DEVICE_TYPE_TO_KEY, _key_of, torch.Tensor)
 
     def _make_kernel(self, holder: _KeyChain) -> Callable[..., Any]:
-        native = self.native
-        loaded = self._registry._loaded
-        ensure_loaded = self._registry._ensure_loaded
-
-        def kernel(*args: Any) -> Any:
-            # HOT PATH: the torch dispatcher calls this with every argument positional.
-            if not loaded[0]:
-                ensure_loaded()
-            direct = holder.direct
-            if direct is not None:
-                return direct(*args)
-            for pred, fn in holder.pairs:
-                if pred is None:
-                    return fn(*args)
-                try:
-                    ok = pred(*args)
-                except Exception:  # a predicate that raises declines (see module doc)
-                    continue
-                if ok:
-                    return fn(*args)
-            return native(*args)
-
-        kernel.__name__ = f"{self.name}_{holder.key.lower()}_kernel"
-        return kernel
+        return make_kernel(f"{self.name}_{holder.key.lower()}_kernel", holder, self.native,
+                           self._registry._loaded, self._registry._ensure_loaded)
 
     def _meta_kernel(self) -> Callable[..., Any]:
         def kernel(*args: Any) -> Any:
@@ -281,17 +215,33 @@ class Op:
         self._registry._ensure_loaded()
         holder = self._chains.get(_key_of(args, kwargs))
         if holder is not None:
-            for impl in holder.chain:
+            first = self._first_arg(args, kwargs)
+            for impl in holder.chain_for(first, isinstance(first, torch.Tensor)):
                 if impl.supports_args is None or _pred_verdict(impl, args, kwargs) is True:
                     return impl
         return self._native_impl
+
+    def _first_arg(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if args:
+            return args[0]
+        first = next(iter(self.signature.parameters), None)
+        return kwargs.get(first) if first is not None else None
+
+    def _order_for(self, first: Any) -> list[str]:
+        """The priority a call whose first argument is ``first`` uses (tuned size buckets)."""
+        sized = self._tuned_sized
+        if sized is not None and self.priority_source() == "tuned" \
+                and isinstance(first, torch.Tensor):
+            order = sized[bucket_of(first.numel())]
+            return order if NATIVE in order else [*order, NATIVE]
+        return self.priority()
 
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """Describe which implementation runs for these arguments and why others don't."""
         self._registry._ensure_loaded()
         key = _key_of(args, kwargs)
         chosen = self.dispatch(*args, **kwargs)
-        order = self.priority()
+        order = self._order_for(self._first_arg(args, kwargs))
         lines = [f"op {self.qualname} for dispatch key {key}: runs {chosen.provider!r}"]
         for name in [*order, *(p for p in self._impls if p not in order)]:
             impl = self._impls.get(name)
@@ -406,30 +356,62 @@ class Op:
     def _set_layer(self, layer: str, providers: Sequence[str] | None, *,
                    strict: bool = True) -> None:
         with self._lock:
-            self._layers[layer] = (None if providers is None
-                                   else self._check_providers(providers, strict=strict))
+            value = None if providers is None else self._check_providers(providers,
+                                                                         strict=strict)
+            if value == self._layers[layer] and layer != "tuned":
+                return  # start-up sets every layer of every op: most change nothing
+            self._layers[layer] = value
             self._rebuild_chains()
 
     def _reset_priorities(self) -> None:
         """Forget every priority layer and open scope (tests; see runtime.reset_for_tests)."""
         with self._lock:
             self._layers = dict.fromkeys(_LAYERS)
+            self._tuned_sized = None
             self._scopes.clear()
             self._rebuild_chains()
+
+    def _set_tuned(self, order: Sequence[str] | None,
+                   sized: Sequence[Sequence[str]] | None = None) -> None:
+        """Set the ``tuned`` layer: one order, and optionally one per size bucket."""
+        if sized is not None and len(sized) != SIZE_BUCKETS:
+            raise RegistrationError(f"op {self.qualname!r}: a tuned order per size bucket "
+                                    f"needs {SIZE_BUCKETS} entries, got {len(sized)}",
+                                    op=self.qualname)
+        with self._lock:
+            checked_sized = None if sized is None else [
+                self._check_providers(o, strict=False) or [NATIVE] for o in sized]
+            self._tuned_sized = checked_sized
+            self._set_layer("tuned", order, strict=False)
 
     def _rebuild_chains(self) -> None:
         check = switches.output_checks_enabled()
         with self._lock:
             order = self.priority()
-            # providers after native never run: native wins where it is listed first
-            order = order[:order.index(NATIVE)]
+            sized = self._tuned_sized if self.priority_source() == "tuned" else None
             for key, holder in self._chains.items():
-                chain = tuple(
-                    impl for name in order
-                    if (impl := self._impls.get(name)) is not None
-                    and impl.dispatch_key == key and impl.supported
-                )
-                holder.set(chain, tuple(checked(self, i) if check else i.fn for i in chain))
+                chain = self._chain(order, key)
+                fns = tuple(checked(self, i) if check else i.fn for i in chain)
+                per_bucket = None
+                if sized is not None:
+                    built: dict[tuple[str, ...], tuple[Any, Any]] = {}
+                    per_bucket = []
+                    for names in sized:
+                        entry = built.get(tuple(names))
+                        if entry is None:
+                            c = self._chain(names, key)
+                            entry = built[tuple(names)] = (
+                                c, tuple(checked(self, i) if check else i.fn for i in c))
+                        per_bucket.append(entry)
+                holder.set(chain, fns, per_bucket, self.native)
+
+    def _chain(self, order: list[str], key: str) -> tuple[OpImpl, ...]:
+        # providers after native never run: native wins where it is listed first
+        if NATIVE in order:
+            order = order[:order.index(NATIVE)]
+        return tuple(impl for name in order
+                     if (impl := self._impls.get(name)) is not None
+                     and impl.dispatch_key == key and impl.supported)
 
     # ---------------------------------------------------------- registration
     def register_impl(
@@ -484,8 +466,9 @@ class Op:
                 f"choose another name",
                 op=self.qualname, provider=provider,
             )
-        got = infer_schema(impl.fn, op=self.qualname, mutates_args=self.mutates_args,
-                           what=f"provider {provider!r}")
+        got = self.schema if _same_signature(impl.fn, self.native) else infer_schema(
+            impl.fn, op=self.qualname, mutates_args=self.mutates_args,
+            what=f"provider {provider!r}")
         if got != self.schema:
             raise SignatureMismatchError(
                 f"op {self.qualname!r}: provider {provider!r} has signature {got} but the "
@@ -521,6 +504,8 @@ class Op:
             self._rebuild_chains()
 
     def _check_predicate(self, provider: str, pred: Callable[..., bool]) -> None:
+        if _same_signature(pred, self.native, annotations=False):
+            return  # the common case, without building two inspect.Signature objects
         try:
             sig = inspect.signature(pred)
         except (TypeError, ValueError) as exc:
@@ -559,6 +544,22 @@ class Op:
 
     def __repr__(self) -> str:
         return f"opmux.Op({self.qualname}, providers={sorted(self._impls)})"
+
+
+def _same_signature(fn: Callable[..., Any], native: Callable[..., Any], *,
+                    annotations: bool = True) -> bool:
+    """Whether two plain functions have the same parameters, defaults and (``annotations``)
+    annotations; then they infer the same schema, so start-up skips torch's inference."""
+    a, b = getattr(fn, "__code__", None), getattr(native, "__code__", None)
+    if a is None or b is None or type(fn) is not type(native):
+        return False
+    n = a.co_argcount
+    return (n == b.co_argcount and a.co_varnames[:n] == b.co_varnames[:n]
+            and a.co_kwonlyargcount == b.co_kwonlyargcount == 0
+            and (a.co_flags & 0x0C) == (b.co_flags & 0x0C) == 0  # no *args / **kwargs
+            and getattr(fn, "__defaults__", None) == getattr(native, "__defaults__", None)
+            and (not annotations or getattr(fn, "__annotations__", None)
+                 == getattr(native, "__annotations__", None)))
 
 
 def _fmt(params: list[tuple[str, Any]]) -> str:

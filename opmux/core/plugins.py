@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 
-from opmux.core import config
+from opmux.core import config, tuned
+from opmux.core._dist import dist_label
 from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
 from opmux.core.errors import ConfigError, PluginLoadError, UnknownOpError
 from opmux.core.op import NATIVE
@@ -126,6 +127,8 @@ class _State:
         self.journals: dict[str, tuple[list[tuple[Op, str]], list[Op]]] = {}
         #: each loaded plugin's default-priority answers: ``{plugin: {qualname: [...]}}``
         self.answers: dict[str, dict[str, list[str]]] = {}
+        #: each record's distribution, read into ``PluginRecord.dist`` when first reported
+        self.dists: dict[str, Any] = {}
         self.discovered = False
         self.activated = False
 
@@ -190,14 +193,14 @@ def _discover(state: _State) -> None:
                           f"installed: {sorted(ep.name for ep in entry_points)}",
                           RuntimeWarning, stacklevel=2)
     for ep in entry_points:
-        dist = getattr(ep, "dist", None)
-        rec = PluginRecord(ep.name, "discovered", value=ep.value,
-                           dist=f"{dist.name} {dist.version}" if dist is not None else "")
+        rec = PluginRecord(ep.name, "discovered", value=ep.value)
         if ep.name in state.records:
             state.records[f"{ep.name} ({ep.value})"] = rec
+            state.dists[f"{ep.name} ({ep.value})"] = getattr(ep, "dist", None)
             rec.status, rec.reason = "skipped", "another entry point has the same name"
             continue
         state.records[ep.name] = rec
+        state.dists[ep.name] = getattr(ep, "dist", None)
         if allow is not None and ep.name not in allow:
             rec.status, rec.reason = "skipped", f"not in {ENV_PLUGINS}={','.join(sorted(allow))}"
             continue
@@ -336,7 +339,8 @@ def _merged_priority(state: _State, op: Op, platform: Platform) -> list[str] | N
 
 
 def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -> None:
-    """Compose priority defaults: platform → plugins (merge rule) → ``OPMUX_PRIORITY``.
+    """Compose priority defaults: platform → plugins (merge rule) → tuned table (see
+    :mod:`opmux.core.tuned`; never fatal) → ``OPMUX_PRIORITY``.
 
     :raises ConfigError: ``OPMUX_PRIORITY`` is malformed or names unknown ops/providers.
     """
@@ -348,6 +352,7 @@ def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -
         op._set_layer("platform", platform.default_priority(_asked_name(op)) or None,
                       strict=False)
         op._set_layer("plugins", _merged_priority(state, op, platform), strict=False)
+    tuned.apply_tuned(registry, platform, ops)
     resolved: list[tuple[Op, list[str]]] = []
     text = config.priority_text()
     for op_name, providers in env.items():
@@ -371,6 +376,11 @@ def plugin_report() -> list[PluginRecord]:
     """Every plugin seen, with its status and why (a snapshot)."""
     state = _STATE[0]
     with state.lock:
+        labels: dict[int, str] = {}  # built-in plugins share one distribution
+        for key, rec in state.records.items():
+            dist = state.dists.pop(key, None)
+            if dist is not None:
+                rec.dist = labels.get(id(dist)) or labels.setdefault(id(dist), dist_label(dist))
         return [PluginRecord(**r.as_dict()) for r in state.records.values()]
 
 

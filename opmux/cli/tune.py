@@ -1,0 +1,204 @@
+"""``opmux tune``: time every supported provider per op and size bucket, write a priority table.
+
+The inputs are the conformance kit's cases of each op (:mod:`opmux.testing`) plus shapes given
+with ``--shape OP=4x256,256`` (zero-filled, float32, defaults for the other parameters). Cases
+are grouped by size bucket (the bit length of the first argument's ``numel()``, as the hot
+path picks them); in each bucket every provider is timed on the cases it accepts, interleaved
+with native, and ranked by the geometric mean of its time over native's. A provider slower
+than native is listed after it (it then never runs there). The table is written to
+``$OPMUX_CACHE_DIR/tuned/<platform>-<fingerprint>.json`` and loaded by the next start-up as
+the ``tuned`` priority layer (see :mod:`opmux.core.tuned`); ``OPMUX_PRIORITY`` and code
+still override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any, Final
+
+from opmux.cli.table import format_table
+
+__all__ = ["HELP", "add_arguments", "measure_op", "run"]
+
+HELP: Final = "time providers per op and size bucket; write the tuned priority table"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tune`` options to ``parser``."""
+    parser.add_argument("--ops", default="", metavar="OP,OP",
+                        help="only these ops (comma-separated; default: every op with a "
+                             "supported provider)")
+    parser.add_argument("--shape", action="append", default=[], metavar="OP=AxB,C",
+                        help="extra input: one shape per Tensor argument, e.g. "
+                             "rms_norm=64x4096,4096 (repeatable)")
+    parser.add_argument("--repeat", type=int, default=9, help="timed rounds (default 9)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dry-run", action="store_true", help="measure, write nothing")
+    parser.add_argument("--clear", action="store_true",
+                        help="delete this platform's tuned tables and exit")
+    parser.add_argument("--json", action="store_true")
+
+
+def _user_cases(ops: list[Any], specs: list[str], device: str) -> dict[str, list[Any]]:
+    from opmux.cli.explain import op_args
+    from opmux.core.errors import ConfigError
+
+    by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops if o.namespace == "opmux"}
+    out: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, sep, shapes = spec.partition("=")
+        op = by_name.get(name.strip())
+        if not sep or op is None:
+            raise ConfigError(f"--shape {spec!r}: expected OP=AxB,C with OP one of the tuned "
+                              f"ops {sorted(by_name)}")
+        try:
+            dims = [tuple(int(d) for d in s.split("x") if d.strip()) for s in shapes.split(",")]
+        except ValueError as exc:
+            raise ConfigError(f"--shape {spec!r}: shapes are integers joined by 'x', one per "
+                              f"Tensor argument, separated by ',' ({exc})") from exc
+        args = op_args(op, dims, [], {}, device)
+        out.setdefault(op.qualname, []).append(lambda a=args: (_clone(a), {}))
+    return out
+
+
+def _clone(args: list[Any]) -> tuple[Any, ...]:
+    import torch
+
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _accepts(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if impl.supports_args is None:
+        return True
+    try:
+        return bool(impl.supports_args(*args, **kwargs))
+    except Exception:  # a predicate that raises declines, as in dispatch
+        return False
+
+
+def measure_op(op: Any, makers: list[Any], repeat: int) -> dict[int, dict[str, Any]]:
+    """Per size bucket: median ms of each provider on each accepted case, its score (geometric
+    mean of time over native's) and the resulting order.
+
+    :param makers: callables returning fresh ``(args, kwargs)`` (mutating ops change them).
+    """
+    import torch
+
+    impls = {name: impl for name, impl in op.impls.items() if impl.supported}
+    buckets: dict[int, dict[str, Any]] = {}
+    for make in makers:
+        args, kwargs = make()
+        first = args[0] if args else None
+        bits = int(first.numel()).bit_length() if isinstance(first, torch.Tensor) else 0
+        accepted = [n for n, impl in impls.items() if _accepts(impl, args, kwargs)]
+        times: dict[str, list[float]] = {n: [] for n in accepted}
+        for round_ in range(repeat + 1):
+            for name in accepted:
+                a, k = make()  # outside the timer
+                fn = impls[name].fn
+                start = time.perf_counter()
+                fn(*a, **k)
+                if round_:  # the first round warms up
+                    times[name].append(time.perf_counter() - start)
+        bucket = buckets.setdefault(bits, {"cases": 0, "ratios": {}, "ms": {}})
+        bucket["cases"] += 1
+        native = statistics.median(times["native"])
+        for name, samples in times.items():
+            ms = statistics.median(samples)
+            bucket["ms"][name] = bucket["ms"].get(name, 0.0) + ms * 1e3
+            bucket["ratios"].setdefault(name, []).append(ms / native if native > 0 else 1.0)
+    for bucket in buckets.values():
+        scores = {n: math.exp(statistics.fmean(math.log(max(r, 1e-9)) for r in rs))
+                  for n, rs in bucket.pop("ratios").items()}
+        bucket["speedup_vs_native"] = {n: 1.0 / s for n, s in scores.items()}
+        ranked = sorted(scores, key=lambda n: (scores[n], n != "native"))
+        bucket["order"] = ranked + [n for n in impls if n not in scores]
+    return buckets
+
+
+def _overall(buckets: dict[int, dict[str, Any]], providers: list[str]) -> list[str]:
+    """One order for the op: providers by their geometric-mean speed-up over all buckets."""
+    logs: dict[str, list[float]] = {}
+    for bucket in buckets.values():
+        for name, s in bucket["speedup_vs_native"].items():
+            logs.setdefault(name, []).append(math.log(max(s, 1e-9)))
+    score = {n: statistics.fmean(v) for n, v in logs.items()}
+    ranked = sorted(score, key=lambda n: (-score[n], n != "native"))
+    return ranked + [n for n in providers if n not in score]
+
+
+def _clear(platform_name: str) -> int:
+    from opmux.core.tuned import tuned_dir
+
+    folder = tuned_dir()
+    removed = sorted(folder.glob(f"{platform_name}-*.json")) if folder.is_dir() else []
+    for path in removed:
+        path.unlink()
+    print(f"removed {len(removed)} tuned table(s) of platform {platform_name!r} from {folder}")
+    return 0
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run ``opmux tune`` with parsed options; returns the exit status."""
+    import opmux
+    from opmux.cli.check import select_ops
+    from opmux.core.tuned import FORMAT, fingerprint, fingerprint_id, tuned_path
+    from opmux.testing.cases import cases_for, has_cases
+
+    platform = opmux.current_platform()
+    if ns.clear:
+        return _clear(platform.name)
+    names = [n.strip() for n in ns.ops.split(",") if n.strip()]
+    ops = select_ops(names, "tune")
+    if ops is None:
+        return 2
+    user = _user_cases(ops, ns.shape, ns.device)
+    table: dict[str, Any] = {}
+    for op in ops:
+        providers = [p for p, impl in op.impls.items() if impl.supported]
+        makers = [lambda c=c: c.materialize(ns.device)
+                  for c in (cases_for(op.qualname) if has_cases(op.qualname) else [])]
+        makers += user.get(op.qualname, [])
+        if len(providers) < 2 or not makers:
+            continue
+        buckets = measure_op(op, makers, max(1, ns.repeat))
+        table[op.qualname] = {"order": _overall(buckets, providers),
+                              "buckets": {str(b): buckets[b] for b in sorted(buckets)}}
+    fp = fingerprint(opmux.global_registry(), platform)
+    path = tuned_path(platform.name, fingerprint_id(fp))
+    data = {"format": FORMAT, "platform": platform.name, "fingerprint": fp,
+            "fingerprint_id": fingerprint_id(fp),
+            "created": datetime.datetime.now(datetime.timezone.utc).strftime(
+                "%Y-%m-%dT%H:%M:%SZ"), "ops": table}
+    if not ns.dry_run:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+        tmp.replace(path)  # readers never see half a file
+    if ns.json:
+        print(json.dumps({**data, "path": str(path), "written": not ns.dry_run}, indent=2))
+        return 0
+    rows = []
+    for qualname, entry in table.items():
+        for bits, bucket in entry["buckets"].items():
+            lo = 0 if bits == "0" else 2 ** (int(bits) - 1)
+            for name in bucket["order"]:
+                if name in bucket["ms"]:
+                    rows.append((qualname, f"{lo}..{2 ** int(bits) - 1}", name,
+                                 f"{bucket['ms'][name]:.3f}",
+                                 f"{bucket['speedup_vs_native'][name]:.2f}x"))
+    print(format_table(rows, ("op", "numel of 1st arg", "provider", "ms (sum of cases)",
+                              "vs native")))
+    print()
+    print(format_table([(q, ",".join(e["order"])) for q, e in table.items()],
+                       ("op", "tuned order")))
+    verb = "would write" if ns.dry_run else "wrote"
+    print(f"\n{verb} {path} ({len(table)} op(s); median of {ns.repeat} interleaved rounds)",
+          file=sys.stdout)
+    return 0

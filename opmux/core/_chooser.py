@@ -1,0 +1,256 @@
+"""The per-key chooser: what an op's kernel walks on every call (the dispatch hot path).
+
+A :class:`_KeyChain` holds the providers of one dispatch key in priority order, in the form
+the hot path reads: ``pairs`` (``(supports_args, fn)`` per provider), ``direct`` (the first
+provider's function when it takes every call), ``guard`` (the first provider's predicate
+picks it or the next function, when that one takes every call: the next provider or native)
+and, when a tuned table gives the op a
+different order per shape bucket, ``sized``: one ``pairs`` tuple per bit length of the
+first argument's ``numel()`` (64 entries, so the bucket is one index, no search), with
+``pairs`` set to ``None`` so that an op without buckets pays one ``is None`` test.
+
+Both selection functions (the torch kernel of a key, and the eager path used with the
+torch wrap off) are generated from one template, :data:`_SELECT`, when the op is built or
+gets its first provider for a key: the walk is written once, and each function keeps the
+calling convention it needs (positional only for the dispatcher; keywords and a device
+lookup for the eager path) without an extra call per dispatch. The compiled variants are kept
+in ``$OPMUX_CACHE_DIR/chooser/`` (a damaged or unwritable copy only costs the compile).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import CodeType
+from typing import TYPE_CHECKING, Any, Final, final
+
+from opmux.core import config
+
+if TYPE_CHECKING:
+    from opmux.core.op import OpImpl
+
+__all__ = ["SIZE_BUCKETS", "bucket_of", "make_eager", "make_kernel"]
+
+SIZE_BUCKETS: Final = 64
+"""Size buckets: bucket ``b`` holds calls whose first argument has ``numel().bit_length() == b``
+(``numel`` in ``[2**(b-1), 2**b)``; bucket 0 is an empty tensor)."""
+
+Pairs = tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...]
+
+
+def bucket_of(numel: int) -> int:
+    """The size bucket of a first argument with ``numel`` elements."""
+    return int(numel).bit_length()
+
+
+@final
+class _KeyChain:
+    """The providers of one dispatch key, in priority order (mutable holder)."""
+
+    __slots__ = ("chain", "direct", "guard", "key", "pairs", "sized", "sized_chains",
+                 "unsized")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.chain: tuple[OpImpl, ...] = ()
+        #: ``(supports_args, fn)`` of each chain entry: what the hot path reads; ``None``
+        #: while size buckets are set (the walk then reads ``sized``)
+        self.pairs: Pairs | None = ()
+        #: the pairs of ``chain`` whether or not size buckets are set
+        self.unsized: Pairs = ()
+        #: the first provider's function when it takes every call (no ``supports_args``)
+        self.direct: Callable[..., Any] | None = None
+        #: ``(supports_args, fn, next_fn)`` when the first provider has a predicate and the
+        #: next one (or native, when there is none) takes every call: one test, no walk
+        self.guard: tuple[Callable[..., bool], Callable[..., Any], Callable[..., Any]] | None \
+            = None
+        #: per size bucket ``pairs`` (a tuned table with different orders), else ``None``
+        self.sized: tuple[Pairs, ...] | None = None
+        #: per size bucket chains (for ``dispatch`` / ``explain``), else ``None``
+        self.sized_chains: tuple[tuple[OpImpl, ...], ...] | None = None
+
+    def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
+            sized: list[tuple[tuple[OpImpl, ...], tuple[Callable[..., Any], ...]]] | None
+            = None, native: Callable[..., Any] | None = None) -> None:
+        """Publish a new selection; ``sized`` gives a chain per size bucket (64 entries)."""
+        # readers see either the old or the new selection, never a mix: clear the shortcut,
+        # publish the buckets and the pairs, then the new shortcut
+        self.direct = self.guard = None
+        self.unsized = _pairs(chain, fns)
+        if sized is None:
+            self.pairs = self.unsized
+            self.sized = self.sized_chains = None
+        else:
+            self.sized_chains = tuple(c for c, _ in sized)
+            self.sized = tuple(_pairs(c, f) for c, f in sized)
+            self.pairs = None
+        self.chain = chain
+        if sized is None and chain:
+            pred = chain[0].supports_args
+            if pred is None:
+                self.direct = fns[0]
+            elif len(chain) == 1 and native is not None:
+                self.guard = (pred, fns[0], native)
+            elif len(chain) > 1 and chain[1].supports_args is None:
+                self.guard = (pred, fns[0], fns[1])
+
+    def chain_for(self, first: Any, is_tensor: bool) -> tuple[OpImpl, ...]:
+        """The chain a call whose first argument is ``first`` walks (not the hot path)."""
+        if self.sized_chains is not None and is_tensor:
+            return self.sized_chains[bucket_of(first.numel())]
+        return self.chain
+
+
+def _pairs(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> Pairs:
+    return tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
+
+
+# The one walk over a chain. ``{call}`` is how arguments are passed on; ``{sized}`` picks the
+# pairs of the first argument's size bucket (``pairs`` is None exactly when buckets are set).
+_SELECT: Final = """\
+def {name}({params}):
+{prologue}
+    direct = holder.direct
+    if direct is not None:
+        return direct({call})
+    guard = holder.guard
+    if guard is not None:
+        pred, chosen, other = guard
+        try:
+            ok = pred({call})
+        except Exception:  # a predicate that raises declines (see opmux.core.op)
+            ok = False
+        return chosen({call}) if ok else other({call})
+    pairs = holder.pairs
+    if pairs is None:
+        pairs = {sized}
+    for pred, fn in pairs:
+        if pred is None:
+            return fn({call})
+        try:
+            ok = pred({call})
+        except Exception:  # a predicate that raises declines (see opmux.core.op)
+            continue
+        if ok:
+            return fn({call})
+    return native({call})
+"""
+
+_KERNEL_PROLOGUE: Final = """\
+    # HOT PATH: the torch dispatcher calls this with every argument positional.
+    if not loaded[0]:
+        ensure_loaded()"""
+
+_EAGER_PROLOGUE: Final = """\
+    # HOT PATH (torch wrap off): a plain call of the selected provider. Installed as the
+    # op class's __call__ (hence _self).
+    if is_compiling():
+        return torch_op(*args, **kwargs)
+    if not loaded[0]:
+        ensure_loaded()
+    first = args[0] if args else None
+    if isinstance(first, tensor):
+        # is_cpu / is_cuda are cheap; Tensor.device builds an object (about 1 us)
+        key = "CPU" if first.is_cpu else "CUDA" if first.is_cuda else keymap.get(
+            first.device.type, "PrivateUse1")
+    else:
+        key = key_of(args, kwargs)
+    holder = chains.get(key)
+    if holder is None:
+        return native(*args, **kwargs)"""
+
+
+_CODE: dict[str, CodeType] = {}
+"""Compiled template per variant (eager, kernel of each arity), instantiated per op and key."""
+
+_DISK: list[bool] = [False]
+"""Whether this process has read the on-disk copy of :data:`_CODE` yet."""
+
+
+def _disk_path() -> Path:
+    # compiling the variants a catalog needs takes milliseconds of start-up; like Python's
+    # own bytecode cache, keep the code objects, keyed by interpreter and template text
+    digest = hashlib.sha256("\0".join((_SELECT, _KERNEL_PROLOGUE, _EAGER_PROLOGUE)).encode())
+    return config.cache_dir() / "chooser" / (
+        f"{sys.implementation.cache_tag}-{digest.hexdigest()[:16]}.marshal")
+
+
+def _read_disk() -> None:
+    _DISK[0] = True
+    try:
+        data = marshal.loads(_disk_path().read_bytes())
+    except (OSError, ValueError, EOFError, TypeError):
+        return  # none yet, or unreadable: compile again
+    if isinstance(data, dict):
+        _CODE.update({k: v for k, v in data.items()
+                      if isinstance(k, str) and isinstance(v, CodeType) and k not in _CODE})
+
+
+def _write_disk() -> None:
+    path = _disk_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(marshal.dumps(dict(_CODE)))
+        tmp.replace(path)  # readers see the old or the new file, never half of one
+    except OSError:
+        pass  # a read-only cache only costs the compile next time
+
+
+def _compile(variant: str, source: str, env: dict[str, Any], name: str) -> Callable[..., Any]:
+    code = _CODE.get(variant)
+    if code is None and not _DISK[0]:
+        _read_disk()
+        code = _CODE.get(variant)
+    if code is None:
+        code = _CODE[variant] = compile(source, f"<opmux chooser {variant}>", "exec")
+        _write_disk()
+    namespace = dict(env)
+    exec(code, namespace)  # defines the function; its body was compiled once
+    fn: Callable[..., Any] = namespace[name]
+    return fn
+
+
+def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded: list[bool],
+                ensure_loaded: Callable[[], None]) -> Callable[..., Any]:
+    """The torch kernel of one key: walks ``holder``, falls back to ``native``.
+
+    For a plain native function the kernel takes its parameters by position (``a0, a1,
+    ...`` with native's defaults): passing them on is then a plain call, cheaper than
+    ``*args`` (the dispatcher never passes keywords; providers and predicates have native's
+    parameters and defaults, checked at registration).
+    """
+    code = getattr(native, "__code__", None)
+    params = "*args"
+    if code is not None and not code.co_kwonlyargcount and not code.co_flags & 0x0C:
+        params = ", ".join(f"a{i}" for i in range(code.co_argcount))  # no *args / **kwargs
+    fixed = params != "*args"
+    source = _SELECT.format(name="kernel", params=params, prologue=_KERNEL_PROLOGUE,
+                            call=params, sized=f"holder.sized[{'a0' if fixed else 'args[0]'}"
+                                                 f".numel().bit_length()]")
+    kernel = _compile(f"kernel/{params}", source, {
+        "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded},
+        "kernel")
+    if fixed:
+        kernel.__defaults__ = getattr(native, "__defaults__", None)
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
+def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_op: Any,
+               loaded: list[bool], ensure_loaded: Callable[[], None],
+               is_compiling: Callable[[], bool], keymap: dict[str, str],
+               key_of: Callable[..., str], tensor: type) -> Callable[..., Any]:
+    """The eager ``__call__`` (torch wrap off): the device's key, then the same walk."""
+    source = _SELECT.format(name="eager", params="_self, *args, **kwargs",
+                            prologue=_EAGER_PROLOGUE, call="*args, **kwargs",
+                            sized="holder.sized[first.numel().bit_length()] if isinstance("
+                                  "first, tensor) else holder.unsized")
+    return _compile("eager", source, {
+        "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,
+        "ensure_loaded": ensure_loaded, "is_compiling": is_compiling, "keymap": keymap,
+        "key_of": key_of, "tensor": tensor}, "eager")

@@ -1,0 +1,88 @@
+"""The generated selection functions and their on-disk code cache."""
+
+from __future__ import annotations
+
+import marshal
+from pathlib import Path
+
+import pytest
+import torch
+
+import opmux
+from opmux.core import _chooser
+
+
+@pytest.fixture
+def empty_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_chooser, "_CODE", {})
+    monkeypatch.setattr(_chooser, "_DISK", [False])
+    return tmp_path
+
+
+def _op(registry: opmux.OpRegistry, ns: str) -> opmux.Op:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def scale(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
+        return x * k
+
+    def picky(x: torch.Tensor, k: float = 2.0) -> bool:
+        return x.dtype == torch.float64
+
+    @scale.register_impl("wide", dispatch_key="CPU", supports_args=picky)
+    def wide(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
+        return x * k + 100
+
+    return scale
+
+
+def test_variants_are_written_and_read_back(empty_cache: Path, registry: opmux.OpRegistry,
+                                            ns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    op = _op(registry, ns)
+    assert op(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert op(torch.ones(2, dtype=torch.float64)).tolist() == [102.0, 102.0]
+    path = _chooser._disk_path()
+    assert path.parent.parent == empty_cache
+    stored = marshal.loads(path.read_bytes())
+    assert {"eager", "kernel/a0, a1"} <= set(stored)
+    monkeypatch.setattr(_chooser, "_CODE", {})
+    monkeypatch.setattr(_chooser, "_DISK", [False])
+    _chooser._read_disk()
+    assert set(_chooser._CODE) == set(stored)
+
+
+@pytest.mark.parametrize("content", [b"not marshal", marshal.dumps({"eager": 1, 2: "x"})])
+def test_a_damaged_copy_is_ignored_and_replaced(empty_cache: Path, registry: opmux.OpRegistry,
+                                                ns: str, content: bytes) -> None:
+    path = _chooser._disk_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    op = _op(registry, ns)
+    assert op(torch.ones(2, dtype=torch.float64), 3.0).tolist() == [103.0, 103.0]
+    with opmux.enable_torch_wrap(False):
+        assert op(torch.ones(2), k=3.0).tolist() == [3.0, 3.0]
+    assert "eager" in marshal.loads(path.read_bytes())
+
+
+def test_a_raising_predicate_declines_through_the_guard(registry: opmux.OpRegistry,
+                                                        ns: str) -> None:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def ident(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def boom(x: torch.Tensor) -> bool:
+        raise RuntimeError("no")
+
+    @ident.register_impl("first", dispatch_key="CPU", supports_args=boom)
+    def first(x: torch.Tensor) -> torch.Tensor:
+        return x + 10
+
+    @ident.register_impl("second", dispatch_key="CPU")
+    def second(x: torch.Tensor) -> torch.Tensor:
+        return x + 20
+
+    holder = ident._chains["CPU"]
+    assert holder.guard is not None and holder.direct is None
+    assert ident(torch.zeros(1)).item() == 20.0
+    ident.unregister_impl("second")
+    assert holder.guard is not None  # first, else native
+    assert ident(torch.zeros(1)).item() == 0.0
