@@ -13,6 +13,7 @@
 // values, never written out).
 #pragma once
 
+#include "paged_attention_rows.h"
 #include "vec_common.h"
 
 #include <algorithm>
@@ -60,6 +61,22 @@ inline __m512 fast_tanh(__m512 x) {
   const __m512 r0 = _mm512_rcp14_ps(q);
   const __m512 r = _mm512_mul_ps(r0, _mm512_fnmadd_ps(q, r0, _mm512_set1_ps(2.f)));
   return _mm512_mul_ps(p, r);
+}
+
+// rows[i] = fp32 view of the cache row base + i * stride (i < n): the row itself when
+// in_place (fp32, unpadded), else its zero-padded copy in buf.
+template <typename T>
+inline void fp32_rows(const T* base, int64_t n, int64_t stride, bool in_place, int64_t d,
+                      int64_t padded, float* buf, const float** rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (in_place) {
+        rows[i] = base + i * stride;
+        continue;
+      }
+    }
+    rows[i] = widen_row(base + i * stride, buf + i * padded, d, padded);
+  }
 }
 
 // sT[t][lanes] = qT^T k[t] for TB keys; k[t] has at least d floats.
@@ -110,20 +127,14 @@ inline void value_tile(float* accT, const float* sT, const float* const* vr, int
 
 // One item: `rows` (<= 16 * NV) query rows of kv head `kv`, query positions [pos0, ...) with
 // G rows per position; see the file comment. Arguments mirror run_item in paged_attention.cpp.
-template <int NV, typename T, typename Params, typename Item>
-void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, const T* vc,
+template <int NV, typename T>
+void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* kc, const T* vc,
                    T* out, TileScratch& s) {
+  const ItemGeom ig(w, p);
+  const int64_t G = ig.G, D = ig.D, Dp = ig.Dp;
   constexpr int TB = NV == 2 ? 8 : 16;  // keys per score tile
   constexpr int DB = NV == 2 ? 8 : 16;  // head dims per value tile
-  const int64_t G = p.num_heads / p.num_kv_heads;
-  const int64_t D = p.head_size;
-  const int64_t Dp = p.padded;
-  const int64_t q0 = p.query_start_loc[w.seq];
-  const int64_t q_len = p.query_start_loc[w.seq + 1] - q0;
-  const int64_t kv_len = p.seq_lens[w.seq];
   const int64_t rows = (w.q_end - w.q_begin) * G;
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks;
-  const int64_t tok_stride = p.num_kv_heads * D;
   const int64_t kv = w.kv_begin;
 
   alignas(64) int32_t pos[kStride];
@@ -133,10 +144,10 @@ void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, 
     const int64_t rr = std::min(r, rows - 1);
     const int64_t j = w.q_begin + rr / G;
     const int64_t h = kv * G + rr % G;
-    const T* qrow = query + (q0 + j) * p.q_stride0 + h * p.q_stride1;
+    const T* qrow = query + (ig.q0 + j) * p.q_stride0 + h * p.q_stride1;
     for (int64_t c = 0; c < D; ++c) qT[c * kStride + r] = static_cast<float>(qrow[c]) * p.scale;
     for (int64_t c = D; c < Dp; ++c) qT[c * kStride + r] = 0.f;
-    pos[r] = static_cast<int32_t>(kv_len - q_len + j);
+    pos[r] = static_cast<int32_t>(ig.kv_len - ig.q_len + j);
     lo[r] = p.window > 0 ? std::max<int32_t>(0, pos[r] - static_cast<int32_t>(p.window) + 1) : 0;
   }
   std::fill_n(s.accT.data(), Dp * kStride, 0.f);
@@ -162,7 +173,7 @@ void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, 
   // walks all the chunk's rows once per block of dims, so their values go through the
   // contiguous copy (measured: 10% faster prefill at 4 KiB, 20% at 16 KiB, no gain at 2 KiB);
   // keys, read 8 rows at a time, only from 8 KiB.
-  const int64_t row_bytes = tok_stride * static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes = ig.tok_stride * static_cast<int64_t>(sizeof(T));
   const bool k_in_place = row_bytes < 8192;
   const bool v_in_place = row_bytes < 4096;
 
@@ -173,22 +184,10 @@ void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, 
     const int64_t t1 = std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kChunk});
     const int64_t n = t1 - t0;
     const int64_t blk = t0 / p.block_size;
-    const int64_t slot = static_cast<int64_t>(bt[blk]) * p.block_size + t0 % p.block_size;
-    const T* kbase = kc + slot * tok_stride + kv * D;
-    const T* vbase = vc + slot * tok_stride + kv * D;
-    for (int64_t i = 0; i < n; ++i) {
-      if (in_place && k_in_place) {
-        krow[i] = reinterpret_cast<const float*>(kbase + i * tok_stride);
-      } else {
-        float* dst = s.kbuf.data() + i * Dp;
-        const T* src = kbase + i * tok_stride;
-        for_each_vec(Dp, [&](int64_t j, int64_t cnt) {
-          const int64_t valid = std::max<int64_t>(0, std::min(cnt, D - j));
-          (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(dst + j);
-        });
-        krow[i] = dst;
-      }
-    }
+    const int64_t slot = static_cast<int64_t>(ig.bt[blk]) * p.block_size + t0 % p.block_size;
+    const T* kbase = kc + slot * ig.tok_stride + kv * D;
+    const T* vbase = vc + slot * ig.tok_stride + kv * D;
+    fp32_rows(kbase, n, ig.tok_stride, in_place && k_in_place, D, Dp, s.kbuf.data(), krow);
     const int64_t n_pad = (n + TB - 1) / TB * TB;
     for (int64_t i = n; i < n_pad; ++i) krow[i] = s.zero.data();
     for (int64_t t = 0; t < n_pad; t += TB) score_tile<NV, TB>(qT, krow + t, D, sT + t * kStride);
@@ -233,19 +232,7 @@ void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, 
     }
     for (int v = 0; v < NV; ++v) l[v] = _mm512_fmadd_ps(l[v], alpha[v], sum[v]);
 
-    for (int64_t i = 0; i < n; ++i) {
-      if (in_place && v_in_place) {
-        vrow[i] = reinterpret_cast<const float*>(vbase + i * tok_stride);
-      } else {
-        float* dst = s.vbuf.data() + i * Dp;
-        const T* src = vbase + i * tok_stride;
-        for_each_vec(Dp, [&](int64_t j, int64_t cnt) {
-          const int64_t valid = std::max<int64_t>(0, std::min(cnt, D - j));
-          (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(dst + j);
-        });
-        vrow[i] = dst;
-      }
-    }
+    fp32_rows(vbase, n, ig.tok_stride, in_place && v_in_place, D, Dp, s.vbuf.data(), vrow);
     for (int64_t d0 = 0; d0 < Dp; d0 += DB) value_tile<NV, DB>(s.accT.data(), sT, vrow, n, d0, alpha);
     t0 = t1;
   }
@@ -258,7 +245,7 @@ void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, 
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t j = w.q_begin + r / G;
     const int64_t h = kv * G + r % G;
-    T* orow = out + ((q0 + j) * p.num_heads + h) * D;
+    T* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
     for (int64_t c = 0; c < D; ++c) orow[c] = static_cast<T>(accT[c * kStride + r] * inv[r]);
   }
 }
