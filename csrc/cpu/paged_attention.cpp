@@ -11,12 +11,14 @@
 // chunk, tokens go in groups of 16 with the item's kv heads inner, so the cache is read in
 // address order. Scores use a 16-token transpose-reduce (AVX-512); the query rows that share a
 // kv head (GQA group, prefill positions) go four at a time against four keys, so each key
-// vector load feeds four rows, and the value accumulation takes three rows per value load
-// with up to 24 accumulators in registers. (Software prefetch of the next chunk or of the next
-// 16-token group measured no faster here than the hardware prefetcher.) Value rows with a
-// head size that is a multiple of the vector width are widened in registers, eight rows per
-// load; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
-// kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h.
+// vector load feeds four rows, and the value accumulation takes up to eight rows per value
+// load. (Software prefetch of the next chunk or of the next 16-token group measured no faster
+// on this path than the hardware prefetcher: its token rows are contiguous.) Value rows with a
+// head size that is a multiple of the vector width are widened in registers, others go
+// through a zero-padded fp32 copy; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
+// kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h, in
+// sub-tiles of up to 32 rows that share each chunk of keys. bf16 decode with 4 or 8 query heads
+// per kv head puts the group's rows in vector lanes for the scores (qk_group_bf16).
 #include "ops.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
@@ -402,7 +404,25 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   while (decode_heads > 1 && decode_units * ((Hkv + decode_heads - 1) / decode_heads) < want_items) {
     decode_heads = (decode_heads + 1) / 2;
   }
-  const int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
+  int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
+#if defined(CPU_CAPABILITY_AVX512)
+  // Prefill items of more than 8 rows take the row-tile path, which runs up to kMaxSub
+  // sub-tiles of kMaxRows rows over each chunk of keys (one read of the chunk for all of
+  // them): as many positions per item as leave want_items items in all.
+  const int64_t other_items = decode_units * ((Hkv + decode_heads - 1) / decode_heads);
+  for (int64_t sub = pa_tile::kMaxSub; sub > 1; sub /= 2) {
+    const int64_t qc = std::max<int64_t>(1, sub * kMaxRows / G);
+    int64_t n = other_items;
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t q_len = qsl[i + 1] - qsl[i];
+      if (q_len > 1) n += Hkv * ((q_len + qc - 1) / qc);
+    }
+    if (n >= want_items) {
+      q_chunk = qc;
+      break;
+    }
+  }
+#endif
   std::vector<WorkItem> items;
   std::vector<SplitGroup> groups;
   int64_t n_parts = 0;
