@@ -94,25 +94,31 @@ class Setup:
     def _setup_vllm(self, n_blocks: int, dtype: torch.dtype) -> None:
         c = self.case
         bs, hkv, d = c.block_size, c.kv_heads, c.d
-        isa = "vec" if bs % 32 == 0 else "vec16"
+        self.isa = isa = "vec" if bs % 32 == 0 else "vec16"
         cache = torch.zeros(n_blocks, hkv, bs, 2 * d, dtype=dtype)
         vk, vv = cache.view(n_blocks, hkv, 2 * bs, d).chunk(2, dim=2)
         torch.ops._C.cpu_attn_reshape_and_cache(
             self.kc.reshape(-1, hkv, d), self.vc.reshape(-1, hkv, d), vk, vv,
             torch.arange(n_blocks * bs, dtype=torch.int64), isa, 1.0, 1.0, "auto")
+        self.vk, self.vv = vk, vv
+        self.vout = torch.empty_like(self.query)
+        self.vllm_call = self.vllm_caller()
+
+    def vllm_caller(self) -> Callable[[], None]:
+        """vLLM's call; its scheduler metadata is made for the current thread count."""
+        c = self.case
         window = -1 if c.window is None else c.window
         meta = torch.ops._C.get_scheduler_metadata(
-            len(c.lens), c.heads, hkv, d, self.seq_lens, dtype, self.qsl, True, window, isa,
-            True, None, "auto")
-        self.vout = torch.empty_like(self.query)
+            len(c.lens), c.heads, c.kv_heads, c.d, self.seq_lens, self.query.dtype, self.qsl,
+            True, window, self.isa, True, None, "auto")
         cap = 0.0 if c.soft_cap is None else c.soft_cap
 
         def vllm_call() -> None:
             torch.ops._C.cpu_attention_with_kv_cache(
-                self.query, vk, vv, self.vout, self.qsl, self.seq_lens, self.scale, True, None,
-                window, self.bt, cap, meta, None, None, 1.0, 1.0, "auto")
+                self.query, self.vk, self.vv, self.vout, self.qsl, self.seq_lens, self.scale,
+                True, None, window, self.bt, cap, meta, None, None, 1.0, 1.0, "auto")
 
-        self.vllm_call = vllm_call
+        return vllm_call
 
     def einsum_ref(self) -> torch.Tensor:
         """Gather each sequence's cache rows, then masked einsum attention in fp32."""
@@ -332,8 +338,18 @@ def scaling(dtypes: list[str], budget_ms: float, vllm: bool) -> None:
     A single sequence has fewer (sequence, kv head range) items than threads, so the threads
     beyond the first are busy only through split-KV. The four contenders are interleaved.
     """
+    _cpp_ops()
     top = torch.get_num_threads()
-    print(f"\ndecode 1x32768 thread scaling (1 -> {top} threads; speed-up = 1-thread time / "
+    # control: what the extra threads give a compute-bound op on this machine right now
+    a = torch.randn(1024, 1024)
+    mm = interleaved_ms({"1": _threads(1, lambda: torch.mm(a, a, out=a.new_empty(a.shape))),
+                         "top": _threads(top, lambda: torch.mm(a, a, out=a.new_empty(a.shape)))},
+                        20)
+    torch.set_num_threads(top)
+    print(f"\ncontrol: 1024^3 fp32 matmul {mm['1']:.2f} ms at 1 thread, {mm['top']:.2f} ms at "
+          f"{top} (speed-up {mm['1'] / mm['top']:.2f}x; well under {top}x means the machine "
+          f"does not give this process {top} cores now)")
+    print(f"decode 1x32768 thread scaling (1 -> {top} threads; speed-up = 1-thread time / "
           f"{top}-thread time)")
     print(f"{'dtype':8s} {'GQA':>3s} {'cpp 1T ms':>9s} {'cpp ms':>8s} {'speed-up':>8s} "
           f"{'vLLM 1T ms':>10s} {'vLLM ms':>8s} {'speed-up':>8s}")
@@ -343,8 +359,10 @@ def scaling(dtypes: list[str], budget_ms: float, vllm: bool) -> None:
                 st = Setup(Case("decode 1x32768", ((1, 32768),), kv_heads=32 // group,
                                 dtype=dtype), vllm)
                 fast = {"cpp1": _threads(1, st.cpp_call), "cpp": _threads(top, st.cpp_call)}
-                if st.vllm_call is not None:
-                    fast["vllm1"] = _threads(1, st.vllm_call)
+                if st.vllm_call is not None:  # vLLM's metadata is made per thread count
+                    torch.set_num_threads(1)
+                    fast["vllm1"] = _threads(1, st.vllm_caller())
+                    torch.set_num_threads(top)
                     fast["vllm"] = _threads(top, st.vllm_call)
                 t0 = time.perf_counter()
                 fast["cpp1"]()
