@@ -17,8 +17,9 @@
 // head size that is a multiple of the vector width are widened in registers, others go
 // through a zero-padded fp32 copy; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
 // kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h, in
-// sub-tiles of up to 32 rows that share each chunk of keys. bf16 decode with 4 or 8 query heads
-// per kv head puts the group's rows in vector lanes for the scores (qk_group_bf16).
+// sub-tiles of up to 32 rows that share each chunk of keys. Decode with 4 or 8 query heads
+// per kv head (fp32 with a head size that is a multiple of 16, bf16 with pairs) puts the
+// group's rows in vector lanes for the scores (qk_group).
 #include "ops.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
@@ -46,11 +47,11 @@ struct Scratch {
   float* sp[kMaxRows];
   float* ap[kMaxRows];
   const float* pp[kMaxRows];
-  std::vector<uint32_t> qpack;  // bf16 GQA groups with rows in lanes (qk_group_bf16)
+  std::vector<uint32_t> qpack;  // GQA groups with rows in lanes (qk_group)
   explicit Scratch(int64_t padded)
       : q(kMaxRows * padded), acc(kMaxRows * padded), scores(kMaxRows * kTokenChunk),
         m(kMaxRows), l(kMaxRows), kbuf(kTokenChunk * padded), vbuf(kTokenChunk * padded),
-        zero(padded, 0.f), qpack(kMaxRows * padded / 2) {}
+        zero(padded, 0.f), qpack(kMaxRows * padded) {}
 };
 
 template <typename T>
@@ -89,18 +90,35 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     s.l[r] = 0.f;
     std::fill_n(s.acc.data() + r * Dp, Dp, 0.f);
   }
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-  // bf16 pairs with 4 or 8 query heads per kv head: each group's rows go in vector lanes
-  const bool grouped = pairs && (G == 4 || G == 8);
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    for (int64_t r = 0; grouped && r < rows; r += G) {
-      if (G == 8) {
-        pack_group_bf16<2>(q_raw + r, s.qpack.data() + r * D / 2, D);
-      } else {
-        pack_group_bf16<4>(q_raw + r, s.qpack.data() + r * D / 2, D);
-      }
+#if defined(CPU_CAPABILITY_AVX512)
+  // 4 or 8 query heads per kv head (fp32, or bf16 pairs): each group's rows go in vector
+  // lanes for the scores (qk_group), packed here from the scaled fp32 rows or the raw bf16
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  const bool grouped = (G == 4 || G == 8) && (kF32 ? D == Dp : pairs);
+  const int64_t words = kF32 ? D : D / 2;  // 32-bit lanes per row
+  for (int64_t r = 0; grouped && r < rows; r += G) {
+    const uint32_t* wr[8];
+    for (int64_t g = 0; g < G; ++g) {
+      wr[g] = kF32 ? reinterpret_cast<const uint32_t*>(s.q.data() + (r + g) * Dp)
+                   : reinterpret_cast<const uint32_t*>(q_raw[r + g]);
+    }
+    if (G == 8) {
+      pack_group<2>(wr, s.qpack.data() + r * words, words);
+    } else {
+      pack_group<4>(wr, s.qpack.data() + r * words, words);
     }
   }
+  // the scores of one group's rows against 16 keys
+  auto group_scores = [&](int64_t r, int64_t tg, const auto* const* kr, int64_t m,
+                          float scale) {
+    for (int64_t g = 0; g < G; ++g) s.sp[g] = s.scores.data() + (r + g) * kTokenChunk + tg;
+    const __m512 sc16 = _mm512_set1_ps(scale);
+    if (G == 8) {
+      qk_group<2>(s.qpack.data() + r * words, s.sp, kr, m, D, sc16);
+    } else {
+      qk_group<4>(s.qpack.data() + r * words, s.sp, kr, m, D, sc16);
+    }
+  };
 #endif
   int64_t lo = row_lo[0];
   int64_t hi = row_pos[rows - 1];
@@ -140,17 +158,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
                             : reinterpret_cast<const at::BFloat16*>(s.zero.data());
             }
             if (grouped) {
-              const __m512 sc16 = _mm512_set1_ps(p.scale);
-              for (int64_t r = kh * G; r < rows; r += per_pos) {
-                for (int64_t g = 0; g < G; ++g) {
-                  s.sp[g] = s.scores.data() + (r + g) * kTokenChunk + tg;
-                }
-                if (G == 8) {
-                  qk_group_bf16<2>(s.qpack.data() + r * D / 2, s.sp, kr, m, D, sc16);
-                } else {
-                  qk_group_bf16<4>(s.qpack.data() + r * D / 2, s.sp, kr, m, D, sc16);
-                }
-              }
+              for (int64_t r = kh * G; r < rows; r += per_pos) group_scores(r, tg, kr, m, p.scale);
               continue;
             }
             const at::BFloat16* qr[kMaxRows];
@@ -171,6 +179,12 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
                                    s.kbuf.data() + (tg + i) * Dp, D, Dp);
         }
         for (int64_t i = m; i < 16; ++i) s.krow[i] = s.zero.data();
+#if defined(CPU_CAPABILITY_AVX512)
+        if (grouped) {  // fp32: the packed rows are already scaled
+          for (int64_t r = kh * G; r < rows; r += per_pos) group_scores(r, tg, s.krow, m, 1.f);
+          continue;
+        }
+#endif
         int64_t nr = 0;
         for (int64_t r = kh * G; r < rows; r += per_pos) {
           for (int64_t g = 0; g < G; ++g, ++nr) {

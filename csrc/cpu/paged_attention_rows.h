@@ -176,69 +176,51 @@ inline void qk_tile4(const float* const* q, float* const* out, const float* cons
 }
 #endif
 
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-// bf16 scores straight from the bf16 query and cache rows with AVX512-BF16 pair dot products
-// (exact bf16 products, fp32 sums): no fp32 copy of the keys and half the FMAs. The head size
-// must be a multiple of 32; `scale` is applied to the sums.
-// Like qk_tile4 on bf16 rows of d elements.
-inline void qk_tile4_bf16(const at::BFloat16* const* q, float* const* out,
-                          const at::BFloat16* const* k, int64_t d, __m512 scale) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d; c += 32) {
-    const __m512i qv[4] = {_mm512_loadu_si512(q[0] + c), _mm512_loadu_si512(q[1] + c),
-                           _mm512_loadu_si512(q[2] + c), _mm512_loadu_si512(q[3] + c)};
-    const __m512i kv[4] = {_mm512_loadu_si512(k[0] + c), _mm512_loadu_si512(k[1] + c),
-                           _mm512_loadu_si512(k[2] + c), _mm512_loadu_si512(k[3] + c)};
-    for (int i = 0; i < 4; ++i) {
-      for (int j = 0; j < 4; ++j) {
-        acc[4 * i + j] = _mm512_dpbf16_ps(acc[4 * i + j], (__m512bh)qv[i], (__m512bh)kv[j]);
-      }
-    }
-  }
-  const __m512 sums = _mm512_mul_ps(reduce16(acc), scale);
-  _mm_storeu_ps(out[0], _mm512_extractf32x4_ps(sums, 0));
-  _mm_storeu_ps(out[1], _mm512_extractf32x4_ps(sums, 1));
-  _mm_storeu_ps(out[2], _mm512_extractf32x4_ps(sums, 2));
-  _mm_storeu_ps(out[3], _mm512_extractf32x4_ps(sums, 3));
-}
-
-// GQA-group scores with the rows in vector lanes (bf16, decode with 4 or 8 query heads per kv
-// head). R = 16 / P rows of one kv head share each key: lane P * r + j of qpack[c] holds bf16
-// pair P * c + j of row r (pack_group_bf16, once per item), the key's pairs [P * c, P * c + P)
-// are broadcast to every row, so one pair dot product advances all R rows by P pairs and a
-// key is loaded once for the whole group instead of once per four rows. Only the P partial
-// sums of each (row, key) are left to add (one or two shuffle levels), then a transpose puts
-// row r's 16 scores contiguously in out[r][0, n). k has 16 valid row pointers.
+#if defined(CPU_CAPABILITY_AVX512)
+// GQA-group scores with the rows in vector lanes (decode with 4 or 8 query heads per kv head).
+// R = 16 / P rows of one kv head share each key: a 32-bit lane holds one fp32 element or one
+// bf16 pair, and lane P * r + j of qpack[c] holds lane-word P * c + j of row r (pack_group,
+// once per item); the key's words [P * c, P * c + P) are broadcast to every row, so one FMA
+// (fp32) or pair dot product (bf16) advances all R rows and a key is loaded once for the whole
+// group instead of once per four rows. Only the P partial sums of each (row, key) are left to
+// add (one or two shuffle levels), then a transpose puts row r's 16 scores contiguously in
+// out[r][0, n), times `scale`. k has 16 valid row pointers; d counts elements of T.
 template <int P>
-inline void pack_group_bf16(const at::BFloat16* const* q, uint32_t* qpack, int64_t d) {
+inline void pack_group(const uint32_t* const* rows, uint32_t* qpack, int64_t words) {
   constexpr int R = 16 / P;
   for (int r = 0; r < R; ++r) {
-    const auto* row = reinterpret_cast<const uint32_t*>(q[r]);  // bf16 pairs
-    for (int64_t c = 0; c < d / (2 * P); ++c) {
-      for (int j = 0; j < P; ++j) qpack[c * 16 + P * r + j] = row[P * c + j];
+    for (int64_t c = 0; c < words / P; ++c) {
+      for (int j = 0; j < P; ++j) qpack[c * 16 + P * r + j] = rows[r][P * c + j];
     }
   }
 }
 
-template <int P>
-inline void qk_group_bf16(const uint32_t* qpack, float* const* out, const at::BFloat16* const* k,
-                          int64_t n, int64_t d, __m512 scale) {
+template <int P, typename T>
+inline void qk_group(const uint32_t* qpack, float* const* out, const T* const* k, int64_t n,
+                     int64_t d, __m512 scale) {
   static_assert(P == 2 || P == 4, "4 or 8 rows per group");
+  constexpr int64_t E = std::is_same_v<T, float> ? 1 : 2;  // elements per 32-bit lane
   __m512 acc[16];
   for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d / (2 * P); ++c) {
-    const __m512bh qv = (__m512bh)_mm512_loadu_si512(qpack + c * 16);
+  for (int64_t c = 0; c < d / (E * P); ++c) {
+    const __m512i qv = _mm512_loadu_si512(qpack + c * 16);
     for (int t = 0; t < 16; ++t) {
       __m512i kb;
       if constexpr (P == 2) {
-        int64_t pairs2;
-        std::memcpy(&pairs2, k[t] + 4 * c, sizeof(pairs2));
-        kb = _mm512_set1_epi64(pairs2);
+        int64_t words2;
+        std::memcpy(&words2, k[t] + E * P * c, sizeof(words2));
+        kb = _mm512_set1_epi64(words2);
       } else {
-        kb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k[t] + 8 * c)));
+        kb = _mm512_broadcast_i32x4(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(k[t] + E * P * c)));
       }
-      acc[t] = _mm512_dpbf16_ps(acc[t], qv, (__m512bh)kb);
+      if constexpr (std::is_same_v<T, float>) {
+        acc[t] = _mm512_fmadd_ps(_mm512_castsi512_ps(qv), _mm512_castsi512_ps(kb), acc[t]);
+      } else {
+#if defined(__AVX512BF16__)
+        acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)qv, (__m512bh)kb);
+#endif
+      }
     }
   }
   const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
@@ -300,6 +282,35 @@ inline void qk_group_bf16(const uint32_t* qpack, float* const* out, const at::BF
                              _mm512_shuffle_f32x4(y1, y3, _MM_SHUFFLE(3, 1, 3, 1))};
     for (int r = 0; r < 4; ++r) _mm512_mask_storeu_ps(out[r], keep, _mm512_mul_ps(rows4[r], scale));
   }
+}
+
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// bf16 scores straight from the bf16 query and cache rows with AVX512-BF16 pair dot products
+// (exact bf16 products, fp32 sums): no fp32 copy of the keys and half the FMAs. The head size
+// must be a multiple of 32; `scale` is applied to the sums.
+// Like qk_tile4 on bf16 rows of d elements.
+inline void qk_tile4_bf16(const at::BFloat16* const* q, float* const* out,
+                          const at::BFloat16* const* k, int64_t d, __m512 scale) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d; c += 32) {
+    const __m512i qv[4] = {_mm512_loadu_si512(q[0] + c), _mm512_loadu_si512(q[1] + c),
+                           _mm512_loadu_si512(q[2] + c), _mm512_loadu_si512(q[3] + c)};
+    const __m512i kv[4] = {_mm512_loadu_si512(k[0] + c), _mm512_loadu_si512(k[1] + c),
+                           _mm512_loadu_si512(k[2] + c), _mm512_loadu_si512(k[3] + c)};
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 4; ++j) {
+        acc[4 * i + j] = _mm512_dpbf16_ps(acc[4 * i + j], (__m512bh)qv[i], (__m512bh)kv[j]);
+      }
+    }
+  }
+  const __m512 sums = _mm512_mul_ps(reduce16(acc), scale);
+  _mm_storeu_ps(out[0], _mm512_extractf32x4_ps(sums, 0));
+  _mm_storeu_ps(out[1], _mm512_extractf32x4_ps(sums, 1));
+  _mm_storeu_ps(out[2], _mm512_extractf32x4_ps(sums, 2));
+  _mm_storeu_ps(out[3], _mm512_extractf32x4_ps(sums, 3));
 }
 
 // Like qk_rows on bf16 rows: k has 16 valid row pointers (n <= 16 of them real keys).
