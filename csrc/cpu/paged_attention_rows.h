@@ -18,7 +18,8 @@ namespace opmux_cpu {
 namespace {
 
 
-constexpr int64_t kTokenChunk = 64;  // keys scored per step
+constexpr int64_t kTokenChunk = 128;  // keys scored per step (a 64-key chunk measured 8% slower
+                                      // on bf16 GQA 8 decode: per-chunk softmax work)
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
 constexpr bool kHasBf16Pairs = true;
 #else
