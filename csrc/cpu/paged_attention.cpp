@@ -11,12 +11,15 @@
 // chunk, tokens go in groups of 16 with the item's kv heads inner, so the cache is read in
 // address order. Scores use a 16-token transpose-reduce (AVX-512); the query rows that share a
 // kv head (GQA group, prefill positions) go four at a time against four keys, so each key
-// vector load feeds four rows, and the value accumulation takes three rows per value load
-// with up to 24 accumulators in registers. (Software prefetch of the next chunk or of the next
-// 16-token group measured no faster here than the hardware prefetcher.) Value rows with a
-// head size that is a multiple of the vector width are widened in registers, eight rows per
-// load; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
-// kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h.
+// vector load feeds four rows, and the value accumulation takes up to eight rows per value
+// load. (Software prefetch of the next chunk or of the next 16-token group measured no faster
+// on this path than the hardware prefetcher: its token rows are contiguous.) Value rows with a
+// head size that is a multiple of the vector width are widened in registers, others go
+// through a zero-padded fp32 copy; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
+// kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h, in
+// sub-tiles of up to 32 rows that share each chunk of keys. Decode with 4 or 8 query heads
+// per kv head (fp32 with a head size that is a multiple of 16, bf16 with pairs) puts the
+// group's rows in vector lanes for the scores (qk_group).
 #include "ops.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
@@ -44,26 +47,21 @@ struct Scratch {
   float* sp[kMaxRows];
   float* ap[kMaxRows];
   const float* pp[kMaxRows];
+  std::vector<uint32_t> qpack;  // GQA groups with rows in lanes (qk_group)
   explicit Scratch(int64_t padded)
       : q(kMaxRows * padded), acc(kMaxRows * padded), scores(kMaxRows * kTokenChunk),
         m(kMaxRows), l(kMaxRows), kbuf(kTokenChunk * padded), vbuf(kTokenChunk * padded),
-        zero(padded, 0.f) {}
+        zero(padded, 0.f), qpack(kMaxRows * padded) {}
 };
 
 template <typename T>
 void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, const T* vc,
               T* out, Scratch& s) {
-  const int64_t G = p.num_heads / p.num_kv_heads;
-  const int64_t D = p.head_size;
-  const int64_t Dp = p.padded;
-  const int64_t q0 = p.query_start_loc[w.seq];
-  const int64_t q_len = p.query_start_loc[w.seq + 1] - q0;
-  const int64_t kv_len = p.seq_lens[w.seq];
+  const ItemGeom ig(w, p);
+  const int64_t G = ig.G, D = ig.D, Dp = ig.Dp;
   const int64_t nkh = w.kv_end - w.kv_begin;
   const int64_t per_pos = nkh * G;  // rows per query position
   const int64_t rows = (w.q_end - w.q_begin) * per_pos;
-  const int32_t* bt = p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks;
-  const int64_t tok_stride = p.num_kv_heads * D;
 
   // row r <-> (query position j, kv head kh, group member g):
   //   r = (j - q_begin) * per_pos + (kh - kv_begin) * G + g,  query head = kh * G + g
@@ -79,19 +77,49 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t j = w.q_begin + r / per_pos;
     const int64_t h = w.kv_begin * G + r % per_pos;
-    const T* qrow = query + (q0 + j) * p.q_stride0 + h * p.q_stride1;
+    const T* qrow = query + (ig.q0 + j) * p.q_stride0 + h * p.q_stride1;
     q_raw[r] = qrow;
     float* qf = s.q.data() + r * Dp;
     for_each_vec(Dp, [&](int64_t c, int64_t) {
       const int64_t valid = std::max<int64_t>(0, std::min(kF, D - c));
       ((valid == kF ? load_f(qrow + c) : load_f(qrow + c, valid)) * sc).store(qf + c);
     });
-    row_pos[r] = kv_len - q_len + j;
+    row_pos[r] = ig.kv_len - ig.q_len + j;
     row_lo[r] = p.window > 0 ? std::max<int64_t>(0, row_pos[r] - p.window + 1) : 0;
     s.m[r] = -std::numeric_limits<float>::infinity();
     s.l[r] = 0.f;
     std::fill_n(s.acc.data() + r * Dp, Dp, 0.f);
   }
+#if defined(CPU_CAPABILITY_AVX512)
+  // 4 or 8 query heads per kv head (fp32, or bf16 pairs): each group's rows go in vector
+  // lanes for the scores (qk_group), packed here from the scaled fp32 rows or the raw bf16
+  constexpr bool kF32 = std::is_same_v<T, float>;
+  const bool grouped = (G == 4 || G == 8) && (kF32 ? D == Dp : pairs);
+  const int64_t words = kF32 ? D : D / 2;  // 32-bit lanes per row
+  for (int64_t r = 0; grouped && r < rows; r += G) {
+    const uint32_t* wr[8];
+    for (int64_t g = 0; g < G; ++g) {
+      wr[g] = kF32 ? reinterpret_cast<const uint32_t*>(s.q.data() + (r + g) * Dp)
+                   : reinterpret_cast<const uint32_t*>(q_raw[r + g]);
+    }
+    if (G == 8) {
+      pack_group<2>(wr, s.qpack.data() + r * words, words);
+    } else {
+      pack_group<4>(wr, s.qpack.data() + r * words, words);
+    }
+  }
+  // the scores of one group's rows against 16 keys
+  auto group_scores = [&](int64_t r, int64_t tg, const auto* const* kr, int64_t m,
+                          float scale) {
+    for (int64_t g = 0; g < G; ++g) s.sp[g] = s.scores.data() + (r + g) * kTokenChunk + tg;
+    const __m512 sc16 = _mm512_set1_ps(scale);
+    if (G == 8) {
+      qk_group<2>(s.qpack.data() + r * words, s.sp, kr, m, D, sc16);
+    } else {
+      qk_group<4>(s.qpack.data() + r * words, s.sp, kr, m, D, sc16);
+    }
+  };
+#endif
   int64_t lo = row_lo[0];
   int64_t hi = row_pos[rows - 1];
   if (w.part >= 0) {  // split-KV: this item's share of the keys
@@ -107,8 +135,8 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   };
   auto chunk_ptr = [&](const T* cache, int64_t t0) {
     const int64_t blk = t0 / p.block_size;
-    const int64_t slot = static_cast<int64_t>(bt[blk]) * p.block_size + t0 % p.block_size;
-    return cache + slot * tok_stride + static_cast<int64_t>(w.kv_begin) * D;
+    const int64_t slot = static_cast<int64_t>(ig.bt[blk]) * p.block_size + t0 % p.block_size;
+    return cache + slot * ig.tok_stride + static_cast<int64_t>(w.kv_begin) * D;
   };
 
   for (int64_t t0 = lo; t0 <= hi;) {
@@ -126,8 +154,12 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
           if (pairs) {
             const at::BFloat16* kr[16];
             for (int64_t i = 0; i < 16; ++i) {
-              kr[i] = i < m ? kbase + (tg + i) * tok_stride + kh * D
+              kr[i] = i < m ? kbase + (tg + i) * ig.tok_stride + kh * D
                             : reinterpret_cast<const at::BFloat16*>(s.zero.data());
+            }
+            if (grouped) {
+              for (int64_t r = kh * G; r < rows; r += per_pos) group_scores(r, tg, kr, m, p.scale);
+              continue;
             }
             const at::BFloat16* qr[kMaxRows];
             int64_t nr = 0;
@@ -143,10 +175,16 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
         }
 #endif
         for (int64_t i = 0; i < m; ++i) {
-          s.krow[i] = as_float_row(kbase + (tg + i) * tok_stride + kh * D,
+          s.krow[i] = as_float_row(kbase + (tg + i) * ig.tok_stride + kh * D,
                                    s.kbuf.data() + (tg + i) * Dp, D, Dp);
         }
         for (int64_t i = m; i < 16; ++i) s.krow[i] = s.zero.data();
+#if defined(CPU_CAPABILITY_AVX512)
+        if (grouped) {  // fp32: the packed rows are already scaled
+          for (int64_t r = kh * G; r < rows; r += per_pos) group_scores(r, tg, s.krow, m, 1.f);
+          continue;
+        }
+#endif
         int64_t nr = 0;
         for (int64_t r = kh * G; r < rows; r += per_pos) {
           for (int64_t g = 0; g < G; ++g, ++nr) {
@@ -209,25 +247,6 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
       for (int64_t tg = 0; tg < n; tg += 16) {
         const int64_t m = std::min<int64_t>(16, n - tg);
         for (int64_t kh = 0; kh < nkh; ++kh) {
-          if (D == Dp) {
-            const T* vr[16];
-            for (int64_t i = 0; i < m; ++i) vr[i] = vbase + (tg + i) * tok_stride + kh * D;
-            int64_t nr = 0;
-            for (int64_t r = kh * G; r < rows; r += per_pos) {
-              for (int64_t g = 0; g < G; ++g) {
-                if (s.visible[r + g]) {
-                  s.ap[nr] = s.acc.data() + (r + g) * Dp;
-                  s.pp[nr++] = s.scores.data() + (r + g) * kTokenChunk + tg;
-                }
-              }
-            }
-            pv_rows_t(s.ap, s.pp, nr, vr, m, D);
-            continue;
-          }
-          for (int64_t i = 0; i < m; ++i) {
-            s.vrow[i] = as_float_row(vbase + (tg + i) * tok_stride + kh * D,
-                                     s.vbuf.data() + (tg + i) * Dp, D, Dp);
-          }
           int64_t nr = 0;
           for (int64_t r = kh * G; r < rows; r += per_pos) {
             for (int64_t g = 0; g < G; ++g) {
@@ -237,7 +256,17 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
               }
             }
           }
-          pv_rows(s.ap, s.pp, nr, s.vrow, m, Dp);
+          if (D == Dp) {  // value rows widened in registers
+            const T* vr[16];
+            for (int64_t i = 0; i < m; ++i) vr[i] = vbase + (tg + i) * ig.tok_stride + kh * D;
+            pv_rows_t(s.ap, s.pp, nr, vr, m, D);
+          } else {  // through a zero-padded fp32 copy
+            for (int64_t i = 0; i < m; ++i) {
+              s.vrow[i] = as_float_row(vbase + (tg + i) * ig.tok_stride + kh * D,
+                                       s.vbuf.data() + (tg + i) * Dp, D, Dp);
+            }
+            pv_rows_t(s.ap, s.pp, nr, s.vrow, m, Dp);
+          }
         }
       }
     }
@@ -256,7 +285,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t j = w.q_begin + r / per_pos;
     const int64_t h = w.kv_begin * G + r % per_pos;
-    T* orow = out + ((q0 + j) * p.num_heads + h) * D;
+    T* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
     const fVec inv(1.f / s.l[r]);
     const float* ar = s.acc.data() + r * Dp;
     for_each_vec(D, [&](int64_t c, int64_t cnt) {
@@ -389,7 +418,25 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   while (decode_heads > 1 && decode_units * ((Hkv + decode_heads - 1) / decode_heads) < want_items) {
     decode_heads = (decode_heads + 1) / 2;
   }
-  const int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
+  int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
+#if defined(CPU_CAPABILITY_AVX512)
+  // Prefill items of more than 8 rows take the row-tile path, which runs up to kMaxSub
+  // sub-tiles of kMaxRows rows over each chunk of keys (one read of the chunk for all of
+  // them): as many positions per item as leave want_items items in all.
+  const int64_t other_items = decode_units * ((Hkv + decode_heads - 1) / decode_heads);
+  for (int64_t sub = pa_tile::kMaxSub; sub > 1; sub /= 2) {
+    const int64_t qc = std::max<int64_t>(1, sub * kMaxRows / G);
+    int64_t n = other_items;
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t q_len = qsl[i + 1] - qsl[i];
+      if (q_len > 1) n += Hkv * ((q_len + qc - 1) / qc);
+    }
+    if (n >= want_items) {
+      q_chunk = qc;
+      break;
+    }
+  }
+#endif
   std::vector<WorkItem> items;
   std::vector<SplitGroup> groups;
   int64_t n_parts = 0;
@@ -476,9 +523,11 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
         for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
           const WorkItem& w = items[it];
 #if defined(CPU_CAPABILITY_AVX512)
-          // one kv head and more than 8 rows: rows in vector lanes (paged_attention_tile.h)
+          // one kv head and more than 8 rows: rows in vector lanes (paged_attention_tile.h);
+          // split-KV items (a GQA group over 8 decode rows) stay on run_item, which writes
+          // the partials the merge reads
           const int64_t rows = static_cast<int64_t>(w.q_end - w.q_begin) * G;
-          if (w.kv_end - w.kv_begin == 1 && rows > 8) {
+          if (w.kv_end - w.kv_begin == 1 && rows > 8 && w.part < 0) {
             if (rows > 16) {
               pa_tile::run_tile_item<2>(w, params, q, kc, vc, o, *tile_cached);
             } else {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -17,7 +18,8 @@ namespace opmux_cpu {
 namespace {
 
 
-constexpr int64_t kTokenChunk = 64;  // keys scored per step
+constexpr int64_t kTokenChunk = 128;  // keys scored per step (a 64-key chunk measured 8% slower
+                                      // on bf16 GQA 8 decode: per-chunk softmax work)
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
 constexpr bool kHasBf16Pairs = true;
 #else
@@ -67,6 +69,20 @@ struct Params {
   const int32_t* seq_lens;
   const int32_t* query_start_loc;
   Partials partials;
+};
+
+// Per-item constants of the work item's sequence, shared by both item paths.
+struct ItemGeom {
+  int64_t G, D, Dp;     // query heads per kv head, head size, head size padded to kF
+  int64_t q0, q_len;    // first query row of the sequence and its query rows
+  int64_t kv_len;       // keys of the sequence
+  int64_t tok_stride;   // cache elements per token (all kv heads)
+  const int32_t* bt;    // the sequence's block table row
+  ItemGeom(const WorkItem& w, const Params& p)
+      : G(p.num_heads / p.num_kv_heads), D(p.head_size), Dp(p.padded),
+        q0(p.query_start_loc[w.seq]), q_len(p.query_start_loc[w.seq + 1] - q0),
+        kv_len(p.seq_lens[w.seq]), tok_stride(p.num_kv_heads * D),
+        bt(p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks) {}
 };
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -128,37 +144,6 @@ inline void qk_row(const float* q, const float* const* k, int64_t n, int64_t pad
 #endif
 }
 
-// acc[0, U*kF) += sum_t p[t] * v[t][0, U*kF): U independent accumulators in registers, so
-// the FMAs over t do not wait on each other.
-template <int U>
-inline void pv_block(float* acc, const float* p, const float* const* v, int64_t n,
-                     int64_t off) {
-  fVec a[U];
-  for (int u = 0; u < U; ++u) a[u] = fVec::loadu(acc + off + u * kF);
-  for (int64_t t = 0; t < n; ++t) {
-    const fVec pt(p[t]);
-    const float* vt = v[t] + off;
-    for (int u = 0; u < U; ++u) a[u] = at::vec::fmadd(pt, fVec::loadu(vt + u * kF), a[u]);
-  }
-  for (int u = 0; u < U; ++u) a[u].store(acc + off + u * kF);
-}
-
-// acc += sum_t p[t] * v[t] over n rows of `padded` elements.
-inline void pv_row(float* acc, const float* p, const float* const* v, int64_t n,
-                   int64_t padded) {
-  int64_t off = 0;
-  for (; off + 8 * kF <= padded; off += 8 * kF) pv_block<8>(acc, p, v, n, off);
-  if (off + 4 * kF <= padded) {
-    pv_block<4>(acc, p, v, n, off);
-    off += 4 * kF;
-  }
-  if (off + 2 * kF <= padded) {
-    pv_block<2>(acc, p, v, n, off);
-    off += 2 * kF;
-  }
-  if (off < padded) pv_block<1>(acc, p, v, n, off);
-}
-
 #if defined(CPU_CAPABILITY_AVX512)
 // Scores of 4 query rows against 4 keys: 16 accumulators from 8 loads per 16 FMAs (one key
 // load serves four rows), reduced with one reduce16. Lane 4 * i + j is q[i] . k[j]; row i's
@@ -190,6 +175,116 @@ inline void qk_tile4(const float* const* q, float* const* out, const float* cons
   _mm_storeu_ps(out[2], _mm512_extractf32x4_ps(sums, 2));
   _mm_storeu_ps(out[3], _mm512_extractf32x4_ps(sums, 3));
 }
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+// GQA-group scores with the rows in vector lanes (decode with 4 or 8 query heads per kv head).
+// R = 16 / P rows of one kv head share each key: a 32-bit lane holds one fp32 element or one
+// bf16 pair, and lane P * r + j of qpack[c] holds lane-word P * c + j of row r (pack_group,
+// once per item); the key's words [P * c, P * c + P) are broadcast to every row, so one FMA
+// (fp32) or pair dot product (bf16) advances all R rows and a key is loaded once for the whole
+// group instead of once per four rows. Only the P partial sums of each (row, key) are left to
+// add (one or two shuffle levels), then a transpose puts row r's 16 scores contiguously in
+// out[r][0, n), times `scale`. k has 16 valid row pointers; d counts elements of T.
+template <int P>
+inline void pack_group(const uint32_t* const* rows, uint32_t* qpack, int64_t words) {
+  constexpr int R = 16 / P;
+  for (int r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < words / P; ++c) {
+      for (int j = 0; j < P; ++j) qpack[c * 16 + P * r + j] = rows[r][P * c + j];
+    }
+  }
+}
+
+template <int P, typename T>
+inline void qk_group(const uint32_t* qpack, float* const* out, const T* const* k, int64_t n,
+                     int64_t d, __m512 scale) {
+  static_assert(P == 2 || P == 4, "4 or 8 rows per group");
+  constexpr int64_t E = std::is_same_v<T, float> ? 1 : 2;  // elements per 32-bit lane
+  __m512 acc[16];
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d / (E * P); ++c) {
+    const __m512i qv = _mm512_loadu_si512(qpack + c * 16);
+    for (int t = 0; t < 16; ++t) {
+      __m512i kb;
+      if constexpr (P == 2) {
+        int64_t words2;
+        std::memcpy(&words2, k[t] + E * P * c, sizeof(words2));
+        kb = _mm512_set1_epi64(words2);
+      } else {
+        kb = _mm512_broadcast_i32x4(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(k[t] + E * P * c)));
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        acc[t] = _mm512_fmadd_ps(_mm512_castsi512_ps(qv), _mm512_castsi512_ps(kb), acc[t]);
+      } else {
+#if defined(__AVX512BF16__)
+        acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)qv, (__m512bh)kb);
+#endif
+      }
+    }
+  }
+  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
+  if constexpr (P == 2) {
+    // lanes 4i..4i+3 of acc[t]: (row 2i, j 0), (2i, 1), (2i + 1, 0), (2i + 1, 1). Per key pair
+    // (a, b): add the j halves and order the lanes as 64-bit cells (row m, keys a and b) ...
+    __m512d w[8];
+    for (int p = 0; p < 8; ++p) {
+      const __m512 a = acc[2 * p];
+      const __m512 b = acc[2 * p + 1];
+      const __m512 sum = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+      w[p] = _mm512_castps_pd(_mm512_permute_ps(sum, _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+    // ... then an 8 x 8 transpose of the cells: row m gets cells (m, 0..7) = keys 0..15
+    __m512d u[8], v[8];
+    for (int p = 0; p < 4; ++p) {
+      u[2 * p] = _mm512_unpacklo_pd(w[2 * p], w[2 * p + 1]);
+      u[2 * p + 1] = _mm512_unpackhi_pd(w[2 * p], w[2 * p + 1]);
+    }
+    for (int h = 0; h < 2; ++h) {  // u[4h..4h+3]: key pairs 4h..4h+3
+      v[4 * h + 0] = _mm512_shuffle_f64x2(u[4 * h], u[4 * h + 2], _MM_SHUFFLE(2, 0, 2, 0));
+      v[4 * h + 1] = _mm512_shuffle_f64x2(u[4 * h], u[4 * h + 2], _MM_SHUFFLE(3, 1, 3, 1));
+      v[4 * h + 2] = _mm512_shuffle_f64x2(u[4 * h + 1], u[4 * h + 3], _MM_SHUFFLE(2, 0, 2, 0));
+      v[4 * h + 3] = _mm512_shuffle_f64x2(u[4 * h + 1], u[4 * h + 3], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    // v[0]: rows 0, 4 (lo), v[1]: rows 2, 6, v[2]: rows 1, 5, v[3]: rows 3, 7 (keys 0-7);
+    // v[4..7] the same rows for keys 8-15
+    constexpr int kRow[4][2] = {{0, 4}, {2, 6}, {1, 5}, {3, 7}};
+    for (int i = 0; i < 4; ++i) {
+      const __m512d lo = _mm512_shuffle_f64x2(v[i], v[4 + i], _MM_SHUFFLE(2, 0, 2, 0));
+      const __m512d hi = _mm512_shuffle_f64x2(v[i], v[4 + i], _MM_SHUFFLE(3, 1, 3, 1));
+      _mm512_mask_storeu_ps(out[kRow[i][0]], keep, _mm512_mul_ps(_mm512_castpd_ps(lo), scale));
+      _mm512_mask_storeu_ps(out[kRow[i][1]], keep, _mm512_mul_ps(_mm512_castpd_ps(hi), scale));
+    }
+  } else {
+    // 128-bit lane r of acc[t]: the four partial sums of (row r, key t); reduce16's first two
+    // levels give x[j] with lane r = row r's keys 4j..4j+3, then a 4 x 4 transpose of lanes
+    __m512 x[4];
+    for (int j = 0; j < 4; ++j) {
+      __m512 w2[2];
+      for (int i = 0; i < 2; ++i) {
+        const __m512 a = acc[4 * j + 2 * i];
+        const __m512 b = acc[4 * j + 2 * i + 1];
+        w2[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+      }
+      const __m512d a = _mm512_castps_pd(w2[0]);
+      const __m512d b = _mm512_castps_pd(w2[1]);
+      x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 y0 = _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y1 = _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 y2 = _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 y3 = _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 rows4[4] = {_mm512_shuffle_f32x4(y0, y2, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(y0, y2, _MM_SHUFFLE(3, 1, 3, 1)),
+                             _mm512_shuffle_f32x4(y1, y3, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(y1, y3, _MM_SHUFFLE(3, 1, 3, 1))};
+    for (int r = 0; r < 4; ++r) _mm512_mask_storeu_ps(out[r], keep, _mm512_mul_ps(rows4[r], scale));
+  }
+}
+
 #endif
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
@@ -262,57 +357,6 @@ inline void qk_rows(const float* const* q, float* const* out, int64_t nr, const 
   for (; r < nr; ++r) qk_row(q[r], k, n, padded, out[r]);
 }
 
-// acc[r][off, off + U*kF) += sum_t p[r][t] * v[t][...] for R rows: each value vector is loaded
-// once and used by all R rows (R*U accumulators stay in registers).
-template <int R, int U>
-inline void pv_tile(float* const* acc, const float* const* p, const float* const* v, int64_t n,
-                    int64_t off) {
-  fVec a[R][U];
-  for (int r = 0; r < R; ++r) {
-    for (int u = 0; u < U; ++u) a[r][u] = fVec::loadu(acc[r] + off + u * kF);
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    fVec pt[R];
-    for (int r = 0; r < R; ++r) pt[r] = fVec(p[r][t]);
-    const float* vt = v[t] + off;
-    for (int u = 0; u < U; ++u) {
-      const fVec x = fVec::loadu(vt + u * kF);
-      for (int r = 0; r < R; ++r) a[r][u] = at::vec::fmadd(pt[r], x, a[r][u]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int u = 0; u < U; ++u) a[r][u].store(acc[r] + off + u * kF);
-  }
-}
-
-template <int R>
-inline void pv_tile_row(float* const* acc, const float* const* p, const float* const* v,
-                        int64_t n, int64_t padded) {
-  int64_t off = 0;
-  for (; off + 8 * kF <= padded; off += 8 * kF) pv_tile<R, 8>(acc, p, v, n, off);
-  if (off + 4 * kF <= padded) {
-    pv_tile<R, 4>(acc, p, v, n, off);
-    off += 4 * kF;
-  }
-  if (off + 2 * kF <= padded) {
-    pv_tile<R, 2>(acc, p, v, n, off);
-    off += 2 * kF;
-  }
-  if (off < padded) pv_tile<R, 1>(acc, p, v, n, off);
-}
-
-// acc[i] += sum_t p[i][t] * v[t] for nr rows sharing one kv head, three rows at a time.
-inline void pv_rows(float* const* acc, const float* const* p, int64_t nr,
-                    const float* const* v, int64_t n, int64_t padded) {
-  int64_t r = 0;
-  for (; r + 3 <= nr; r += 3) pv_tile_row<3>(acc + r, p + r, v, n, padded);
-  if (r + 2 <= nr) {
-    pv_tile_row<2>(acc + r, p + r, v, n, padded);
-    r += 2;
-  }
-  if (r < nr) pv_row(acc[r], p[r], v, n, padded);
-}
-
 // acc[r][off, off + U*kF) += sum_t p[r][t] * v[t][...] for R rows, the value rows read in
 // their cache dtype and widened in registers (no fp32 copy of the chunk's values).
 template <int R, int U, typename T>
@@ -364,18 +408,24 @@ inline void pv_rows_t(float* const* acc, const float* const* p, int64_t nr, cons
   for (; r < nr; ++r) pv_tile_t_row<1, 8>(acc + r, p + r, v, n, d);
 }
 
-// Returns an fp32 view of a cache row of `d` elements, converting into `buf` (padded with
-// zeros up to `padded`) unless the row can be read in place.
+// Copies a cache row of `d` elements into `buf` as fp32, zero-padded up to `padded`.
 template <typename T>
-inline const float* as_float_row(const T* src, float* buf, int64_t d, int64_t padded) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (d == padded) return src;
-  }
+inline const float* widen_row(const T* src, float* buf, int64_t d, int64_t padded) {
   for_each_vec(padded, [&](int64_t j, int64_t n) {
     const int64_t valid = std::max<int64_t>(0, std::min(n, d - j));
     (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(buf + j);
   });
   return buf;
+}
+
+// Returns an fp32 view of a cache row of `d` elements, converting into `buf` (see widen_row)
+// unless the row can be read in place.
+template <typename T>
+inline const float* as_float_row(const T* src, float* buf, int64_t d, int64_t padded) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d == padded) return src;
+  }
+  return widen_row(src, buf, d, padded);
 }
 
 }  // namespace

@@ -198,11 +198,16 @@ def test_paged_attention_ragged(cpp: Any, dtype: torch.dtype, heads: int, kv_hea
     close(got, native("paged_attention")(*case.values(), window, cap), dtype, scale=2)
 
 
-@pytest.mark.parametrize("d,bs", [(80, 16), (128, 128), (32, 5)])
-def test_paged_attention_head_and_block_sizes(cpp: Any, d: int, bs: int) -> None:
-    case = _paged_case(torch.float32, 8, 2, d, bs, q_lens=[1, 1, 17], kv_lens=[1, 300, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d,bs", [(80, 16), (128, 128), (32, 5), (72, 16)])
+def test_paged_attention_head_and_block_sizes(cpp: Any, dtype: torch.dtype, d: int,
+                                              bs: int) -> None:
+    # bf16: head sizes that are multiples of 32 take the pair-dot-product scores (where the
+    # CPU has AVX512-BF16), the others widen keys to fp32; 72 is not a multiple of the vector
+    # width (values through the zero-padded fp32 copy)
+    case = _paged_case(dtype, 8, 2, d, bs, q_lens=[1, 1, 17], kv_lens=[1, 300, 40])
     got = cpp.paged_attention(**case, sliding_window=None, soft_cap=None)
-    close(got, ref.paged_attention(**case, sliding_window=None, soft_cap=None), torch.float32)
+    close(got, ref.paged_attention(**case, sliding_window=None, soft_cap=None), dtype)
 
 
 def test_paged_attention_long_prefill_window(cpp: Any) -> None:
@@ -213,12 +218,13 @@ def test_paged_attention_long_prefill_window(cpp: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (8, 1), (16, 1)])
 @pytest.mark.parametrize("window,cap", [(None, None), (700, None), (None, 5.0), (1500, 3.0)])
 def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_heads: int,
                                   window: int | None, cap: float | None) -> None:
     # #18: one long decode sequence (fewer items than threads) is cut into key ranges whose
-    # partial softmaxes are merged; a second short one stays whole; 2 threads at least
+    # partial softmaxes are merged; a second short one stays whole; 2 threads at least.
+    # 16 query heads per kv head: split items with more than 8 rows of one kv head
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
     try:
