@@ -67,6 +67,7 @@ struct Params {
   const int32_t* seq_lens;
   const int32_t* query_start_loc;
   Partials partials;
+  int64_t block_stride;  // elements from one cache block to the next (dense inside a block)
 };
 
 inline float dot(const float* a, const float* b, int64_t n) {

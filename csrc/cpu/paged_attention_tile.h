@@ -173,9 +173,10 @@ void run_tile_item(const Item& w, const Params& p, const T* query, const T* kc, 
     const int64_t t1 = std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kChunk});
     const int64_t n = t1 - t0;
     const int64_t blk = t0 / p.block_size;
-    const int64_t slot = static_cast<int64_t>(bt[blk]) * p.block_size + t0 % p.block_size;
-    const T* kbase = kc + slot * tok_stride + kv * D;
-    const T* vbase = vc + slot * tok_stride + kv * D;
+    const int64_t offset = static_cast<int64_t>(bt[blk]) * p.block_stride +
+                           (t0 % p.block_size) * tok_stride + kv * D;
+    const T* kbase = kc + offset;
+    const T* vbase = vc + offset;
     for (int64_t i = 0; i < n; ++i) {
       if (in_place && k_in_place) {
         krow[i] = reinterpret_cast<const float*>(kbase + i * tok_stride);
