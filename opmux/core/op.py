@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import torch
 
-from opmux.core import switches
+from opmux.core import switches, trace
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 from opmux.core.output_checks import checked
 from opmux.core.switches import _WRAP, enable_torch_wrap, torch_wrap_enabled
@@ -185,7 +185,7 @@ class Op:
 
     def _build_eager(self) -> Callable[..., Any]:
         chains = self._chains
-        native = self.native
+        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
         torch_op = self.torch_op
         loaded = self._registry._loaded
         ensure_loaded = self._registry._ensure_loaded
@@ -227,7 +227,7 @@ class Op:
         return eager
 
     def _make_kernel(self, holder: _KeyChain) -> Callable[..., Any]:
-        native = self.native
+        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
         loaded = self._registry._loaded
         ensure_loaded = self._registry._ensure_loaded
 
@@ -260,7 +260,7 @@ class Op:
         return kernel
 
     def _native_kernel(self) -> Callable[..., Any]:
-        native = self.native
+        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
         loaded = self._registry._loaded
         ensure_loaded = self._registry._ensure_loaded
 
@@ -429,7 +429,9 @@ class Op:
                     if (impl := self._impls.get(name)) is not None
                     and impl.dispatch_key == key and impl.supported
                 )
-                holder.set(chain, tuple(checked(self, i) if check else i.fn for i in chain))
+                fns = tuple(checked(self, i) if check else i.fn for i in chain)
+                holder.set(chain, tuple(trace.wrap(self.qualname, i.provider, fn)
+                                        for i, fn in zip(chain, fns, strict=True)))
 
     # ---------------------------------------------------------- registration
     def register_impl(
