@@ -21,7 +21,8 @@ from typing import Any
 
 from torch import Tensor
 from vllm.model_executor import custom_op
-from vllm.model_executor.layers import activation, layernorm, rotary_embedding
+from vllm.model_executor.layers import activation, layernorm
+from vllm.model_executor.layers import rotary_embedding as vllm_rotary
 
 from opmux.integrations.vllm import ROPE_CLASSES
 from opmux.ops.activation import (
@@ -180,7 +181,7 @@ def _build() -> dict[str, list[tuple[type, type]]]:
             table[name] = [(base, _activation_class(base, call))]
     table["rotary_embedding"] = [
         (base, _rotary_class(base)) for class_name in ROPE_CLASSES
-        if (base := getattr(rotary_embedding, class_name, None)) is not None]
+        if (base := getattr(vllm_rotary, class_name, None)) is not None]
     for pairs in table.values():  # importable by name (pickling, reprs)
         for _, cls in pairs:
             globals()[cls.__name__] = cls
