@@ -68,9 +68,9 @@ def _config(kind: str, vocab_size: int) -> Any:
                                   bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
                                   torch_dtype="float32")
     if kind == "llama":
-        return transformers.LlamaConfig(**common, rope_theta=10000.0)
+        return transformers.LlamaConfig(**common)
     if kind == "qwen2":
-        return transformers.Qwen2Config(**common, rope_theta=10000.0, use_sliding_window=False)
+        return transformers.Qwen2Config(**common, use_sliding_window=False)
     raise ValueError(f"write_tiny_model: unknown kind {kind!r}; expected one of "
                      f"{sorted(ARCHITECTURES)}")
 
@@ -95,7 +95,8 @@ def write_tiny_model(directory: str | Path, kind: str = "llama", *, seed: int = 
     torch.manual_seed(seed)
     model_cls = (transformers.LlamaForCausalLM if kind == "llama"
                  else transformers.Qwen2ForCausalLM)
-    model = model_cls(config).to(torch.float32).eval()
+    model: Any = model_cls(config)
+    model = model.to(torch.float32).eval()
     with torch.no_grad():
         for p in model.parameters():  # wider than the default init: less repetitive output
             if p.dim() == 2:

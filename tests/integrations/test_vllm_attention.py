@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest

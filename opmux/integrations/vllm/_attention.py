@@ -85,7 +85,7 @@ class OpmuxCPUAttentionMetadata:
     causal: bool = True
 
 
-class OpmuxCPUAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
+class OpmuxCPUAttentionMetadataBuilder(CPUAttentionMetadataBuilder):  # type: ignore[misc]
     """vLLM's CPU builder without its kernel's scheduler metadata (opmux schedules itself)."""
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -111,7 +111,7 @@ def _int32(t: Tensor) -> Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):
+class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):  # type: ignore[misc]
     """Decoder self-attention over opmux's cache layout (see the module docstring)."""
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
@@ -167,7 +167,7 @@ class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):
         reshape_and_cache(key[:n], value[:n], key_cache, value_cache, slot_mapping)
 
 
-class OpmuxCPUAttentionBackend(CPUAttentionBackend):
+class OpmuxCPUAttentionBackend(CPUAttentionBackend):  # type: ignore[misc]
     """vLLM's ``CPU_ATTN`` backend with opmux's impl and builder (same name, so vLLM's
     selection and configuration apply unchanged)."""
 

@@ -249,7 +249,8 @@ def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
             and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
             and block_tables.is_cpu and seq_lens.is_cpu and query_start_loc.is_cpu
             and _dense_blocks(key_cache) and value_cache.stride() == key_cache.stride()
-            and value_cache.shape == key_cache.shape and query.dim() == 3 and query.stride(2) == 1 and key_cache.dim() == 4
+            and value_cache.shape == key_cache.shape
+            and query.dim() == 3 and query.stride(2) == 1 and key_cache.dim() == 4
             and query.shape[1] <= _MAX_GQA_GROUP * key_cache.shape[2]
             and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
             and query_start_loc.dtype == torch.int32 and block_tables.is_contiguous()
