@@ -25,17 +25,7 @@ from vllm.model_executor.layers import activation, layernorm
 from vllm.model_executor.layers import rotary_embedding as vllm_rotary
 
 from opmux.integrations.vllm import ROPE_CLASSES
-from opmux.ops.activation import (
-    fatrelu_and_mul,
-    gelu_and_mul,
-    gelu_fast,
-    gelu_new,
-    mul_and_silu,
-    quick_gelu,
-    relu2,
-    silu_and_mul,
-    swigluoai_and_mul,
-)
+from opmux.ops import activation as act
 from opmux.ops.layernorm import (
     fused_add_rms_norm,
     gemma_fused_add_rms_norm,
@@ -92,19 +82,19 @@ class OpmuxGemmaRMSNorm(layernorm.GemmaRMSNorm):  # type: ignore[misc, name-defi
 # ------------------------------------------------------------------- activations
 _ACTIVATIONS: dict[str, tuple[str, Callable[[Any, Tensor], Tensor]]] = {
     # vLLM's registered name: (vLLM class, the call of the opmux op on (layer, x))
-    "silu_and_mul": ("SiluAndMul", lambda layer, x: silu_and_mul(x)),
-    "mul_and_silu": ("MulAndSilu", lambda layer, x: mul_and_silu(x)),
-    "gelu_and_mul": ("GeluAndMul", lambda layer, x: gelu_and_mul(x, layer.approximate)),
+    "silu_and_mul": ("SiluAndMul", lambda layer, x: act.silu_and_mul(x)),
+    "mul_and_silu": ("MulAndSilu", lambda layer, x: act.mul_and_silu(x)),
+    "gelu_and_mul": ("GeluAndMul", lambda layer, x: act.gelu_and_mul(x, layer.approximate)),
     "fatrelu_and_mul": ("FatreluAndMul",
-                        lambda layer, x: fatrelu_and_mul(x, float(layer.threshold))),
-    "swigluoai_and_mul": ("SwigluOAIAndMul", lambda layer, x: swigluoai_and_mul(
+                        lambda layer, x: act.fatrelu_and_mul(x, float(layer.threshold))),
+    "swigluoai_and_mul": ("SwigluOAIAndMul", lambda layer, x: act.swigluoai_and_mul(
         x, float(layer.alpha), float(layer.limit))),
-    "gelu_new": ("NewGELU", lambda layer, x: gelu_new(x)),
+    "gelu_new": ("NewGELU", lambda layer, x: act.gelu_new(x)),
     # tanh-approximated GELU is gelu_new's formula
-    "gelu_tanh": ("GELUTanh", lambda layer, x: gelu_new(x)),
-    "gelu_fast": ("FastGELU", lambda layer, x: gelu_fast(x)),
-    "quick_gelu": ("QuickGELU", lambda layer, x: quick_gelu(x)),
-    "relu2": ("ReLUSquaredActivation", lambda layer, x: relu2(x)),
+    "gelu_tanh": ("GELUTanh", lambda layer, x: act.gelu_new(x)),
+    "gelu_fast": ("FastGELU", lambda layer, x: act.gelu_fast(x)),
+    "quick_gelu": ("QuickGELU", lambda layer, x: act.quick_gelu(x)),
+    "relu2": ("ReLUSquaredActivation", lambda layer, x: act.relu2(x)),
 }
 
 
