@@ -1,6 +1,6 @@
 # The two commands of the README. Each sets up what it needs (lane environments are
 # cached outside the checkout, see .ci/lane).
-LANES ?= core triton mindspore xla
+LANES ?= core triton mindspore xla vllm
 
 .PHONY: demo info test $(addprefix test-,$(LANES))
 

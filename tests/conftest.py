@@ -25,7 +25,7 @@ from opmux.core.runtime import reset_for_tests
 _counter = itertools.count()
 
 #: marker → module that must be importable for tests carrying it
-_MARKER_NEEDS = {"triton": "triton", "xla": "torch_xla", "mindspore": "mindspore"}
+_MARKER_NEEDS = {"triton": "triton", "xla": "torch_xla", "mindspore": "mindspore", "vllm": "vllm"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

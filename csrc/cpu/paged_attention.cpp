@@ -135,8 +135,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   };
   auto chunk_ptr = [&](const T* cache, int64_t t0) {
     const int64_t blk = t0 / p.block_size;
-    const int64_t slot = static_cast<int64_t>(ig.bt[blk]) * p.block_size + t0 % p.block_size;
-    return cache + slot * ig.tok_stride + static_cast<int64_t>(w.kv_begin) * D;
+    return cache + ig.token_offset(p, t0) + static_cast<int64_t>(w.kv_begin) * D;
   };
 
   for (int64_t t0 = lo; t0 <= hi;) {
@@ -336,10 +335,15 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   PA_CHECK(query.dim() == 3 && query.stride(2) == 1,
            "query must be [T, H, D] with a contiguous head dim, got ", query.sizes(), " strides ",
            query.strides());
+  // Blocks may lie any distance apart (a block stride, e.g. keys and values of one block
+  // next to each other); inside a block the [bs, Hkv, D] rows are dense.
   PA_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
-               key_cache.is_contiguous() && value_cache.is_contiguous(),
-           "key_cache and value_cache must be contiguous [B, bs, Hkv, D], got ",
-           key_cache.sizes(), " and ", value_cache.sizes());
+               value_cache.strides() == key_cache.strides() && key_cache.stride(3) == 1 &&
+               key_cache.stride(2) == key_cache.size(3) &&
+               key_cache.stride(1) == key_cache.size(2) * key_cache.size(3),
+           "key_cache and value_cache must be [B, bs, Hkv, D] with dense blocks and equal "
+           "strides, got ", key_cache.sizes(), " strides ", key_cache.strides(), " and ",
+           value_cache.sizes(), " strides ", value_cache.strides());
   const auto dtype = query.scalar_type();
   PA_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
            "query, key_cache and value_cache must share a dtype, got ", dtype, ", ",
@@ -497,7 +501,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
                           part_buf.data() + n_parts * kMaxRows * (D + 1), kMaxRows};
   const Params params{H, Hkv, D, (D + kF - 1) / kF * kF, bs, M, query.stride(0), query.stride(1),
                       static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
-                      sliding_window, bt, lens, qsl, partials};
+                      sliding_window, bt, lens, qsl, partials, key_cache.stride(0)};
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
   std::atomic<int64_t> next{0};

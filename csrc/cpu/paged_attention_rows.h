@@ -69,6 +69,7 @@ struct Params {
   const int32_t* seq_lens;
   const int32_t* query_start_loc;
   Partials partials;
+  int64_t block_stride;  // elements from one cache block to the next (dense inside a block)
 };
 
 // Per-item constants of the work item's sequence, shared by both item paths.
@@ -83,6 +84,12 @@ struct ItemGeom {
         q0(p.query_start_loc[w.seq]), q_len(p.query_start_loc[w.seq + 1] - q0),
         kv_len(p.seq_lens[w.seq]), tok_stride(p.num_kv_heads * D),
         bt(p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks) {}
+  // elements from a cache's start to token t of this sequence (kv head 0); blocks lie
+  // p.block_stride apart, the [bs, Hkv, D] rows inside a block are dense
+  int64_t token_offset(const Params& p, int64_t t) const {
+    return static_cast<int64_t>(bt[t / p.block_size]) * p.block_stride +
+           (t % p.block_size) * tok_stride;
+  }
 };
 
 inline float dot(const float* a, const float* b, int64_t n) {

@@ -205,9 +205,6 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
   auto chunk_end = [&](int64_t t0) {
     return std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kChunk});
   };
-  auto chunk_slot = [&](int64_t t0) {
-    return static_cast<int64_t>(ig.bt[t0 / p.block_size]) * p.block_size + t0 % p.block_size;
-  };
 
   const float* krow[kChunk + kLanes];
   const float* vrow[kChunk];
@@ -215,13 +212,13 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
   for (int64_t t0 = lo_all; t0 <= hi;) {
     const int64_t t1 = chunk_end(t0);
     const int64_t n = t1 - t0;
-    const int64_t slot = chunk_slot(t0);
-    const T* kbase = kc + slot * ig.tok_stride + kv * D;
-    const T* vbase = vc + slot * ig.tok_stride + kv * D;
+    const int64_t offset = ig.token_offset(p, t0) + kv * D;
+    const T* kbase = kc + offset;
+    const T* vbase = vc + offset;
     if (t1 <= hi) {  // the next chunk's rows into L2: one head's piece of each token row
-      const int64_t slot2 = chunk_slot(t1);
-      const char* k2 = reinterpret_cast<const char*>(kc + slot2 * ig.tok_stride + kv * D);
-      const char* v2 = reinterpret_cast<const char*>(vc + slot2 * ig.tok_stride + kv * D);
+      const int64_t offset2 = ig.token_offset(p, t1) + kv * D;
+      const char* k2 = reinterpret_cast<const char*>(kc + offset2);
+      const char* v2 = reinterpret_cast<const char*>(vc + offset2);
       const int64_t piece = D * static_cast<int64_t>(sizeof(T));
       for (int64_t i = 0; i < chunk_end(t1) - t1; ++i) {
         for (int64_t b = 0; b < piece; b += 64) {

@@ -25,6 +25,9 @@ variable                       accessor                       meaning
 ``PJRT_DEVICE``                :func:`pjrt_device`            torch_xla device (xla platform)
 ``TRITON_INTERPRET``           :func:`triton_interpret`       Triton's CPU interpreter
 ``CXX``                        :func:`cxx`                    C++ compiler of native builds
+``OPMUX_TRACE``                :func:`trace_path`             write provider call counts
+``OPMUX_VLLM``                 :func:`vllm_enabled`           ``0``: the vLLM plugin is off
+``OPMUX_VLLM_LAYERS``          :func:`vllm_layers`            what the vLLM plugin replaces
 =============================  =============================  ==============================
 """
 
@@ -49,6 +52,9 @@ __all__ = [
     "ENV_PRIORITY",
     "ENV_STRICT_PLUGINS",
     "ENV_TUNED",
+    "ENV_TRACE",
+    "ENV_VLLM",
+    "ENV_VLLM_LAYERS",
     "ascend_soc_version",
     "cache_dir",
     "cann_home",
@@ -65,8 +71,11 @@ __all__ = [
     "plugin_allow_list",
     "priority_overrides",
     "strict_plugins",
+    "trace_path",
     "triton_interpret",
     "tuned_enabled",
+    "vllm_enabled",
+    "vllm_layers",
 ]
 
 ENV_PLATFORM: Final = "OPMUX_PLATFORM"
@@ -91,6 +100,13 @@ ENV_DEBUG: Final = "OPMUX_DEBUG"
 """``1``: the ``opmux`` CLI re-raises errors with their traceback."""
 ENV_ASCEND_SOC_VERSION: Final = "OPMUX_ASCEND_SOC_VERSION"
 """The Ascend SoC the AscendC kernels are compiled for (default ``Ascend910B1``)."""
+
+ENV_TRACE: Final = "OPMUX_TRACE"
+"""``"/tmp/trace-{pid}.json"``: each process writes ``{op: {provider: calls}}`` there at exit."""
+ENV_VLLM: Final = "OPMUX_VLLM"
+"""``0``/``false``: the vLLM general plugin registers nothing (default on)."""
+ENV_VLLM_LAYERS: Final = "OPMUX_VLLM_LAYERS"
+"""``"rms_norm,silu_and_mul,attention"``: only these parts of vLLM are replaced."""
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
@@ -248,3 +264,38 @@ def triton_interpret() -> bool:
 def cxx(default: str = "c++") -> str:
     """``CXX``: the C++ compiler native builds use (``default`` when unset)."""
     return _env("CXX") or default
+
+
+def trace_path() -> str | None:
+    """``OPMUX_TRACE``: the trace file pattern (``{pid}`` not yet expanded), or ``None``."""
+    value = (_env(ENV_TRACE) or "").strip()
+    return value or None
+
+
+def vllm_enabled() -> bool:
+    """``OPMUX_VLLM``: whether the vLLM plugin replaces anything (unset: yes).
+
+    :raises ConfigError: a value that is not a boolean.
+    """
+    text = _env(ENV_VLLM)
+    if text is None or not text.strip():
+        return True
+    return parse_bool(text, source=ENV_VLLM)
+
+
+def vllm_layers() -> frozenset[str] | None:
+    """``OPMUX_VLLM_LAYERS`` parsed: the names to replace, or ``None`` (everything).
+
+    Names are checked against the plugin's table by :func:`opmux.integrations.vllm.register`.
+
+    :raises ConfigError: a value that names nothing (``",,"``) or a malformed name.
+    """
+    text = _env(ENV_VLLM_LAYERS)
+    if text is None or not text.strip():
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not _IDENT.match(n)]
+    if not names or bad:
+        raise ConfigError(f"{ENV_VLLM_LAYERS}={text!r}: expected layer names separated by "
+                          f"commas (e.g. rms_norm,silu_and_mul,attention); bad: {bad or [text]}")
+    return frozenset(names)

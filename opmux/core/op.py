@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import torch
 
-from opmux.core import switches
+from opmux.core import switches, trace
 from opmux.core._chooser import SIZE_BUCKETS, _KeyChain, bucket_of, make_eager, make_kernel
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 from opmux.core.output_checks import checked
@@ -178,12 +178,14 @@ class Op:
 
     def _build_eager(self) -> Callable[..., Any]:
         # Dynamo evaluates is_compiling as True while tracing; plain calls get False
-        return make_eager(self._chains, self.native, self.torch_op, self._registry._loaded,
+        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
+        return make_eager(self._chains, native, self.torch_op, self._registry._loaded,
                           self._registry._ensure_loaded, torch.compiler.is_dynamo_compiling,
                           DEVICE_TYPE_TO_KEY, _key_of, torch.Tensor)
 
     def _make_kernel(self, holder: _KeyChain) -> Callable[..., Any]:
-        return make_kernel(f"{self.name}_{holder.key.lower()}_kernel", holder, self.native,
+        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
+        return make_kernel(f"{self.name}_{holder.key.lower()}_kernel", holder, native,
                            self._registry._loaded, self._registry._ensure_loaded)
 
     def _meta_kernel(self) -> Callable[..., Any]:
@@ -194,7 +196,7 @@ class Op:
         return kernel
 
     def _native_kernel(self) -> Callable[..., Any]:
-        native = self.native
+        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
         loaded = self._registry._loaded
         ensure_loaded = self._registry._ensure_loaded
 
@@ -391,7 +393,7 @@ class Op:
             sized = self._tuned_sized if self.priority_source() == "tuned" else None
             for key, holder in self._chains.items():
                 chain = self._chain(order, key)
-                fns = tuple(checked(self, i) if check else i.fn for i in chain)
+                fns = self._fns(chain, check)
                 per_bucket = None
                 if sized is not None:
                     built: dict[tuple[str, ...], tuple[Any, Any]] = {}
@@ -401,9 +403,15 @@ class Op:
                         if entry is None:
                             c = self._chain(names, key)
                             entry = built[tuple(names)] = (
-                                c, tuple(checked(self, i) if check else i.fn for i in c))
+                                c, self._fns(c, check))
                         per_bucket.append(entry)
-                holder.set(chain, fns, per_bucket, self.native)
+                holder.set(chain, fns, per_bucket,
+                           trace.wrap(self.qualname, NATIVE, self.native))
+
+    def _fns(self, chain: tuple[OpImpl, ...], check: bool) -> tuple[Callable[..., Any], ...]:
+        # the callables a chain runs: output-checked when asked, traced under OPMUX_TRACE
+        return tuple(trace.wrap(self.qualname, i.provider, checked(self, i) if check else i.fn)
+                     for i in chain)
 
     def _chain(self, order: list[str], key: str) -> tuple[OpImpl, ...]:
         # providers after native never run: native wins where it is listed first

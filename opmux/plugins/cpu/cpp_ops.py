@@ -239,16 +239,23 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     return out
 
 
+def _dense_blocks(cache: Tensor) -> bool:
+    return (cache.dim() == 4 and cache.stride(3) == 1 and cache.stride(2) == cache.shape[3]
+            and cache.stride(1) == cache.shape[2] * cache.shape[3])
+
+
 def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                         block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
                         scale: float, sliding_window: Optional[int] = None,
                         soft_cap: Optional[float] = None) -> bool:
-    # the kernel reads contiguous caches; strided cache views run on the next provider
+    # the kernel reads caches whose blocks are dense [bs, Hkv, D] and share strides (blocks
+    # may lie apart: key and value halves of one buffer); other views run on the next provider
     return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
             and cpu_float(query) and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
             and block_tables.is_cpu and seq_lens.is_cpu and query_start_loc.is_cpu
-            and key_cache.is_contiguous() and value_cache.is_contiguous()
+            and _dense_blocks(key_cache) and value_cache.stride() == key_cache.stride()
+            and value_cache.shape == key_cache.shape
             and query.dim() == 3 and query.stride(2) == 1 and key_cache.dim() == 4
             and query.shape[1] <= _MAX_GQA_GROUP * key_cache.shape[2]
             and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32

@@ -1,0 +1,83 @@
+"""vLLM offline generation tokens/s with the opmux plugin off and on (vllm lane).
+
+``python benchmarks/vllm_cpu.py [--model DIR] [--batch 16] [--max-tokens 128]
+[--modes eager,compile] [--rounds 1]``: one checkpoint (a tiny float32 Llama written here
+unless ``--model``), the same process pattern for every run -- a fresh process running
+``opmux.testing.vllm_generate`` (engine start, one warm-up request, then ``--batch`` prompts x
+``--max-tokens`` greedy tokens, timed) -- with ``OPMUX_VLLM=0`` (vLLM's own kernels) and with
+the plugin on, in eager mode (``enforce_eager=True``) and torch.compile mode (vLLM's default
+compilation). Runs alternate off/on within each mode. Prints tokens/s per run, the ratio
+on/off per mode, and checks that both produced the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_once(model: Path, work: Path, *, plugin: bool, compile_mode: bool, batch: int,
+             max_tokens: int, tag: str) -> dict[str, object]:
+    out = work / f"{tag}.json"
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
+    env["OPMUX_VLLM"] = "1" if plugin else "0"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "opmux.testing.vllm_generate", "--model", str(model),
+           "--out", str(out), "--batch", str(batch), "--max-tokens", str(max_tokens)]
+    if compile_mode:
+        cmd.append("--compile")
+    proc = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{tag} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--modes", default="eager,compile")
+    parser.add_argument("--rounds", type=int, default=1)
+    ns = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="opmux-vllm-bench-") as tmp:
+        work = Path(tmp)
+        model = ns.model
+        if model is None:
+            from opmux.testing.tiny_models import write_tiny_model
+
+            model = write_tiny_model(work / "tiny-llama", "llama")
+        print(f"model {model}  batch {ns.batch} x {ns.max_tokens} new tokens  "
+              f"torch threads {os.cpu_count()} cpus")
+        print(f"{'mode':8} {'round':>5} {'plugin off tok/s':>17} {'plugin on tok/s':>16} "
+              f"{'on/off':>7} {'same tokens':>12}")
+        for mode in ns.modes.split(","):
+            compile_mode = mode == "compile"
+            off_total = on_total = 0.0
+            for r in range(ns.rounds):
+                off = run_once(model, work, plugin=False, compile_mode=compile_mode,
+                               batch=ns.batch, max_tokens=ns.max_tokens, tag=f"{mode}-off-{r}")
+                on = run_once(model, work, plugin=True, compile_mode=compile_mode,
+                              batch=ns.batch, max_tokens=ns.max_tokens, tag=f"{mode}-on-{r}")
+                off_tps, on_tps = float(off["tokens_per_s"]), float(on["tokens_per_s"])
+                off_total += off_tps
+                on_total += on_tps
+                print(f"{mode:8} {r:>5} {off_tps:>17.1f} {on_tps:>16.1f} "
+                      f"{on_tps / off_tps:>6.2f}x {on['outputs'] == off['outputs']!s:>12}",
+                      flush=True)
+            if ns.rounds > 1:
+                print(f"{mode:8} {'mean':>5} {off_total / ns.rounds:>17.1f} "
+                      f"{on_total / ns.rounds:>16.1f} {on_total / off_total:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

