@@ -4,10 +4,10 @@
 [--modes eager,compile] [--rounds 1]``: one checkpoint (a tiny float32 Llama written here
 unless ``--model``), the same process pattern for every run -- a fresh process running
 ``opmux.testing.vllm_generate`` (engine start, one warm-up request, then ``--batch`` prompts x
-``--max-tokens`` greedy tokens, timed) -- with ``OPMUX_VLLM=0`` (vLLM's own kernels) and with
-the plugin on, in eager mode (``enforce_eager=True``) and torch.compile mode (vLLM's default
-compilation). Runs alternate off/on within each mode. Prints tokens/s per run, the ratio
-on/off per mode, and checks that both produced the same tokens.
+``--max-tokens`` greedy tokens, timed 5 times, median) -- with ``OPMUX_VLLM=0`` (vLLM's own
+kernels) and with the plugin on, in eager mode (``enforce_eager=True``) and torch.compile
+mode (vLLM's default compilation). Runs alternate off/on within each mode. Prints tokens/s
+per run, the ratio on/off per mode, and checks that both produced the same tokens.
 """
 
 from __future__ import annotations

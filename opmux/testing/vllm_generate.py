@@ -1,19 +1,21 @@
 """Offline vLLM generation in a process of its own, for tests and benchmarks.
 
 ``python -m opmux.testing.vllm_generate --model DIR --out FILE.json [--batch 16]
-[--max-tokens 128] [--compile]`` builds ``vllm.LLM(model=DIR, dtype="float32",
-max_model_len=512)`` (eager unless ``--compile``), generates greedily from ``--batch``
-fixed prompts (a warm-up request first) and writes ``{"outputs": [[token ids], ...],
-"tokens_per_s": float, "seconds": float, "tokens": int, "plugin": [...]}``. Whether the
-opmux plugin is active is up to the environment (``OPMUX_VLLM=0`` turns it off); the
-``plugin`` entry lists what it replaced in this process (empty when off). vLLM spawns its
-engine process, so this module keeps its work under ``if __name__ == "__main__":``.
+[--max-tokens 128] [--repeat 5] [--compile]`` builds ``vllm.LLM(model=DIR,
+dtype="float32", max_model_len=512)`` (eager unless ``--compile``), generates greedily from
+``--batch`` fixed prompts (a warm-up request first) ``--repeat`` times and writes
+``{"outputs": [[token ids], ...], "tokens_per_s": float, "seconds": float, "tokens": int,
+"plugin": [...]}`` (tokens/s and seconds: the median repeat). Whether the opmux plugin is
+active is up to the environment (``OPMUX_VLLM=0`` turns it off); the ``plugin`` entry lists
+what it replaced in this process (empty when off). vLLM spawns its engine process, so this
+module keeps its work under ``if __name__ == "__main__":``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any
 
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="timed generations; tokens/s is their median (one is < 1 s here)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile mode (vLLM's default); eager otherwise")
     ns = parser.parse_args(argv)
@@ -51,9 +55,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = vllm.SamplingParams(temperature=0.0, max_tokens=ns.max_tokens, ignore_eos=True)
     llm.generate(["warm up"], vllm.SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)
-    start = time.perf_counter()
-    results = llm.generate(prompts(ns.batch), params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(max(1, ns.repeat)):
+        start = time.perf_counter()
+        results = llm.generate(prompts(ns.batch), params, use_tqdm=False)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
     outputs = [list(r.outputs[0].token_ids) for r in results]
     tokens = sum(len(o) for o in outputs)
     report = {"outputs": outputs, "tokens": tokens, "seconds": seconds,

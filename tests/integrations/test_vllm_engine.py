@@ -32,7 +32,7 @@ def _generate(model: Path, out: Path, work: Path, env_extra: dict[str, str]) -> 
     env.update(env_extra)
     proc = subprocess.run(
         [sys.executable, "-m", "opmux.testing.vllm_generate", "--model", str(model),
-         "--out", str(out), "--batch", "4", "--max-tokens", "24"],
+         "--out", str(out), "--batch", "4", "--max-tokens", "24", "--repeat", "1"],
         env=env, cwd=work, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return json.loads(out.read_text())  # type: ignore[no-any-return]
