@@ -9,6 +9,7 @@ from typing import Final
 import torch
 from torch import Tensor
 
+from opmux.ops._check_memo import StaticMemo
 from opmux.ops._checks import (
     INDEX_DTYPES,
     _shape,
@@ -82,7 +83,21 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
     view of their shapes.
     """
     op = "reshape_and_cache"
-    nb, bs, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
+    layout = _RESHAPE_AND_CACHE.seen(provider, (key, value, key_cache, value_cache, slot_mapping))
+    if layout is not True:
+        _static_reshape_and_cache(op, provider, key, value, key_cache, value_cache, slot_mapping)
+        _RESHAPE_AND_CACHE.add(layout)
+    if read_data and slot_mapping.numel() > 0 and has_data(slot_mapping):
+        _check_slots(op, provider, slot_mapping, key_cache.shape[0] * key_cache.shape[1])
+
+
+_RESHAPE_AND_CACHE: Final = StaticMemo()
+
+
+def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor,
+                              key_cache: Tensor, value_cache: Tensor,
+                              slot_mapping: Tensor) -> None:
+    _, _, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
     _no_overlap(op, provider, "key_cache", key_cache)
     _no_overlap(op, provider, "value_cache", value_cache)
     key = check_tensor(op, provider, "key", key)
@@ -106,8 +121,6 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
     require(slot_mapping.shape[0] == key.shape[0], op, provider, "slot_mapping",
             lambda: f"shape [{key.shape[0]}] (one slot per token)", lambda: _shape(slot_mapping))
     check_same_device(op, provider, key_cache, key=key, value=value, slot_mapping=slot_mapping)
-    if read_data and slot_mapping.numel() > 0 and has_data(slot_mapping):
-        _check_slots(op, provider, slot_mapping, nb * bs)
 
 
 _FEW_SLOTS: Final = 256
@@ -155,14 +168,39 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     reads lies in ``[0, num_blocks)``.
     """
     op = "paged_attention"
+    args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+            sliding_window, soft_cap)
+    layout = _PAGED_ATTENTION.seen(provider, args)
+    if layout is not True:
+        _static_paged_attention(op, provider, *args)
+        _PAGED_ATTENTION.add(layout)
+    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
+        return
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    num_tokens = query.shape[0]
+    if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) or qsl[-1] > num_tokens:
+        raise input_error(op, provider, "query_start_loc",
+                          f"non-decreasing offsets from 0 to at most T={num_tokens}", qsl)
+    check_paged_lens(op, provider, qsl, lens, block_tables, key_cache.shape[1],
+                     key_cache.shape[0])
+
+
+_PAGED_ATTENTION: Final = StaticMemo()
+
+
+def _static_paged_attention(op: str, provider: str, query: Tensor, key_cache: Tensor,
+                            value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                            query_start_loc: Tensor, scale: float, sliding_window: int | None,
+                            soft_cap: float | None) -> None:
     query = check_tensor(op, provider, "query", query)
-    nb, bs, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
+    _, _, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
     check_rank(op, provider, "query", query, 3, "[T, H, D]")
     if query.dtype != key_cache.dtype:
         raise input_error(op, provider, "query", f"the cache's dtype {key_cache.dtype}",
                           query.dtype)
     # sizes stay symbolic under torch.compile: int() would specialise them (#11 item 6)
-    num_tokens, heads, head_size = query.shape
+    _, heads, head_size = query.shape
     require(head_size == d, op, provider, "query",
             lambda: f"head size {d} (the cache's D) in dim 2", lambda: _shape(query))
     require(heads % hkv == 0, op, provider, "query",
@@ -195,14 +233,6 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     # the cache (the engine's persistent state) sets the device the others must match
     check_same_device(op, provider, key_cache, query=query, block_tables=block_tables,
                       seq_lens=seq_lens, query_start_loc=query_start_loc)
-    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
-        return
-    qsl = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) or qsl[-1] > num_tokens:
-        raise input_error(op, provider, "query_start_loc",
-                          f"non-decreasing offsets from 0 to at most T={num_tokens}", qsl)
-    check_paged_lens(op, provider, qsl, lens, block_tables, bs, nb)
 
 
 def check_paged_lens(op: str, provider: str, qsl: list[int], lens: list[int],

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import OpInputError
+from opmux.ops._check_memo import StaticMemo
 
 __all__ = [
     "checked_fake",
@@ -73,6 +74,12 @@ INDEX_DTYPES: Final = (torch.int32, torch.int64)
 
 GELU_APPROXIMATIONS: Final = ("none", "tanh")
 """Valid values of ``gelu_and_mul``'s ``approximate``."""
+
+# layouts that passed the static checks of the ops engines call every step
+_SILU_AND_MUL: Final = StaticMemo()
+_RMS_NORM: Final = StaticMemo()
+_FUSED_ADD_RMS_NORM: Final = StaticMemo()
+_ROTARY_EMBEDDING: Final = StaticMemo()
 
 _ARGUMENT_RE: Final = re.compile(r"argument '([A-Za-z_][A-Za-z0-9_]*)'")
 _PREFIX_RE: Final = re.compile(r"^[\w:]+ \(provider '\w+'\): ")
@@ -311,7 +318,10 @@ def _check_gated(op: str, provider: str, x: Tensor) -> None:
 
 def check_silu_and_mul(x: Tensor, *, provider: str = "native", read_data: bool = True) -> None:
     """Validate ``silu_and_mul(x)``: a floating ``x[..., 2*d]`` (at least 1-d)."""
-    _check_gated("silu_and_mul", provider, x)
+    layout = _SILU_AND_MUL.seen(provider, (x,))
+    if layout is not True:
+        _check_gated("silu_and_mul", provider, x)
+        _SILU_AND_MUL.add(layout)
 
 
 def check_gelu_and_mul(x: Tensor, approximate: str = "none", *, provider: str = "native",
@@ -345,14 +355,25 @@ def check_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, provider: st
                    read_data: bool = True) -> None:
     """Validate ``rms_norm(x, weight, eps)``: floating ``x[..., d]``, ``weight[d]`` on x's
     device, ``eps`` a non-negative, non-NaN float."""
-    _check_norm("rms_norm", provider, x, weight, eps)
-    check_devices("rms_norm", provider, {"x": x, "weight": weight})
+    layout = _RMS_NORM.seen(provider, (x, weight, eps))
+    if layout is not True:
+        _check_norm("rms_norm", provider, x, weight, eps)
+        check_devices("rms_norm", provider, {"x": x, "weight": weight})
+        _RMS_NORM.add(layout)
 
 
 def check_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
                              *, provider: str = "native", read_data: bool = True) -> None:
     """Validate ``fused_add_rms_norm``: as :func:`check_rms_norm`, plus ``residual`` with
     x's shape, dtype and device."""
+    layout = _FUSED_ADD_RMS_NORM.seen(provider, (x, residual, weight, eps))
+    if layout is not True:
+        _static_fused_add_rms_norm(x, residual, weight, eps, provider)
+        _FUSED_ADD_RMS_NORM.add(layout)
+
+
+def _static_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                               provider: str) -> None:
     op = "fused_add_rms_norm"
     _check_norm(op, provider, x, weight, eps)
     residual = check_tensor(op, provider, "residual", residual)
@@ -423,6 +444,25 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     tokens); ``query`` and ``key`` are ``[*P, heads*head_size]`` (flattened heads) or
     ``[*P, heads, head_size]`` (per-head), told apart by their rank.
     """
+    layout = _ROTARY_EMBEDDING.seen(provider, (positions, query, key, cos_sin_cache,
+                                                head_size, is_neox))
+    if layout is not True:
+        _static_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
+                                 provider)
+        _ROTARY_EMBEDDING.add(layout)
+    if read_data and positions.numel() > 0 and has_data(positions):
+        lo_t, hi_t = torch.aminmax(positions)
+        lo, hi = int(lo_t), int(hi_t)
+        max_pos = cos_sin_cache.shape[0]
+        if lo < 0 or hi >= max_pos:
+            raise input_error("rotary_embedding", provider, "positions",
+                              f"values in [0, {max_pos}) (cos_sin_cache rows)",
+                              f"values in [{lo}, {hi}]")
+
+
+def _static_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
+                             cos_sin_cache: Tensor, head_size: int, is_neox: bool,
+                             provider: str) -> None:
     op = "rotary_embedding"
     positions = check_tensor(op, provider, "positions", positions)
     query = check_tensor(op, provider, "query", query)
@@ -448,14 +488,6 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
             lambda: _shape(cos_sin_cache))
     check_devices(op, provider, {"positions": positions, "query": query, "key": key,
                                  "cos_sin_cache": cos_sin_cache})
-    if read_data and positions.numel() > 0 and has_data(positions):
-        lo_t, hi_t = torch.aminmax(positions)
-        lo, hi = int(lo_t), int(hi_t)
-        max_pos = cos_sin_cache.shape[0]
-        if lo < 0 or hi >= max_pos:
-            raise input_error(op, provider, "positions",
-                              f"values in [0, {max_pos}) (cos_sin_cache rows)",
-                              f"values in [{lo}, {hi}]")
 
 
 # the cache and attention checks live in their own module (size budget); re-exported here
