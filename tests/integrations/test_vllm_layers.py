@@ -162,3 +162,33 @@ def test_register_idempotent_and_backend(vllm_ctx: Any) -> None:
     cls = AttentionBackendEnum.CPU_ATTN.get_class()
     assert cls.__name__ == "OpmuxCPUAttentionBackend"
     assert cls.get_name() == "CPU_ATTN"
+
+
+def _graph_targets(fn: Any, *args: Any) -> set[str]:
+    """The call targets of the FX graph torch.compile traces for ``fn(*args)``."""
+    seen: set[str] = set()
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return seen
+
+
+def test_forward_native_traces_vllm_code_platform_paths_trace_the_op(vllm_ctx: Any) -> None:
+    # under torch.compile vLLM turns custom ops off so that Inductor fuses the native code:
+    # the replacement's forward_native then traces vLLM's own code, while an enabled op's
+    # platform path stays one opmux node
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    layer = RMSNorm(32)
+    x, res = torch.randn(4, 32), torch.randn(4, 32)
+    native = _graph_targets(layer.forward_native, x)
+    assert not any("opmux" in t for t in native), native
+    assert any("opmux.rms_norm" in t for t in _graph_targets(layer.forward_cpu, x))
+    assert any("opmux.fused_add_rms_norm" in t
+               for t in _graph_targets(layer.forward_cpu, x, res))
+    # eager forward_native still runs the opmux op, and both agree
+    _close(layer.forward_native(x), torch.compile(layer.forward_native, backend="eager")(x))

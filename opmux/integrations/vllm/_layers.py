@@ -2,10 +2,12 @@
 
 vLLM swaps a ``CustomOp`` class for the one registered with
 ``CustomOp.register_oot(name=<in-tree class name>)`` when the model builds it; the
-replacement must subclass the original. Each class here overrides ``forward_native``,
-``forward_cpu``, ``forward_cuda`` (also reached by ``forward_hip`` / ``forward_xpu``) and
-``forward_oot`` with one method that calls the catalog op, so whichever opmux provider wins
-on the platform runs -- a vendor plugin's included. What the op does not cover (an RMSNorm
+replacement must subclass the original. Each class here overrides ``forward_cpu``,
+``forward_cuda`` (also reached by ``forward_hip`` / ``forward_xpu``) and ``forward_oot``
+with one method that calls the catalog op, so whichever opmux provider wins on the platform
+runs -- a vendor plugin's included. ``forward_native`` calls the same op in eager code and
+runs vLLM's own native code while torch.compile traces it (custom ops off: Inductor fuses
+that code, see :func:`_native_path`). What the op does not cover (an RMSNorm
 with ``var_hidden_size``, a weight in another dtype than the input) runs the parent's
 ``forward_native``. The registered ``name`` stays vLLM's in-tree one (``rms_norm``, ...), so
 ``compilation_config.custom_ops`` (``"none,+rms_norm"``) keeps working on the replacements.
@@ -19,6 +21,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
 from torch import Tensor
 from vllm.model_executor import custom_op
 from vllm.model_executor.layers import activation, layernorm
@@ -38,14 +41,35 @@ __all__ = ["LAYER_NAMES", "OpmuxGemmaRMSNorm", "OpmuxRMSNorm", "install", "layer
 
 _LOG = logging.getLogger("opmux.integrations.vllm")
 
-_PATHS = ("forward_native", "forward_cpu", "forward_cuda", "forward_oot")
+_PATHS = ("forward_cpu", "forward_cuda", "forward_oot")
 
 
 def _with_paths(cls: type) -> type:
-    """Point every forward path of ``cls`` at its ``_opmux_forward``."""
+    """Point the platform paths of ``cls`` at its ``_opmux_forward``, and its
+    ``forward_native`` at :func:`_native_path`."""
     for path in _PATHS:
         setattr(cls, path, cls._opmux_forward)  # type: ignore[attr-defined]
+    cls.forward_native = _native_path(cls)  # type: ignore[attr-defined]
     return cls
+
+
+def _native_path(cls: type) -> Callable[..., Any]:
+    """``forward_native`` of ``cls``: the opmux op in eager code; vLLM's own native code
+    while torch.compile traces it.
+
+    vLLM switches custom ops off under Inductor so that the layer's native code fuses with
+    its neighbours; an opaque op there would only stop that fusion. A custom op switched
+    on (``compilation_config.custom_ops=["+rms_norm"]``) runs ``forward_cpu`` & co., which
+    call the opmux op under torch.compile as well, as one graph node.
+    """
+
+    def forward_native(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return super(cls, self).forward_native(*args, **kwargs)
+        return self._opmux_forward(*args, **kwargs)
+
+    forward_native.__qualname__ = f"{cls.__qualname__}.forward_native"
+    return forward_native
 
 
 # ------------------------------------------------------------------------- norms
@@ -126,30 +150,40 @@ class _OpmuxRotary:
 
     def _rotate(self, positions: Tensor, query: Tensor, key: Tensor | None
                 ) -> tuple[Tensor, Tensor]:
+        # the op takes any positions shape with [*P, H*D] or [*P, H, D] operands; vLLM
+        # hands [T] positions with [T, H*D] (or other) operands: pass those as rows
         cache = self._match_cos_sin_cache_dtype(query)
-        positions = positions.flatten()
+        if positions.dim() != 1:
+            positions = positions.flatten()
         tokens = positions.shape[0]
         rows = max(tokens, 1)
-        q = query.reshape(tokens, query.numel() // rows)
+        q = query if query.dim() == 2 else query.reshape(tokens, query.numel() // rows)
         k = (query.new_empty((tokens, 0)) if key is None
-             else key.reshape(tokens, key.numel() // rows))
+             else key if key.dim() == 2 else key.reshape(tokens, key.numel() // rows))
         return rotary_embedding(  # type: ignore[no-any-return]
             positions, q, k, cache, self.head_size, self.is_neox_style)
 
     def forward_native(self, positions: Tensor, query: Tensor, key: Tensor | None = None
                        ) -> tuple[Tensor, Tensor | None]:
+        if torch.compiler.is_compiling():  # as _native_path: vLLM's code for Inductor
+            return super().forward_native(positions, query, key)  # type: ignore[misc, no-any-return]
         q_out, k_out = self._rotate(positions, query, key)
-        return q_out.view(query.shape), None if key is None else k_out.view(key.shape)
+        return _as(q_out, query), None if key is None else _as(k_out, key)
 
     def _opmux_forward(self, positions: Tensor, query: Tensor, key: Tensor | None = None
                        ) -> tuple[Tensor, Tensor | None]:
         q_out, k_out = self._rotate(positions, query, key)
-        query.copy_(q_out.view(query.shape))
+        query.copy_(_as(q_out, query))
         if key is not None:
-            key.copy_(k_out.view(key.shape))
+            key.copy_(_as(k_out, key))
         return query, key
 
     forward_cpu = forward_cuda = forward_oot = _opmux_forward
+
+
+def _as(out: Tensor, like: Tensor) -> Tensor:
+    """``out`` (contiguous, ``like``'s elements) in ``like``'s shape."""
+    return out if out.dim() == like.dim() else out.view(like.shape)
 
 
 def _rotary_class(base: type) -> type:

@@ -68,8 +68,15 @@ def _cpu_tensor(t: object) -> bool:
 
 def _token_rows(t: Tensor, tokens: int) -> Tensor:
     """``t`` as ``[tokens, width]`` with contiguous rows (a view when the strides allow)."""
+    if t.dim() == 2 and t.stride(1) == 1:  # already rows (the shape was checked)
+        return t
     rows = t.reshape(tokens, t.numel() // tokens if tokens else 0)
     return rows if rows.stride(1) == 1 or rows.shape[1] <= 1 else rows.contiguous()
+
+
+def _rows_view(out: Tensor, tokens: int) -> Tensor:
+    """A fresh contiguous output as ``[tokens, width]`` for the kernel (as it is when empty)."""
+    return out if out.dim() == 2 or not tokens else out.view(tokens, -1)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -161,17 +168,16 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
     # any positions shape and either query form (#19): the kernel reads [T] positions and
     # [T, H*D] rows; strided or stride-0 positions are copied (#11), rows are views when the
     # strides allow
-    flat = positions.reshape(-1)
+    flat = positions if positions.dim() == 1 else positions.reshape(-1)
     if flat.stride(0) != 1:
         flat = flat.contiguous()
     tokens = flat.shape[0]
     q_rows, k_rows = _token_rows(query, tokens), _token_rows(key, tokens)
-    query_out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    key_out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
+    query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
     try:
-        K.rotary_embedding_out(query_out.view(tokens, -1) if tokens else query_out,
-                                key_out.view(tokens, -1) if tokens else key_out, flat,
-                                q_rows, k_rows, cos_sin_cache, head_size, is_neox)
+        K.rotary_embedding_out(_rows_view(query_out, tokens), _rows_view(key_out, tokens),
+                                flat, q_rows, k_rows, cos_sin_cache, head_size, is_neox)
     except ValueError as exc:
         raise kernel_error("rotary_embedding", PROVIDER, exc,
                            "positions" if "positions[" in str(exc) else None) from None
