@@ -63,9 +63,11 @@ def _native_path(cls: type) -> Callable[..., Any]:
     call the opmux op under torch.compile as well, as one graph node.
     """
 
+    vllm_native = cls.__mro__[1].forward_native  # type: ignore[attr-defined]
+
     def forward_native(self: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
-            return super(cls, self).forward_native(*args, **kwargs)
+            return vllm_native(self, *args, **kwargs)
         return self._opmux_forward(*args, **kwargs)
 
     forward_native.__qualname__ = f"{cls.__qualname__}.forward_native"
