@@ -63,11 +63,9 @@ def _native_path(cls: type) -> Callable[..., Any]:
     call the opmux op under torch.compile as well, as one graph node.
     """
 
-    vllm_native = cls.__mro__[1].forward_native  # type: ignore[attr-defined]
-
     def forward_native(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return vllm_native(self, *args, **kwargs)
+        if torch.compiler.is_compiling():  # the parent's method, static or not
+            return getattr(super(cls, self), "forward_native")(*args, **kwargs)  # noqa: B009
         return self._opmux_forward(*args, **kwargs)
 
     forward_native.__qualname__ = f"{cls.__qualname__}.forward_native"
