@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from opmux.core import errors as _errors
 from opmux.core.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
-from opmux.core.errors import (
-    BuildError,
-    ConfigError,
-    OpInputError,
-    OpmuxError,
-    PlatformError,
-    PluginLoadError,
-    ProviderOutputError,
-    ProviderUnavailableError,
-    RegistrationError,
-    SignatureMismatchError,
-    UnknownOpError,
-    UnknownRunnerError,
-)
+from opmux.core.errors import *  # noqa: F403  (every exception type is public here too)
 from opmux.core.forward_context import collect_layers, forward_context, get_forward_context
 from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
 from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, plugin_report
@@ -37,24 +25,12 @@ from opmux.platforms.base import Platform
 
 __all__ = [
     "PLUGIN_GROUP",
-    "BuildError",
-    "ConfigError",
     "CustomOp",
     "Op",
     "OpImpl",
-    "OpInputError",
     "OpRegistry",
-    "OpmuxError",
     "Platform",
-    "PlatformError",
-    "PluginLoadError",
     "PluginRecord",
-    "ProviderOutputError",
-    "ProviderUnavailableError",
-    "RegistrationError",
-    "SignatureMismatchError",
-    "UnknownOpError",
-    "UnknownRunnerError",
     "collect_layers",
     "current_platform",
     "custom_op_counts",
@@ -79,6 +55,7 @@ __all__ = [
     "set_custom_ops",
     "torch_wrap_enabled",
 ]
+__all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> Any:

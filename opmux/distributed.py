@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from opmux.core.errors import OpmuxError
+from opmux.core.state import claim
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -147,12 +148,10 @@ def register_group(name: str, group: ProcessGroup) -> None:
     :raises DistributedError: when ``name`` is taken by another group.
     """
     with _LOCK:
-        existing = _GROUPS.get(name)
-        if existing is not None and existing is not group:
+        if claim(_GROUPS, name, group) is not None:
             raise DistributedError(
                 f"a process group is already registered as {name!r}; unregister_group("
                 f"{name!r}) first or choose another name")
-        _GROUPS[name] = group
 
 
 def unregister_group(name: str) -> None:

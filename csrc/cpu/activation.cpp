@@ -1,6 +1,6 @@
 // silu_and_mul and gelu_and_mul: out[..., i] = act(x[..., i]) * x[..., d + i] in fp32 registers.
 #include "gated.h"
-#include "ops.h"
+#include "op_library.h"
 
 #include <cmath>
 
@@ -48,6 +48,14 @@ void gelu_and_mul_out(at::Tensor& out, const at::Tensor& x, const std::string& a
                            });
     }
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def("silu_and_mul_out(Tensor(a!) out, Tensor x) -> ()", cpu_kernel(&silu_and_mul_out));
+  m.def(
+      "gelu_and_mul_out(Tensor(a!) out, Tensor x, str approximate) -> ()",
+      cpu_kernel(&gelu_and_mul_out));
 }
 
 }  // namespace opmux_cpu

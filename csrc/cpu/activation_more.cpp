@@ -3,7 +3,7 @@
 // Math in fp32 registers, one rounding at the store; gelu_and_mul_sparse rounds its row
 // statistics to the input dtype where the PyTorch reference does.
 #include "gated.h"
-#include "ops.h"
+#include "op_library.h"
 
 #include <cmath>
 #include <tuple>
@@ -251,6 +251,29 @@ void xielu_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& alpha_p,
                       return fVec::blendv(neg, pos, v > zero);
                     });
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "fatrelu_and_mul_out(Tensor(a!) out, Tensor x, float threshold) -> ()",
+      cpu_kernel(&fatrelu_and_mul_out));
+  m.def("mul_and_silu_out(Tensor(a!) out, Tensor x) -> ()", cpu_kernel(&mul_and_silu_out));
+  m.def(
+      "swigluoai_and_mul_out(Tensor(a!) out, Tensor x, float alpha, float limit) -> ()",
+      cpu_kernel(&swigluoai_and_mul_out));
+  m.def(
+      "gelu_and_mul_sparse_out(Tensor(a!) out, Tensor x, float std_multiplier, "
+      "str approximate) -> ()",
+      cpu_kernel(&gelu_and_mul_sparse_out));
+  m.def("gelu_new_out(Tensor(a!) out, Tensor x) -> ()", cpu_kernel(&gelu_new_out));
+  m.def("gelu_fast_out(Tensor(a!) out, Tensor x) -> ()", cpu_kernel(&gelu_fast_out));
+  m.def("quick_gelu_out(Tensor(a!) out, Tensor x) -> ()", cpu_kernel(&quick_gelu_out));
+  m.def("relu2_out(Tensor(a!) out, Tensor x) -> ()", cpu_kernel(&relu2_out));
+  m.def(
+      "xielu_out(Tensor(a!) out, Tensor x, Tensor alpha_p, Tensor alpha_n, float beta, "
+      "float eps) -> ()",
+      cpu_kernel(&xielu_out));
 }
 
 }  // namespace opmux_cpu

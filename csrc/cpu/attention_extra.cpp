@@ -1,7 +1,7 @@
 // Encoder attention (packed, non-causal, no cache) and the MLA latent cache + latent attention
 // (issue 14). The Python side (plugins/cpu/cpp_attention_extra.py) validates index values
 // with the catalog's checks before calling; the checks here guard the layouts the loops read.
-#include "ops.h"
+#include "op_library.h"
 #include "vec_common.h"
 
 #include <ATen/ops/from_blob.h>
@@ -309,6 +309,22 @@ void mla_latent_attention_out(at::Tensor& out, const at::Tensor& q_lat,
                               block_tables.size(1), lens, qsl, num_seqs, scale);
   });
 #undef MLA_CHECK
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "encoder_attention_out(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, "
+      "float scale) -> ()",
+      cpu_kernel(&encoder_attention_out));
+  m.def(
+      "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, "
+      "Tensor slot_mapping) -> ()",
+      cpu_kernel(&concat_and_cache_mla));
+  m.def(
+      "mla_latent_attention_out(Tensor(a!) out, Tensor q_lat, Tensor kv_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()",
+      cpu_kernel(&mla_latent_attention_out));
 }
 
 }  // namespace opmux_cpu

@@ -1,7 +1,7 @@
 // reshape_and_cache (scatter new keys/values into the paged cache) and advance_step_flashattn
 // (in-place metadata update between decode steps). Both validate every argument, and every
 // index they will use, before writing anything.
-#include "ops.h"
+#include "op_library.h"
 #include "vec_common.h"
 
 #include <cstring>
@@ -146,6 +146,19 @@ void advance_step_flashattn(int64_t num_seqs, int64_t num_queries, int64_t block
     positions[i] = 0;
     slots[i] = -1;
   }
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, "
+      "Tensor(b!) value_cache, Tensor slot_mapping) -> ()",
+      cpu_kernel(&reshape_and_cache));
+  m.def(
+      "advance_step_flashattn(int num_seqs, int num_queries, int block_size, "
+      "Tensor(a!) input_tokens, Tensor sampled_token_ids, Tensor(b!) input_positions, "
+      "Tensor(c!) seq_lens, Tensor(d!) slot_mapping, Tensor block_tables) -> ()",
+      cpu_kernel(&advance_step_flashattn));
 }
 
 }  // namespace opmux_cpu

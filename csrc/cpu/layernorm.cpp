@@ -1,7 +1,7 @@
 // rms_norm and fused_add_rms_norm: one pass for the sum of squares, one for the scaled output,
 // both in fp32 registers; rows split across threads.
 #include "norm_rows.h"
-#include "ops.h"
+#include "op_library.h"
 
 #include <cmath>
 #include <vector>
@@ -81,6 +81,17 @@ void fused_add_rms_norm_out(at::Tensor& out, at::Tensor& residual_out, const at:
         x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(),
         weight.const_data_ptr<scalar_t>(), rows, d, static_cast<float>(eps));
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()",
+      cpu_kernel(&rms_norm_out));
+  m.def(
+      "fused_add_rms_norm_out(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, "
+      "Tensor residual, Tensor weight, float eps) -> ()",
+      cpu_kernel(&fused_add_rms_norm_out));
 }
 
 }  // namespace opmux_cpu

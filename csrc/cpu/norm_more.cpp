@@ -2,7 +2,7 @@
 // rounding to the input dtype, rows split across threads. The weight may be the input dtype
 // or fp32 (Gemma checkpoints keep either).
 #include "norm_rows.h"
-#include "ops.h"
+#include "op_library.h"
 
 #include <cmath>
 #include <optional>
@@ -156,6 +156,22 @@ void rms_norm_gated_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                      z.has_value() ? z->const_data_ptr<T>() : nullptr, rows_of(x), d, group,
                      norm_before_gate, sigmoid, static_cast<float>(eps));
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "gemma_rms_norm_out(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()",
+      cpu_kernel(&gemma_rms_norm_out));
+  m.def(
+      "gemma_fused_add_rms_norm_out(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, "
+      "Tensor residual, Tensor weight, float eps) -> ()",
+      cpu_kernel(&gemma_fused_add_rms_norm_out));
+  // group_size <= 0: one group per row; sigmoid selects the gate (else SiLU).
+  m.def(
+      "rms_norm_gated_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? z, float eps, "
+      "int group_size, bool norm_before_gate, bool sigmoid) -> ()",
+      cpu_kernel(&rms_norm_gated_out));
 }
 
 }  // namespace opmux_cpu

@@ -20,7 +20,7 @@
 // sub-tiles of up to 32 rows that share each chunk of keys. Decode with 4 or 8 query heads
 // per kv head (fp32 with a head size that is a multiple of 16, bf16 with pairs) puts the
 // group's rows in vector lanes for the scores (qk_group).
-#include "ops.h"
+#include "op_library.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
 #include "vec_common.h"
@@ -550,6 +550,16 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
       });
     }
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  // sliding_window <= 0 and soft_cap <= 0 mean "none".
+  m.def(
+      "paged_attention_out(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
+      "int sliding_window, float soft_cap) -> ()",
+      cpu_kernel(&paged_attention_out));
 }
 
 }  // namespace opmux_cpu

@@ -1,7 +1,7 @@
 // quant_fp8: fp32 -> float8_e4m3fn with static or dynamic (per-tensor, per-token, per-group)
 // scales, bit for bit as the native reference: per-tensor/per-token values are x * (1/scale),
 // per-group values x / scale, clamped to +-448, rounded to nearest even.
-#include "ops.h"
+#include "op_library.h"
 #include "vec_common.h"
 
 #include <c10/util/Float8_e4m3fn.h>
@@ -212,6 +212,22 @@ void quant_fp8_group_out(at::Tensor& q, at::Tensor& scale_out, const at::Tensor&
       }
     });
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  // scale: float32 [a, b] tiling x's last two dims.
+  m.def(
+      "quant_fp8_static_out(Tensor(a!) q, Tensor x, Tensor scale) -> ()",
+      cpu_kernel(&quant_fp8_static_out));
+  m.def(
+      "quant_fp8_dynamic_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, bool per_token, "
+      "Tensor? scale_ub) -> ()",
+      cpu_kernel(&quant_fp8_dynamic_out));
+  m.def(
+      "quant_fp8_group_out(Tensor(a!) q, Tensor(b!) scale_out, Tensor x, int group_size, "
+      "bool use_ue8m0) -> ()",
+      cpu_kernel(&quant_fp8_group_out));
 }
 
 }  // namespace opmux_cpu

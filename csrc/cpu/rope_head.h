@@ -1,4 +1,4 @@
-// The rotation of one head shared by rotary.cpp and rotary_more.cpp.
+// The rotation of a head and of a token's heads, shared by rotary.cpp and rotary_more.cpp.
 #pragma once
 
 #include "vec_common.h"
@@ -43,6 +43,16 @@ inline void rope_head(T* out, const T* in, const C* cos, const C* sin, int64_t r
     }
   }
   if (rot < head_size) std::memcpy(out + rot, in + rot, (head_size - rot) * sizeof(T));
+}
+
+// rope_head over the `heads` consecutive heads of one token's row, all rotated by the same
+// cos/sin.
+template <typename T, typename C>
+inline void rope_heads(T* out, const T* in, int64_t heads, const C* cos, const C* sin,
+                       int64_t rot, int64_t head_size, bool is_neox) {
+  for (int64_t h = 0; h < heads; ++h) {
+    rope_head(out + h * head_size, in + h * head_size, cos, sin, rot, head_size, is_neox);
+  }
 }
 
 }  // namespace opmux_cpu

@@ -1,6 +1,6 @@
 // rotary_embedding: functional (writes new query/key tensors), neox (halves) or gptj (pairs)
 // rotation of the first `rot` dims of every head; dims rot..head_size are copied through.
-#include "ops.h"
+#include "op_library.h"
 #include "rope_head.h"
 
 namespace opmux_cpu {
@@ -81,18 +81,20 @@ void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* cos = cache + pos[t * ps] * rot;
         const scalar_t* sin = cos + rot / 2;
-        for (int64_t h = 0; h < hq; ++h) {
-          rope_head(qo + t * q_width + h * head_size, q + t * qs + h * head_size, cos, sin,
-                      rot, head_size, is_neox);
-        }
-        for (int64_t h = 0; h < hk; ++h) {
-          rope_head(ko + t * k_width + h * head_size, k + t * ks + h * head_size, cos, sin,
-                      rot, head_size, is_neox);
-        }
+        rope_heads(qo + t * q_width, q + t * qs, hq, cos, sin, rot, head_size, is_neox);
+        rope_heads(ko + t * k_width, k + t * ks, hk, cos, sin, rot, head_size, is_neox);
       }
       stream_fence();
     });
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "rotary_embedding_out(Tensor(a!) query_out, Tensor(b!) key_out, Tensor positions, "
+      "Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox) -> ()",
+      cpu_kernel(&rotary_embedding_out));
 }
 
 }  // namespace opmux_cpu

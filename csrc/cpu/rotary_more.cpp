@@ -4,7 +4,7 @@
 // in fp32, one rounding to the output dtype.
 #include <optional>
 
-#include "ops.h"
+#include "op_library.h"
 #include "rope_head.h"
 
 namespace opmux_cpu {
@@ -156,21 +156,30 @@ void dual_chunk_rotary_embedding_out(
         const scalar_t* rows[5] = {tables[0] + c * rot, tables[1] + c * rot, tables[2],
                                    tables[3] + c * rot, inter_crit + c * rot};
         const scalar_t* kr = kc + p * rot;
-        for (int64_t h = 0; h < hk; ++h) {
-          rope_head(ko + t * kw + h * head_size, k + t * ks + h * head_size, kr, kr + rot / 2,
-                    rot, head_size, is_neox);
-        }
+        rope_heads(ko + t * kw, k + t * ks, hk, kr, kr + rot / 2, rot, head_size, is_neox);
         scalar_t* qrow = qo + t * 5 * qw;
         for (int64_t v = 0; v < 5; ++v) {
-          for (int64_t h = 0; h < hq; ++h) {
-            rope_head(qrow + v * qw + h * head_size, q + t * qs + h * head_size, rows[v],
-                      rows[v] + rot / 2, rot, head_size, is_neox);
-          }
+          rope_heads(qrow + v * qw, q + t * qs, hq, rows[v], rows[v] + rot / 2, rot, head_size,
+                     is_neox);
         }
       }
       stream_fence();
     });
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "apply_rotary_emb_out(Tensor(a!) out, Tensor x, Tensor cos, Tensor sin, "
+      "bool is_neox) -> ()",
+      cpu_kernel(&apply_rotary_emb_out));
+  m.def(
+      "dual_chunk_rotary_embedding_out(Tensor(a!) query_out, Tensor(b!) key_out, "
+      "Tensor positions, Tensor query, Tensor key, Tensor q_cache, Tensor qc_cache, "
+      "Tensor k_cache, Tensor qc_no_clamp_cache, Tensor q_inter_cache, int head_size, "
+      "bool is_neox, Tensor? offsets) -> ()",
+      cpu_kernel(&dual_chunk_rotary_embedding_out));
 }
 
 }  // namespace opmux_cpu

@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "ops.h"
+#include "op_library.h"
 #include "vec_common.h"
 
 namespace opmux_cpu {
@@ -185,6 +185,17 @@ void ssd_scan_out(at::Tensor& out, at::Tensor& ssm_state, const at::Tensor& x,
                                         bounds, hp, args);
     }
   });
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  // query_start_loc None: decode, one token per slot. dt_max < 0: no upper clamp.
+  m.def(
+      "ssd_scan_out(Tensor(a!) out, Tensor(b!) ssm_state, Tensor x, Tensor dt, Tensor A, "
+      "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, Tensor state_indices, "
+      "Tensor? query_start_loc, Tensor? has_initial_state, bool dt_softplus, float dt_min, "
+      "float dt_max) -> ()",
+      cpu_kernel(&ssd_scan_out));
 }
 
 }  // namespace opmux_cpu

@@ -9,7 +9,7 @@
 //
 // Sequences: with query_start_loc, sequence i is rows [qsl[i], qsl[i+1]); without it every
 // row is its own sequence (decode). Slot -1 is padding: output rows zero, state untouched.
-#include "ops.h"
+#include "op_library.h"
 #include "vec_common.h"
 
 #include <algorithm>
@@ -271,6 +271,21 @@ void selective_scan_out(at::Tensor& out, const at::Tensor& u, at::Tensor& ssm_st
                                  !query_start_loc.has_value());
   scan_out(query_start_loc ? "selective_scan" : "selective_state_update", out, u, ssm_states,
            delta, A, B, C, D, z, delta_bias, delta_softplus, seg);
+}
+
+// This file's ops in torch.ops.opmux_cpu (op_library.h).
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def(
+      "causal_conv1d_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
+      "Tensor(b!) conv_states, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state, bool silu) -> ()",
+      cpu_kernel(&causal_conv1d_out));
+  m.def(
+      "selective_scan_out(Tensor(a!) out, Tensor u, Tensor(b!) ssm_states, Tensor delta, "
+      "Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? delta_bias, "
+      "bool delta_softplus, Tensor? query_start_loc, Tensor? cache_indices, "
+      "Tensor? has_initial_state) -> ()",
+      cpu_kernel(&selective_scan_out));
 }
 
 }  // namespace opmux_cpu

@@ -1,10 +1,11 @@
 """All of opmux's configuration: every environment variable, read through one function each.
 
 Nothing else in opmux reads ``os.environ`` for its own settings: each variable below has
-exactly one accessor here, documented once (the README's configuration table mirrors
-this module). Accessors read the environment on every call (cheap; never on the dispatch
-hot path), so a fixed configuration takes effect on the next start-up attempt. A
-malformed value raises :class:`~opmux.ConfigError` naming the variable and the value.
+exactly one accessor here, documented once, in the accessor (the README's configuration
+table mirrors this module); the ``ENV_*`` constants are the variables' names. Accessors
+read the environment on every call (cheap; never on the dispatch hot path), so a fixed
+configuration takes effect on the next start-up attempt. A malformed value raises
+:class:`~opmux.ConfigError` naming the variable and the value.
 
 =============================  =============================  ==============================
 variable                       accessor                       meaning
@@ -64,6 +65,7 @@ __all__ = [
     "cxx",
     "debug",
     "parse_bool",
+    "parse_names",
     "parse_plugin_allow_list",
     "parse_priority",
     "pjrt_device",
@@ -79,34 +81,19 @@ __all__ = [
 ]
 
 ENV_PLATFORM: Final = "OPMUX_PLATFORM"
-"""``"cuda"``: use this platform (built-in or a plugin's) instead of detecting one."""
 ENV_PRIORITY: Final = "OPMUX_PRIORITY"
-"""``"rms_norm=cpp,native;paged_attention=triton,native"``: per-op provider order."""
 ENV_PLUGINS: Final = "OPMUX_PLUGINS"
-"""``"cpu,cuda"``: only these plugins load (unset or empty: all)."""
 ENV_STRICT_PLUGINS: Final = "OPMUX_STRICT_PLUGINS"
-"""``1``/``true``: a plugin failure raises instead of being recorded and skipped."""
 ENV_CUSTOM_OPS: Final = "OPMUX_CUSTOM_OPS"
 ENV_COMPILE_MODE: Final = "OPMUX_COMPILE_MODE"
-"""``"all,-rms_norm"`` / ``"none,+rms_norm"``: which CustomOp layers use their platform path."""
 ENV_CHECK_OUTPUTS: Final = "OPMUX_CHECK_OUTPUTS"
-"""``1``: check every provider's outputs against the op's fake and its inputs for mutation."""
 ENV_CACHE_DIR: Final = "OPMUX_CACHE_DIR"
-"""Root folder of the native build caches, the tuned tables and the compiled dispatch
-functions (default ``~/.cache/opmux``)."""
 ENV_TUNED: Final = "OPMUX_TUNED"
-"""``0``/``false``: start-up ignores the table ``opmux tune`` wrote (default: load it)."""
 ENV_DEBUG: Final = "OPMUX_DEBUG"
-"""``1``: the ``opmux`` CLI re-raises errors with their traceback."""
 ENV_ASCEND_SOC_VERSION: Final = "OPMUX_ASCEND_SOC_VERSION"
-"""The Ascend SoC the AscendC kernels are compiled for (default ``Ascend910B1``)."""
-
 ENV_TRACE: Final = "OPMUX_TRACE"
-"""``"/tmp/trace-{pid}.json"``: each process writes ``{op: {provider: calls}}`` there at exit."""
 ENV_VLLM: Final = "OPMUX_VLLM"
-"""``0``/``false``: the vLLM general plugin registers nothing (default on)."""
 ENV_VLLM_LAYERS: Final = "OPMUX_VLLM_LAYERS"
-"""``"rms_norm,silu_and_mul,attention"``: only these parts of vLLM are replaced."""
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
@@ -117,6 +104,17 @@ _PLUGIN_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 def _env(name: str) -> str | None:
     return os.environ.get(name)
+
+
+def _text(name: str) -> str:
+    """The variable stripped, empty when unset."""
+    return (os.environ.get(name) or "").strip()
+
+
+def _flag(name: str, *, default: bool) -> bool:
+    """A boolean variable (:func:`parse_bool`); ``default`` when unset or blank."""
+    text = os.environ.get(name)
+    return default if text is None or not text.strip() else parse_bool(text, source=name)
 
 
 # ----------------------------------------------------------------- parsers (pure)
@@ -158,34 +156,44 @@ def parse_priority(text: str, *, source: str = ENV_PRIORITY) -> dict[str, list[s
     return result
 
 
+def parse_names(text: str | None, *, source: str, what: str, pattern: re.Pattern[str],
+                example: str) -> frozenset[str] | None:
+    """A comma-separated list of names: ``None`` (no restriction) for unset/empty, else the set.
+
+    :raises ConfigError: a value that names nothing (``",,,"``: it would silently select
+        nothing) or a name ``pattern`` does not match (``"cpu;cuda"``).
+    """
+    if text is None or not text.strip():
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not pattern.match(n)]
+    if names and not bad:
+        return frozenset(names)
+    problem = f"bad {what} name(s) {bad}" if bad else f"names no {what} (unset it for all)"
+    raise ConfigError(f"{source}={text!r}: {problem}; expected {what} names separated by "
+                      f"commas, e.g. {example}")
+
+
 def parse_plugin_allow_list(text: str | None) -> frozenset[str] | None:
     """``None`` (all allowed) for unset/empty, else the set of plugin names.
 
     :raises ConfigError: a value that names no plugin at all (``",,,"``: it would
         silently disable every plugin) or a malformed name (``"cpu;cuda"``).
     """
-    if text is None or not text.strip():
-        return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise ConfigError(f"{ENV_PLUGINS}={text!r} names no plugin; unset it to load every "
-                          f"plugin, or list names separated by commas (cpu,cuda)")
-    bad = [n for n in names if not _PLUGIN_NAME.match(n)]
-    if bad:
-        raise ConfigError(f"{ENV_PLUGINS}={text!r}: bad plugin name(s) {bad}; expected names "
-                          f"separated by commas, e.g. cpu,cuda")
-    return frozenset(names)
+    return parse_names(text, source=ENV_PLUGINS, what="plugin", pattern=_PLUGIN_NAME,
+                       example="cpu,cuda")
 
 
 # --------------------------------------------------------------------- accessors
 def platform_override() -> str | None:
-    """``OPMUX_PLATFORM``: the forced platform name, or ``None`` (detect)."""
-    value = (_env(ENV_PLATFORM) or "").strip()
-    return value or None
+    """``OPMUX_PLATFORM``: the forced platform name (``"cuda"``: a built-in or a plugin's),
+    or ``None`` (detect)."""
+    return _text(ENV_PLATFORM) or None
 
 
 def priority_overrides() -> dict[str, list[str]]:
-    """``OPMUX_PRIORITY`` parsed: ``{op: [provider, ...]}`` (empty when unset)."""
+    """``OPMUX_PRIORITY`` parsed (``"rms_norm=cpp,native;paged_attention=triton,native"``):
+    ``{op: [provider, ...]}`` (empty when unset)."""
     return parse_priority(_env(ENV_PRIORITY) or "")
 
 
@@ -195,51 +203,58 @@ def priority_text() -> str:
 
 
 def plugin_allow_list() -> frozenset[str] | None:
-    """``OPMUX_PLUGINS`` parsed: the allowed plugin names, or ``None`` (all)."""
+    """``OPMUX_PLUGINS`` parsed (``"cpu,cuda"``): the allowed plugin names, or ``None``
+    (unset or empty: all)."""
     return parse_plugin_allow_list(_env(ENV_PLUGINS))
 
 
 def strict_plugins() -> bool:
-    """``OPMUX_STRICT_PLUGINS``: whether a plugin failure is fatal."""
-    return parse_bool(_env(ENV_STRICT_PLUGINS), source=ENV_STRICT_PLUGINS)
+    """``OPMUX_STRICT_PLUGINS``: whether a plugin failure raises instead of being recorded
+    and skipped (unset: no)."""
+    return _flag(ENV_STRICT_PLUGINS, default=False)
 
 
 def custom_ops_spec() -> str:
-    """``OPMUX_CUSTOM_OPS`` as written (empty when unset); see :func:`parse_custom_ops`."""
+    """``OPMUX_CUSTOM_OPS`` as written (``"all,-rms_norm"`` / ``"none,+rms_norm"``: which
+    CustomOp layers use their platform path; empty when unset); see :func:`parse_custom_ops`."""
     return _env(ENV_CUSTOM_OPS) or ""
 
 
 def compile_mode_spec() -> str:
     """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset); checked by
     :func:`opmux.core.custom_op.compile_mode`."""
-    return (_env(ENV_COMPILE_MODE) or "").strip().lower()
+    return _text(ENV_COMPILE_MODE).lower()
 
 
 def check_outputs() -> bool:
-    """``OPMUX_CHECK_OUTPUTS``: whether provider outputs are checked (a debug mode)."""
-    return parse_bool(_env(ENV_CHECK_OUTPUTS), source=ENV_CHECK_OUTPUTS)
+    """``OPMUX_CHECK_OUTPUTS``: whether every provider's outputs are checked against the op's
+    fake and its inputs for mutation (a debug mode; unset: no)."""
+    return _flag(ENV_CHECK_OUTPUTS, default=False)
 
 
 def cache_dir() -> Path:
-    """``OPMUX_CACHE_DIR`` (``~`` expanded), default ``~/.cache/opmux``."""
-    value = (_env(ENV_CACHE_DIR) or "").strip()
+    """``OPMUX_CACHE_DIR`` (``~`` expanded): root folder of the native build caches, the tuned
+    tables and the compiled dispatch functions; default ``~/.cache/opmux``."""
+    value = _text(ENV_CACHE_DIR)
     return Path(value).expanduser() if value else Path.home() / ".cache" / "opmux"
 
 
 def tuned_enabled() -> bool:
-    """``OPMUX_TUNED``: whether start-up loads the tuned priority table (unset: yes)."""
-    text = _env(ENV_TUNED)
-    return True if text is None or not text.strip() else parse_bool(text, source=ENV_TUNED)
+    """``OPMUX_TUNED``: whether start-up loads the table ``opmux tune`` wrote (unset: yes;
+    ``0``/``false``: ignore it)."""
+    return _flag(ENV_TUNED, default=True)
 
 
 def debug() -> bool:
-    """``OPMUX_DEBUG``: whether the CLI shows tracebacks (any non-false value)."""
-    return (_env(ENV_DEBUG) or "").strip().lower() not in _FALSE
+    """``OPMUX_DEBUG``: whether the ``opmux`` CLI re-raises errors with their traceback (any
+    non-false value)."""
+    return _text(ENV_DEBUG).lower() not in _FALSE
 
 
 def ascend_soc_version() -> str:
-    """``OPMUX_ASCEND_SOC_VERSION``, default ``"Ascend910B1"``."""
-    return (_env(ENV_ASCEND_SOC_VERSION) or "").strip() or "Ascend910B1"
+    """``OPMUX_ASCEND_SOC_VERSION``: the Ascend SoC the AscendC kernels are compiled for,
+    default ``"Ascend910B1"``."""
+    return _text(ENV_ASCEND_SOC_VERSION) or "Ascend910B1"
 
 
 def cann_home() -> Path | None:
@@ -258,7 +273,7 @@ def pjrt_device() -> str | None:
 
 def triton_interpret() -> bool:
     """``TRITON_INTERPRET``: whether Triton runs kernels in its CPU interpreter."""
-    return (_env("TRITON_INTERPRET") or "0").strip().lower() in _TRUE
+    return _text("TRITON_INTERPRET").lower() in _TRUE
 
 
 def cxx(default: str = "c++") -> str:
@@ -267,35 +282,27 @@ def cxx(default: str = "c++") -> str:
 
 
 def trace_path() -> str | None:
-    """``OPMUX_TRACE``: the trace file pattern (``{pid}`` not yet expanded), or ``None``."""
-    value = (_env(ENV_TRACE) or "").strip()
-    return value or None
+    """``OPMUX_TRACE``: the trace file pattern (``"/tmp/trace-{pid}.json"``, ``{pid}`` not yet
+    expanded; each process writes ``{op: {provider: calls}}`` there at exit), or ``None``."""
+    return _text(ENV_TRACE) or None
 
 
 def vllm_enabled() -> bool:
-    """``OPMUX_VLLM``: whether the vLLM plugin replaces anything (unset: yes).
+    """``OPMUX_VLLM``: whether the vLLM plugin replaces anything (unset: yes; ``0``/``false``:
+    it registers nothing).
 
     :raises ConfigError: a value that is not a boolean.
     """
-    text = _env(ENV_VLLM)
-    if text is None or not text.strip():
-        return True
-    return parse_bool(text, source=ENV_VLLM)
+    return _flag(ENV_VLLM, default=True)
 
 
 def vllm_layers() -> frozenset[str] | None:
-    """``OPMUX_VLLM_LAYERS`` parsed: the names to replace, or ``None`` (everything).
+    """``OPMUX_VLLM_LAYERS`` parsed (``"rms_norm,silu_and_mul,attention"``): the names to
+    replace, or ``None`` (everything).
 
     Names are checked against the plugin's table by :func:`opmux.integrations.vllm.register`.
 
     :raises ConfigError: a value that names nothing (``",,"``) or a malformed name.
     """
-    text = _env(ENV_VLLM_LAYERS)
-    if text is None or not text.strip():
-        return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if not _IDENT.match(n)]
-    if not names or bad:
-        raise ConfigError(f"{ENV_VLLM_LAYERS}={text!r}: expected layer names separated by "
-                          f"commas (e.g. rms_norm,silu_and_mul,attention); bad: {bad or [text]}")
-    return frozenset(names)
+    return parse_names(_env(ENV_VLLM_LAYERS), source=ENV_VLLM_LAYERS, what="layer",
+                       pattern=_IDENT, example="rms_norm,silu_and_mul,attention")

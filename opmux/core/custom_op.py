@@ -39,6 +39,7 @@ import torch
 from opmux.core import config
 from opmux.core.config import ENV_COMPILE_MODE, ENV_CUSTOM_OPS
 from opmux.core.errors import ConfigError, RegistrationError
+from opmux.core.state import claim
 from opmux.core.torch_lib import validate_name
 
 __all__ = ["ENV_COMPILE_MODE", "CustomOp", "compile_mode", "custom_op_counts",
@@ -274,14 +275,14 @@ class CustomOp(torch.nn.Module):
         validate_name("custom op", name)
 
         def decorator(layer_cls: _C) -> _C:
-            existing = CustomOp.op_registry.get(name)
-            if existing is not None and existing is not layer_cls:
+            entry: type[CustomOp] = layer_cls
+            existing = claim(CustomOp.op_registry, name, entry)
+            if existing is not None:
                 raise RegistrationError(
                     f"CustomOp name {name!r} is already registered by "
                     f"{existing.__module__}.{existing.__qualname__}; use register_oot to "
                     f"replace it out of tree")
             layer_cls.name = name
-            CustomOp.op_registry[name] = layer_cls
             return layer_cls
 
         return decorator

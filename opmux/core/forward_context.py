@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import OpmuxError
-from opmux.core.state import register_reset
+from opmux.core.state import claim, register_reset
 
 if TYPE_CHECKING:
     import torch
@@ -160,12 +160,10 @@ def collect_layers(model: torch.nn.Module, attr: str = "layer_name") -> dict[str
         name = getattr(module, attr, None)
         if not isinstance(name, str):
             continue
-        other = found.get(name)
-        if other is not None and other is not module:
+        if claim(found, name, module) is not None:
             raise OpmuxError(
                 f"collect_layers: two layers are named {name!r} (the second at "
                 f"{path or '<root>'!r}); give each layer a unique {attr}")
-        found[name] = module
     return found
 
 

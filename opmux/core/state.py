@@ -7,14 +7,20 @@ import with :func:`register_reset`; :func:`reset_for_tests` (re-exported by
 :mod:`opmux.core.runtime`) calls them all. This module imports nothing of opmux, so any
 module (core or backend) can register without an import cycle and core never imports a
 backend to reset it.
+
+The name tables in that state (layers by name, process groups, CustomOp classes) share one
+rule, :func:`claim`: a name stays with the first object entered under it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from typing import TypeVar
 
-__all__ = ["register_reset", "reset_for_tests"]
+__all__ = ["claim", "register_reset", "reset_for_tests"]
+
+_V = TypeVar("_V")
 
 _RESETS: dict[str, Callable[[], None]] = {}
 _LOCK = threading.Lock()
@@ -47,3 +53,13 @@ def reset_for_tests() -> None:
             first = first or exc
     if first is not None:
         raise first
+
+
+def claim(table: MutableMapping[str, _V], name: str, value: _V) -> _V | None:
+    """Enter ``value`` as ``table[name]`` unless another object holds ``name``.
+
+    :returns: ``None`` when ``name`` is now ``value``'s (entered, or already its), else the
+        other object that holds it (the table is unchanged; the caller raises its error).
+    """
+    holder = table.setdefault(name, value)
+    return None if holder is value else holder

@@ -19,7 +19,8 @@ where vLLM has it and ignored: opmux layers are compiled with the model.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -51,38 +52,55 @@ def _check_approximate(approximate: str) -> None:
                          f"{sorted(_APPROXIMATIONS)}")
 
 
-@CustomOp.register("silu_and_mul")
-class SiluAndMul(_OpLayer):
-    """SwiGLU: ``silu(x[..., :d]) * x[..., d:]`` for ``x[..., 2*d]``."""
+class _CatalogOpLayer(_OpLayer):
+    """A layer whose platform path is its catalog op ``_catalog_op`` applied to ``x`` and to
+    the attributes named in ``_op_params`` (in that order), which are also its ``extra_repr``."""
+
+    _catalog_op: ClassVar[Callable[..., Tensor]]
+    _op_params: ClassVar[tuple[str, ...]] = ()
+
+    def forward_op(self, x: Tensor) -> Tensor:
+        return type(self)._catalog_op(x, *[getattr(self, n) for n in self._op_params])
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self._op_params)
+
+
+class _CatalogOpLayerCompileNative(_CatalogOpLayer):
+    """A :class:`_CatalogOpLayer` whose vLLM constructor takes ``compile_native`` (ignored)."""
 
     def __init__(self, *, compile_native: bool = True) -> None:
         super().__init__()
+
+
+@CustomOp.register("silu_and_mul")
+class SiluAndMul(_CatalogOpLayerCompileNative):
+    """SwiGLU: ``silu(x[..., :d]) * x[..., d:]`` for ``x[..., 2*d]``."""
+
+    _catalog_op = ops.silu_and_mul
 
     def forward_native(self, x: Tensor) -> Tensor:
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.silu_and_mul(x)
-        return out
-
 
 @CustomOp.register("mul_and_silu")
-class MulAndSilu(_OpLayer):
+class MulAndSilu(_CatalogOpLayer):
     """``x[..., :d] * silu(x[..., d:])``."""
+
+    _catalog_op = ops.mul_and_silu
 
     def forward_native(self, x: Tensor) -> Tensor:
         d = x.shape[-1] // 2
         return x[..., :d] * F.silu(x[..., d:])
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.mul_and_silu(x)
-        return out
-
 
 @CustomOp.register("fatrelu_and_mul")
-class FatreluAndMul(_OpLayer):
+class FatreluAndMul(_CatalogOpLayer):
     """FATReLU (MiniCPM-S): ``threshold(x[..., :d], threshold, 0) * x[..., d:]``."""
+
+    _catalog_op = ops.fatrelu_and_mul
+    _op_params = ("threshold",)
 
     def __init__(self, threshold: float = 0.0) -> None:
         super().__init__()
@@ -92,20 +110,16 @@ class FatreluAndMul(_OpLayer):
         d = x.shape[-1] // 2
         return F.threshold(x[..., :d], self.threshold, 0.0) * x[..., d:]
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.fatrelu_and_mul(x, self.threshold)
-        return out
-
-    def extra_repr(self) -> str:
-        return f"threshold={self.threshold!r}"
-
 
 @CustomOp.register("gelu_and_mul")
-class GeluAndMul(_OpLayer):
+class GeluAndMul(_CatalogOpLayer):
     """GeGLU: ``gelu(x[..., :d], approximate) * x[..., d:]``.
 
     :raises ValueError: ``approximate`` not ``"none"``/``"tanh"``.
     """
+
+    _catalog_op = ops.gelu_and_mul
+    _op_params = ("approximate",)
 
     def __init__(self, approximate: str = "none") -> None:
         _check_approximate(approximate)
@@ -116,22 +130,18 @@ class GeluAndMul(_OpLayer):
         d = x.shape[-1] // 2
         return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.gelu_and_mul(x, self.approximate)
-        return out
-
-    def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}"
-
 
 @CustomOp.register("gelu_and_mul_sparse")
-class GeluAndMulSparse(_OpLayer):
+class GeluAndMulSparse(_CatalogOpLayer):
     """Gemma-3n's GeGLU with a Gaussian top-k gate (see :func:`opmux.ops.gelu_and_mul_sparse`).
 
     :param activation_sparsity: target fraction of zeroed gate values; ``std_multiplier``
         is its standard-normal quantile (as vLLM computes it).
     :raises ValueError: unknown ``approximate`` or ``activation_sparsity == 0``.
     """
+
+    _catalog_op = ops.gelu_and_mul_sparse
+    _op_params = ("activation_sparsity", "approximate")
 
     def __init__(self, activation_sparsity: float, approximate: str = "none") -> None:
         _check_approximate(approximate)
@@ -151,19 +161,14 @@ class GeluAndMulSparse(_OpLayer):
         sparse = F.relu(gate - (mean + std * self.std_multiplier))
         return F.gelu(sparse, approximate=self.approximate) * x[..., d:]
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.gelu_and_mul_sparse(x, self.activation_sparsity, self.approximate)
-        return out
-
-    def extra_repr(self) -> str:
-        return (f"activation_sparsity={self.activation_sparsity!r}, "
-                f"approximate={self.approximate!r}")
-
 
 @CustomOp.register("swigluoai_and_mul")
-class SwigluOAIAndMul(_OpLayer):
+class SwigluOAIAndMul(_CatalogOpLayer):
     """gpt-oss's clamped SwiGLU on interleaved gate/up (see
     :func:`opmux.ops.swigluoai_and_mul`)."""
+
+    _catalog_op = ops.swigluoai_and_mul
+    _op_params = ("alpha", "limit")
 
     def __init__(self, alpha: float = 1.702, limit: float = 7.0) -> None:
         super().__init__()
@@ -175,64 +180,46 @@ class SwigluOAIAndMul(_OpLayer):
         up = x[..., 1::2].clamp(min=-self.limit, max=self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.swigluoai_and_mul(x, self.alpha, self.limit)
-        return out
-
-    def extra_repr(self) -> str:
-        return f"alpha={self.alpha!r}, limit={self.limit!r}"
-
 
 @CustomOp.register("gelu_new")
-class NewGELU(_OpLayer):
+class NewGELU(_CatalogOpLayer):
     """GPT-2's tanh GELU."""
+
+    _catalog_op = ops.gelu_new
 
     def forward_native(self, x: Tensor) -> Tensor:
         c = math.sqrt(2.0 / math.pi)
         return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.gelu_new(x)
-        return out
-
 
 @CustomOp.register("gelu_fast")
-class FastGELU(_OpLayer):
+class FastGELU(_CatalogOpLayer):
     """The fast tanh GELU."""
+
+    _catalog_op = ops.gelu_fast
 
     def forward_native(self, x: Tensor) -> Tensor:
         return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.gelu_fast(x)
-        return out
-
 
 @CustomOp.register("quick_gelu")
-class QuickGELU(_OpLayer):
+class QuickGELU(_CatalogOpLayer):
     """``x * sigmoid(1.702 x)``."""
+
+    _catalog_op = ops.quick_gelu
 
     def forward_native(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(1.702 * x)
 
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.quick_gelu(x)
-        return out
-
 
 @CustomOp.register("relu2")
-class ReLUSquaredActivation(_OpLayer):
+class ReLUSquaredActivation(_CatalogOpLayerCompileNative):
     """``relu(x)^2`` (Primer)."""
 
-    def __init__(self, *, compile_native: bool = True) -> None:
-        super().__init__()
+    _catalog_op = ops.relu2
 
     def forward_native(self, x: Tensor) -> Tensor:
         return torch.square(F.relu(x))
-
-    def forward_op(self, x: Tensor) -> Tensor:
-        out: Tensor = ops.relu2(x)
-        return out
 
 
 @CustomOp.register("xielu")

@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from opmux.core.custom_op import CustomOp, _runs
+from opmux.layers._keep import keep
 from opmux.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -210,6 +211,14 @@ class MambaMixer(_StateLayer):
     loading (``-exp(A_log)``), fp32.
     """
 
+    time_step_rank: int
+    ssm_state_size: int
+    use_rms_norm: bool
+    activation: str
+    is_lora_enabled: bool
+    conv_kernel_size: int
+    intermediate_size: int
+
     def __init__(self, hidden_size: int, ssm_state_size: int, conv_kernel_size: int,
                  intermediate_size: int, time_step_rank: int, use_conv_bias: bool,
                  use_bias: bool, use_rms_norm: bool, rms_norm_has_weight: bool = True,
@@ -217,13 +226,9 @@ class MambaMixer(_StateLayer):
                  is_lora_enabled: bool = False, model_config: Any = None,
                  cache_config: Any = None, prefix: str = "") -> None:
         super().__init__()
-        self.time_step_rank = time_step_rank
-        self.ssm_state_size = ssm_state_size
-        self.use_rms_norm = use_rms_norm
-        self.activation = activation
-        self.is_lora_enabled = is_lora_enabled
-        self.conv_kernel_size = conv_kernel_size
-        self.intermediate_size = intermediate_size
+        keep(self, time_step_rank=time_step_rank, ssm_state_size=ssm_state_size,
+             use_rms_norm=use_rms_norm, activation=activation, is_lora_enabled=is_lora_enabled,
+             conv_kernel_size=conv_kernel_size, intermediate_size=intermediate_size)
         self.conv1d = ColumnParallelLinear(input_size=conv_kernel_size,
                                            output_size=intermediate_size, bias=use_conv_bias,
                                            prefix=f"{prefix}.conv1d")

@@ -41,6 +41,7 @@ from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
 from opmux.distributed import divide
+from opmux.layers._keep import keep
 from opmux.layers._tensor_parallel import copy_checked, narrow_full, tp_coords
 from opmux.layers.moe_methods import experts_native
 from opmux.ops.communication import all_reduce_
@@ -135,6 +136,20 @@ class FusedMoE(CustomOp):
         ``intermediate_size`` or ``shared_intermediate_size``.
     """
 
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+    layer_name: str
+    renormalize: bool
+    num_expert_group: Optional[int]
+    topk_group: Optional[int]
+    scoring_func: str
+    routed_scaling_factor: float
+    use_grouped_topk: bool
+    activation: str
+    reduce_results: bool
+
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  *, layer_name: str = "", renormalize: bool = True,
                  num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
@@ -163,25 +178,18 @@ class FusedMoE(CustomOp):
             raise ConfigError(f"FusedMoE(layer_name={layer_name!r}): tp_size={tp_size} differs "
                               f"from the tensor-parallel group's size {self.tp_size}; pass "
                               f"None (the group's size) or 1 (no sharding)")
-        self.use_grouped_topk = grouped
-        self.activation = activation
-        self.reduce_results = reduce_results
         where = f"FusedMoE(layer_name={layer_name!r})"
         #: this rank's slice of the expert intermediate size
         self.intermediate_size_per_partition = divide(
             intermediate_size, self.tp_size, f"{where} intermediate_size")
         shared_per_partition = divide(shared_intermediate_size, self.tp_size,
                                       f"{where} shared_intermediate_size")
-        self.num_experts = num_experts
-        self.top_k = top_k
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.layer_name = layer_name
-        self.renormalize = renormalize
-        self.num_expert_group = num_expert_group
-        self.topk_group = topk_group
-        self.scoring_func = scoring_func
-        self.routed_scaling_factor = routed_scaling_factor
+        keep(self, use_grouped_topk=grouped, activation=activation,
+             reduce_results=reduce_results, num_experts=num_experts, top_k=top_k,
+             hidden_size=hidden_size, intermediate_size=intermediate_size,
+             layer_name=layer_name, renormalize=renormalize,
+             num_expert_group=num_expert_group, topk_group=topk_group,
+             scoring_func=scoring_func, routed_scaling_factor=routed_scaling_factor)
         factory: dict[str, Any] = {"dtype": dtype, "device": device}
         #: router, ``[E, d]``.
         self.gate_weight = torch.nn.Parameter(torch.empty(num_experts, hidden_size, **factory))

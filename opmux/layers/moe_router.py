@@ -21,6 +21,7 @@ from torch import Tensor
 
 from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError
+from opmux.layers._keep import keep
 from opmux.ops._checks import input_error
 from opmux.ops.moe import grouped_topk
 
@@ -47,6 +48,14 @@ class GroupedTopk(CustomOp):
     the weights stay the unbiased scores.
     """
 
+    topk: int
+    renormalize: bool
+    num_expert_group: int
+    topk_group: int
+    scoring_func: str
+    routed_scaling_factor: float
+    num_fused_shared_experts: int
+
     def __init__(self, topk: int, renormalize: bool, num_expert_group: int = 0,
                  topk_group: int = 0, scoring_func: str = "softmax",
                  routed_scaling_factor: float = 1.0, num_fused_shared_experts: int = 0) -> None:
@@ -66,13 +75,10 @@ class GroupedTopk(CustomOp):
             raise ConfigError(f"{where}: num_fused_shared_experts must be 0 (fused shared "
                               f"experts are a ROCm kernel feature), got "
                               f"{num_fused_shared_experts}")
-        self.topk = topk
-        self.renormalize = renormalize
-        self.num_expert_group = num_expert_group
-        self.topk_group = topk_group
-        self.scoring_func = scoring_func
-        self.routed_scaling_factor = routed_scaling_factor
-        self.num_fused_shared_experts = num_fused_shared_experts
+        keep(self, topk=topk, renormalize=renormalize, num_expert_group=num_expert_group,
+             topk_group=topk_group, scoring_func=scoring_func,
+             routed_scaling_factor=routed_scaling_factor,
+             num_fused_shared_experts=num_fused_shared_experts)
 
     def _check_tokens(self, hidden_states: Tensor, gating_output: Tensor) -> None:
         if hidden_states.shape[0] != gating_output.shape[0]:

@@ -20,9 +20,9 @@ __all__ = ["fused_add_rms_norm", "gemma_fused_add_rms_norm", "gemma_rms_norm", "
            "rms_norm_gated"]
 
 
-def _rms_norm_fp32(xf: Tensor, weight: Tensor, eps: float) -> Tensor:
-    variance = xf.pow(2).mean(dim=-1, keepdim=True)
-    return xf * torch.rsqrt(variance + eps) * weight.float()
+def _normalized(xf: Tensor, eps: float) -> Tensor:
+    """``xf * rsqrt(mean(xf**2, -1) + eps)``: the RMS normalisation every op here shares (fp32)."""
+    return xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
 @register_op
@@ -35,7 +35,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     :raises opmux.OpInputError: for mismatched shapes, devices or non-floating dtypes.
     """
     check_rms_norm(x, weight, eps)
-    return _rms_norm_fp32(x.float(), weight, eps).to(x.dtype)
+    return (_normalized(x.float(), eps) * weight.float()).to(x.dtype)
 
 
 @register_op
@@ -51,13 +51,12 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     """
     check_fused_add_rms_norm(x, residual, weight, eps)
     new_residual = (x.float() + residual.float()).to(x.dtype)
-    out = _rms_norm_fp32(new_residual.float(), weight, eps).to(x.dtype)
+    out = (_normalized(new_residual.float(), eps) * weight.float()).to(x.dtype)
     return out, new_residual
 
 
 def _gemma_fp32(xf: Tensor, weight: Tensor, eps: float) -> Tensor:
-    variance = xf.pow(2).mean(dim=-1, keepdim=True)
-    return xf * torch.rsqrt(variance + eps) * (weight.float() + 1.0)
+    return _normalized(xf, eps) * (weight.float() + 1.0)
 
 
 @register_op
@@ -67,10 +66,8 @@ def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     As vLLM 0.32's ``GemmaRMSNorm``: ``1 + weight`` is formed in fp32, the whole product is
     computed in fp32 and rounded once to ``x.dtype`` (not ``x`` rounded first, then scaled).
 
-    :param x: floating tensor ``[..., d]``.
-    :param weight: floating tensor ``[d]`` (any floating dtype; zeros give a plain RMS norm).
-    :param eps: added to the mean square.
-    :raises opmux.OpInputError: for mismatched shapes, devices or non-floating dtypes.
+    Arguments and errors as :func:`rms_norm`'s; ``weight`` may be of any floating dtype (zeros
+    give a plain RMS norm).
     """
     check_gemma_rms_norm(x, weight, eps)
     return _gemma_fp32(x.float(), weight, eps).to(x.dtype)
@@ -120,12 +117,9 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: f
         if not norm_before_gate:
             xf = xf * gate
     if group_size is None:
-        variance = xf.pow(2).mean(dim=-1, keepdim=True)
-        out = xf * torch.rsqrt(variance + eps) * weight.float()
+        out = _normalized(xf, eps) * weight.float()
     else:
-        xg = xf.unflatten(-1, (-1, group_size))
-        variance = xg.pow(2).mean(dim=-1, keepdim=True)
-        out = (xg * torch.rsqrt(variance + eps)).flatten(-2) * weight.float()
+        out = _normalized(xf.unflatten(-1, (-1, group_size)), eps).flatten(-2) * weight.float()
     if gate is not None and norm_before_gate:
         out = out * gate
     return out.to(x.dtype)

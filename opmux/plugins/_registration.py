@@ -8,9 +8,11 @@ provider's ``lazy``). The per-op tables stay in the provider modules (``OPS = {o
 supports_args)}``); :func:`register_table` turns one such table into registrations, with the
 same ``supported`` flag and reason for all of them (a failed build marks every op).
 
-Predicates are named ``<op>_supports`` (``_<op>_supports`` when private), as the Triton modules
-and the example vendor do; the ``cpp`` table (``_<op>_ok``), ``cuda_c`` (abbreviated op names)
-and ``mindspore`` (``supports_args``) still carry their earlier names.
+A predicate must take the op's parameters, but most read only a few of them: :func:`predicate`
+builds one with an impl's parameters from a check that names just those it reads. Predicates
+are named ``<op>_supports`` (``_<op>_supports`` when private), as the Triton modules and the
+example vendor do; the ``cpp`` table (``_<op>_ok``), ``cuda_c`` (abbreviated op names) and
+``mindspore`` (``supports_args``) still carry their earlier names.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from opmux.core.errors import SignatureMismatchError
+
 if TYPE_CHECKING:
     from opmux.core.op import Op
 
-__all__ = ["Impl", "OpTable", "PlatformLike", "RegistryLike", "find_op", "register_table"]
+__all__ = ["Impl", "OpTable", "PlatformLike", "RegistryLike", "find_op", "predicate",
+           "register_table"]
 
 Impl = tuple[Callable[..., Any], Callable[..., bool] | None]
 """``(impl, supports_args)`` of one op; ``None`` when the provider takes every input."""
@@ -51,6 +56,38 @@ def find_op(registry: RegistryLike, name: str) -> Op | None:
         if op.namespace == "opmux":
             return op
     return matches[0] if len(matches) == 1 else None
+
+
+def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[..., bool]:
+    """A ``supports_args`` predicate with ``impl``'s parameters and defaults (native's) that
+    returns ``check`` of the arguments ``check`` names, passed in ``check``'s order.
+
+    The predicate is a plain function (compiled once here), so registration checks its
+    signature on the fast path and a call costs one extra function call, no binding.
+
+    :raises SignatureMismatchError: ``check`` names a parameter ``impl`` lacks, or either is
+        not a plain function.
+    """
+    try:
+        code, inner = impl.__code__, check.__code__
+    except AttributeError as exc:
+        raise SignatureMismatchError(f"predicate: {impl!r} and {check!r} must be plain "
+                                     f"functions") from exc
+    params = code.co_varnames[:code.co_argcount]
+    wanted = inner.co_varnames[:inner.co_argcount]
+    unknown = [p for p in wanted if p not in params]
+    if unknown or "_check" in params or code.co_kwonlyargcount or code.co_flags & 0x0C:
+        raise SignatureMismatchError(
+            f"predicate: {check.__qualname__} reads {unknown or list(wanted)}, which must be "
+            f"among the plain parameters {list(params)} of {impl.__qualname__}")
+    name = f"_{impl.__name__}_supports"
+    namespace: dict[str, Any] = {"_check": check}
+    exec(f"def {name}({', '.join(params)}):\n    return _check({', '.join(wanted)})\n",
+         namespace)
+    fn: Callable[..., bool] = namespace[name]
+    fn.__defaults__ = impl.__defaults__  # type: ignore[attr-defined]
+    fn.__module__ = impl.__module__
+    return fn
 
 
 def register_table(registry: RegistryLike, provider: str, dispatch_key: str, table: OpTable,

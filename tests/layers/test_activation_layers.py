@@ -131,8 +131,9 @@ def test_enabled_layers_call_the_catalog_op(monkeypatch: pytest.MonkeyPatch) -> 
     op = opmux.get_op("gelu_new")
     x = _input(torch.float32)
     assert op.dispatch(x).provider == "cpp", op.explain(x)
+    assert layers.NewGELU._catalog_op is activation.gelu_new
     calls: list[torch.Tensor] = []
-    monkeypatch.setattr(activation, "gelu_new", lambda t: calls.append(t) or op(t))
+    monkeypatch.setattr(layers.NewGELU, "_catalog_op", lambda t: calls.append(t) or op(t))
     layers.NewGELU()(x)
     opmux.set_custom_ops("all,-gelu_new")
     layers.NewGELU()(x)

@@ -6,9 +6,10 @@ import importlib
 import inspect
 
 import pytest
+import torch
 
 import opmux
-from opmux.plugins._registration import find_op, register_table
+from opmux.plugins._registration import find_op, predicate, register_table
 
 #: every ``register`` of the built-in plugins: entry modules and provider modules
 REGISTER_MODULES = [
@@ -57,3 +58,25 @@ def test_find_op_prefers_the_catalog() -> None:
     found = find_op(opmux.global_registry(), "paged_attention")
     assert found is not None and found.qualname == "opmux::paged_attention"
     assert find_op(opmux.global_registry(), "no_such_op") is None
+
+
+def _impl(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x
+
+
+def test_predicate_takes_the_impls_parameters_and_passes_what_the_check_names(
+        registry: opmux.OpRegistry, ns: str) -> None:
+    seen: list[tuple[int, int]] = []
+    pred = predicate(_impl, lambda weight, x: seen.append((weight.dim(), x.dim())) or x.dim() == 2)
+    assert list(inspect.signature(pred).parameters) == ["x", "weight", "eps"]
+    assert pred.__defaults__ == (1e-6,) and pred.__name__ == "__impl_supports"
+    x, w = torch.ones(2, 3), torch.ones(3)
+    assert pred(x, w) is True and pred(x=x[0], weight=w, eps=0.5) is False
+    assert seen == [(1, 2), (1, 1)]  # in the check's order
+    op = registry.register_op(opmux.ops.rms_norm.native, name="rms_norm", namespace=ns)
+    op.register_impl("p", dispatch_key="CPU", supports_args=predicate(_impl, lambda x: True))(
+        _impl)  # the registration's signature check accepts it
+    with pytest.raises(opmux.SignatureMismatchError, match=r"reads \['scale'\]"):
+        predicate(_impl, lambda x, scale: True)
+    with pytest.raises(opmux.SignatureMismatchError, match="plain functions"):
+        predicate(_impl, print)  # type: ignore[arg-type]

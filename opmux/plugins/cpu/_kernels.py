@@ -16,7 +16,7 @@ FLOATS: Final = (torch.float32, torch.bfloat16, torch.float16)
 """Floating dtypes every kernel takes."""
 
 K = torch.ops.opmux_cpu
-"""The kernels' torch namespace (``csrc/cpu/bindings.cpp``)."""
+"""The kernels' torch namespace (``csrc/cpu/bindings.cpp``; each kernel file adds its ops)."""
 
 
 def cpu_float(t: object) -> bool:

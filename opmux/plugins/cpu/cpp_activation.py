@@ -15,6 +15,7 @@ from torch import Tensor
 
 from opmux.ops import _activation_checks as _checks
 from opmux.ops.activation import sparsity_std_multiplier
+from opmux.plugins._registration import predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 
@@ -33,8 +34,7 @@ def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
     return out
 
 
-def _fatrelu_and_mul_ok(x: Tensor, threshold: float = 0.0) -> bool:
-    return _ok(x)
+_fatrelu_and_mul_ok = predicate(fatrelu_and_mul, _ok)
 
 
 def mul_and_silu(x: Tensor) -> Tensor:
@@ -53,9 +53,7 @@ def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
     return out
 
 
-def _gelu_and_mul_sparse_ok(x: Tensor, activation_sparsity: float,
-                            approximate: str = "none") -> bool:
-    return _ok(x)
+_gelu_and_mul_sparse_ok = predicate(gelu_and_mul_sparse, _ok)
 
 
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
@@ -65,8 +63,7 @@ def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Te
     return out
 
 
-def _swigluoai_and_mul_ok(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> bool:
-    return _ok(x)
+_swigluoai_and_mul_ok = predicate(swigluoai_and_mul, _ok)
 
 
 def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
@@ -108,11 +105,14 @@ def xielu_out_dtype(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> torch.dtype:
     return dtype
 
 
-def _xielu_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> bool:
+def _xielu_params_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> bool:
     return (_ok(x) and alpha_p.dtype in FLOATS and alpha_n.dtype == alpha_p.dtype
             and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
             and alpha_p.is_cpu and alpha_n.is_cpu
             and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype)
+
+
+_xielu_ok = predicate(xielu, _xielu_params_ok)
 
 
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {

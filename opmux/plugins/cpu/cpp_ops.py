@@ -33,6 +33,7 @@ from opmux.ops._norm_quant_checks import (
     check_quant_fp8,
     check_rms_norm_gated,
 )
+from opmux.plugins._registration import predicate
 
 from . import _build, cpp_activation, cpp_attention_extra, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
@@ -155,8 +156,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     return out
 
 
-def _gelu_and_mul_ok(x: Tensor, approximate: str = "none") -> bool:
-    return cpu_float(x) and x.is_contiguous()
+_gelu_and_mul_ok = predicate(gelu_and_mul, _silu_and_mul_ok)
 
 
 # ----------------------------------------------------------------------------- rotary
@@ -184,12 +184,15 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
     return query_out, key_out
 
 
-def _rotary_embedding_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
-                         head_size: int, is_neox: bool = True) -> bool:
+def _rotary_tensors_ok(positions: Tensor, query: Tensor, key: Tensor,
+                       cos_sin_cache: Tensor) -> bool:
     return (cpu_float(query) and isinstance(key, Tensor) and key.dtype == query.dtype
             and isinstance(cos_sin_cache, Tensor) and cos_sin_cache.dtype == query.dtype
             and _cpu_tensor(positions) and positions.dtype == torch.int64
             and key.is_cpu and cos_sin_cache.is_cpu and cos_sin_cache.is_contiguous())
+
+
+_rotary_embedding_ok = predicate(rotary_embedding, _rotary_tensors_ok)
 
 
 # ----------------------------------------------------------------------------- kv cache
@@ -284,9 +287,9 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
           block_tables)
 
 
-def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
-                     sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
-                     slot_mapping: Tensor, block_tables: Tensor) -> bool:
+def _advance_step_tensors_ok(input_tokens: Tensor, sampled_token_ids: Tensor,
+                             input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
+                             block_tables: Tensor) -> bool:
     # sampled_token_ids ([n], [n, 1] or more rows) and block_tables are read through their
     # strides; the kernel writes the four state vectors as contiguous arrays (native takes
     # strided ones)
@@ -299,6 +302,9 @@ def _advance_step_ok(num_seqs: int, num_queries: int, block_size: int, input_tok
             and sampled_token_ids.dtype == torch.int64 and input_positions.dtype == torch.int64
             and seq_lens.dtype == torch.int32 and slot_mapping.dtype == torch.int64
             and block_tables.dtype == torch.int32)
+
+
+_advance_step_ok = predicate(advance_step_flashattn, _advance_step_tensors_ok)
 
 
 # ----------------------------------------------------------------------------- more rotary
@@ -315,12 +321,14 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = 
     return out
 
 
-def _apply_rotary_emb_ok(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = True,
-                         enable_fp32_compute: bool = False) -> bool:
+def _apply_rotary_tensors_ok(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
     return (cpu_float(x) and x.is_contiguous() and x.dim() >= 3
             and cos.is_cpu and sin.is_cpu and cos.dtype in FLOATS and sin.dtype == cos.dtype
             and cos.dim() == 2 and sin.dim() == 2 and cos.stride(1) == 1
             and sin.stride(1) == 1)
+
+
+_apply_rotary_emb_ok = predicate(apply_rotary_emb, _apply_rotary_tensors_ok)
 
 
 def dual_chunk_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
@@ -338,11 +346,10 @@ def dual_chunk_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     return query_out, key_out
 
 
-def _dual_chunk_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_q_cache: Tensor,
-                   cos_sin_qc_cache: Tensor, cos_sin_k_cache: Tensor,
-                   cos_sin_qc_no_clamp_cache: Tensor, cos_sin_q_inter_cache: Tensor,
-                   head_size: int, is_neox_style: bool = True,
-                   offsets: Optional[Tensor] = None) -> bool:
+def _dual_chunk_tensors_ok(positions: Tensor, query: Tensor, key: Tensor,
+                           cos_sin_q_cache: Tensor, cos_sin_qc_cache: Tensor,
+                           cos_sin_k_cache: Tensor, cos_sin_qc_no_clamp_cache: Tensor,
+                           cos_sin_q_inter_cache: Tensor, offsets: Optional[Tensor]) -> bool:
     caches = (cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache, cos_sin_qc_no_clamp_cache,
               cos_sin_q_inter_cache)
     return (cpu_float(query) and key.dtype == query.dtype and key.is_cpu
@@ -353,6 +360,9 @@ def _dual_chunk_ok(positions: Tensor, query: Tensor, key: Tensor, cos_sin_q_cach
             and (offsets is None or (offsets.dtype == torch.int64 and offsets.is_contiguous()))
             and all(c.dtype == query.dtype and c.is_cpu and c.is_contiguous() and c.dim() == 2
                     for c in caches))
+
+
+_dual_chunk_ok = predicate(dual_chunk_rotary_embedding, _dual_chunk_tensors_ok)
 
 
 # ------------------------------------------------------- gemma / gated norms, fp8 quant
@@ -367,8 +377,7 @@ gemma_fused_add_rms_norm = _fused_add_norm_impl(
 _gemma_fused_add_rms_norm_ok = _fused_add_ok(_norm_weight_ok)
 
 
-def _gemma_rms_norm_ok(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
-    return _norm_weight_ok(x, weight)
+_gemma_rms_norm_ok = predicate(gemma_rms_norm, _norm_weight_ok)
 
 
 def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-5,
@@ -382,11 +391,12 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: f
     return out
 
 
-def _rms_norm_gated_ok(x: Tensor, weight: Tensor, z: Optional[Tensor] = None,
-                       eps: float = 1e-5, group_size: Optional[int] = None,
-                       norm_before_gate: bool = False, activation: str = "swish") -> bool:
+def _gated_tensors_ok(x: Tensor, weight: Tensor, z: Optional[Tensor]) -> bool:
     return _norm_weight_ok(x, weight) and (
         z is None or (z.dtype == x.dtype and z.is_cpu and z.is_contiguous()))
+
+
+_rms_norm_gated_ok = predicate(rms_norm_gated, _gated_tensors_ok)
 
 
 def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
@@ -411,11 +421,12 @@ def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False
     return q, scales
 
 
-def _quant_fp8_ok(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
-                  scale_ub: Optional[Tensor] = None, group_size: Optional[int] = None,
-                  use_ue8m0: bool = False) -> bool:
+def _quant_tensors_ok(x: Tensor, scale: Optional[Tensor], scale_ub: Optional[Tensor]) -> bool:
     return (cpu_float(x) and x.is_contiguous() and (scale is None or scale.is_cpu)
             and (scale_ub is None or scale_ub.is_cpu))
+
+
+_quant_fp8_ok = predicate(quant_fp8, _quant_tensors_ok)
 
 
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {

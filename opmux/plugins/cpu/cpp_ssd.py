@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.plugins._registration import predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 __all__ = ["OPS", "ssd_chunk_scan", "ssd_state_update"]
@@ -64,13 +65,7 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
     return out
 
 
-def _ssd_chunk_scan_ok(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                       ssm_state: Tensor, state_indices: Tensor, query_start_loc: Tensor,
-                       has_initial_state: Optional[Tensor] = None, D: Optional[Tensor] = None,
-                       z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
-                       dt_softplus: bool = False, dt_min: float = 0.0,
-                       dt_max: Optional[float] = None, chunk_size: int = 256) -> bool:
-    return _ok(x, dt, B, C, ssm_state, z)
+_ssd_chunk_scan_ok = predicate(ssd_chunk_scan, _ok)
 
 
 def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
@@ -87,12 +82,7 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     return out
 
 
-def _ssd_state_update_ok(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
-                         ssm_state: Tensor, state_indices: Tensor, D: Optional[Tensor] = None,
-                         z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
-                         dt_softplus: bool = False, dt_min: float = 0.0,
-                         dt_max: Optional[float] = None) -> bool:
-    return _ok(x, dt, B, C, ssm_state, z)
+_ssd_state_update_ok = predicate(ssd_state_update, _ok)
 
 
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {

@@ -21,6 +21,7 @@ from opmux.ops._ssm_checks import (
     check_selective_scan,
     check_selective_state_update,
 )
+from opmux.plugins._registration import predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 __all__ = ["OPS", "causal_conv1d", "causal_conv1d_update", "selective_scan",
@@ -78,17 +79,6 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
     return out
 
 
-def _causal_conv1d_ok(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states: Tensor,
-                      query_start_loc: Optional[Tensor] = None,
-                      cache_indices: Optional[Tensor] = None,
-                      has_initial_state: Optional[Tensor] = None,
-                      activation: Optional[str] = "silu") -> bool:
-    return (x.is_cpu and x.dtype in FLOATS and _like(x, weight, bias)
-            and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
-            and _state_ok(x, conv_states)
-            and _index_ok(query_start_loc, has_initial_state) and _slots_ok(cache_indices))
-
-
 def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
                          bias: Optional[Tensor] = None, activation: Optional[str] = None,
                          conv_state_indices: Optional[Tensor] = None) -> Tensor:
@@ -98,14 +88,6 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
     call("causal_conv1d_update", K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(),
          _c(bias), conv_state, None, _c(conv_state_indices), None, activation is not None)
     return out
-
-
-def _causal_conv1d_update_ok(x: Tensor, conv_state: Tensor, weight: Tensor,
-                             bias: Optional[Tensor] = None, activation: Optional[str] = None,
-                             conv_state_indices: Optional[Tensor] = None) -> bool:
-    return (x.is_cpu and x.dtype in FLOATS and _like(x, weight, bias)
-            and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
-            and _state_ok(x, conv_state) and _slots_ok(conv_state_indices))
 
 
 # ----------------------------------------------------------------------------- scan
@@ -127,18 +109,6 @@ def selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: T
     return out
 
 
-def _selective_scan_ok(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: Tensor,
-                       C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
-                       delta_bias: Optional[Tensor] = None, delta_softplus: bool = False,
-                       query_start_loc: Optional[Tensor] = None,
-                       cache_indices: Optional[Tensor] = None,
-                       has_initial_state: Optional[Tensor] = None) -> bool:
-    return (u.is_cpu and u.dtype in FLOATS and _like(u, delta, B, C, z)
-            and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
-            and _state_ok(u, ssm_states)
-            and _index_ok(query_start_loc, has_initial_state) and _slots_ok(cache_indices))
-
-
 def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor,
                            C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
                            dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
@@ -152,14 +122,36 @@ def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
     return out
 
 
-def _selective_state_update_ok(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
-                               B: Tensor, C: Tensor, D: Optional[Tensor] = None,
-                               z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
-                               dt_softplus: bool = False,
-                               state_batch_indices: Optional[Tensor] = None) -> bool:
-    return (x.is_cpu and x.dtype in FLOATS and _like(x, dt, B, C, z)
+def _conv_ok(x: Tensor, weight: Tensor, bias: Optional[Tensor], states: Tensor,
+             slots: Optional[Tensor], *index: Optional[Tensor]) -> bool:
+    return (x.is_cpu and x.dtype in FLOATS and _like(x, weight, bias)
+            and weight.dim() == 2 and weight.shape[1] <= _MAX_WIDTH
+            and _state_ok(x, states) and _index_ok(*index) and _slots_ok(slots))
+
+
+def _scan_ok(u: Tensor, states: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor,
+             z: Optional[Tensor], slots: Optional[Tensor], *index: Optional[Tensor]) -> bool:
+    return (u.is_cpu and u.dtype in FLOATS and _like(u, delta, B, C, z)
             and A.is_cpu and A.dim() == 2 and A.shape[1] <= _MAX_STATE
-            and _state_ok(x, ssm_states) and _slots_ok(state_batch_indices))
+            and _state_ok(u, states) and _index_ok(*index) and _slots_ok(slots))
+
+
+_causal_conv1d_ok = predicate(
+    causal_conv1d,
+    lambda x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state:
+    _conv_ok(x, weight, bias, conv_states, cache_indices, query_start_loc, has_initial_state))
+_causal_conv1d_update_ok = predicate(
+    causal_conv1d_update,
+    lambda x, conv_state, weight, bias, conv_state_indices:
+    _conv_ok(x, weight, bias, conv_state, conv_state_indices))
+_selective_scan_ok = predicate(
+    selective_scan,
+    lambda u, ssm_states, delta, A, B, C, z, query_start_loc, cache_indices, has_initial_state:
+    _scan_ok(u, ssm_states, delta, A, B, C, z, cache_indices, query_start_loc, has_initial_state))
+_selective_state_update_ok = predicate(
+    selective_state_update,
+    lambda ssm_states, x, dt, A, B, C, z, state_batch_indices:
+    _scan_ok(x, ssm_states, dt, A, B, C, z, state_batch_indices))
 
 
 OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
