@@ -76,7 +76,8 @@ void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
     const scalar_t* cache = cos_sin_cache.const_data_ptr<scalar_t>();
     scalar_t* qo = query_out.data_ptr<scalar_t>();
     scalar_t* ko = key_out.data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(q_width + k_width, 1));
+    // at least 16384 elements a task: a decode batch rotates on the calling thread
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(q_width + k_width, 1));
     at::parallel_for(0, T, grain, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         const scalar_t* cos = cache + pos[t * ps] * rot;
