@@ -20,7 +20,7 @@ import torch
 
 from opmux.core.errors import RegistrationError, UnknownOpError
 from opmux.core.op import Op
-from opmux.core.torch_lib import infer_schema, validate_name, validate_namespace
+from opmux.core.torch_lib import infer_schema, register_fake, validate_name, validate_namespace
 from opmux.platforms import current_platform
 
 __all__ = ["OpRegistry", "get_op", "global_registry", "list_ops", "register_op"]
@@ -76,8 +76,7 @@ class OpRegistry:
         self.library(op.namespace).impl(op.name, kernel, key)
 
     def _register_fake(self, op: Op, fn: Callable[..., Any], *, override: bool) -> None:
-        torch.library.register_fake(op.qualname, fn, lib=self.library(op.namespace),
-                                    allow_override=override)
+        register_fake(self.library(op.namespace), op.qualname, fn, allow_override=override)
 
     # ----------------------------------------------------------------- ops
     def register_op(self, fn: Callable[..., Any], *, name: str | None = None,

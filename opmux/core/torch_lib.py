@@ -15,8 +15,8 @@ import torch
 
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 
-__all__ = ["TORCH_NAMESPACES", "define_custom_op", "infer_schema", "validate_dispatch_key",
-           "validate_name", "validate_namespace"]
+__all__ = ["TORCH_NAMESPACES", "define_custom_op", "infer_schema", "register_fake",
+           "validate_dispatch_key", "validate_name", "validate_namespace"]
 
 _NAME_RE: re.Pattern[str] = re.compile(r"^[a-z_][a-z0-9_]*$")
 """Op, provider and namespace names: lower-case identifiers."""
@@ -108,6 +108,51 @@ def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str]
         ) from exc
 
 
+def register_fake(lib: torch.library.Library, qualname: str, fn: Callable[..., Any], *,
+                  allow_override: bool) -> None:
+    """:func:`torch.library.register_fake` of ``fn`` for ``qualname``, defined in ``lib``.
+
+    torch's function names the registration's source by inspecting its caller's frame
+    (``inspect.getframeinfo``, which scans ``sys.modules``): about half a millisecond per
+    op at start-up. Where torch's fake-impl holder has the ``register(func, source, lib,
+    allow_override)`` that this torch's ``register_fake`` calls, the registration is made
+    there directly, with the fake function's own definition as its source: the same
+    registration (the holder's kernel, its Meta kernel, a handle that ``lib`` removes when
+    it is destroyed). With any other torch, torch's public function is called.
+    """
+    holder_register = _fake_holder_register(qualname)
+    handles = getattr(lib, "_registration_handles", None)
+    if holder_register is None or not isinstance(handles, list):
+        torch.library.register_fake(qualname, fn, lib=lib, allow_override=allow_override)
+        return
+    code = getattr(fn, "__code__", None)
+    source = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(fn)
+    handles.append(holder_register(fn, source, lib=lib, allow_override=allow_override))
+
+
+_FAKE_HOLDER_OK: list[bool | None] = [None]
+"""Whether torch's fake-impl holder has the ``register`` this module calls (checked once)."""
+
+_FAKE_HOLDER_PARAMS = ["self", "func", "source", "lib", "allow_override"]
+
+
+def _fake_holder_register(qualname: str) -> Callable[..., Any] | None:
+    """The ``register`` of ``qualname``'s fake-impl holder, or ``None`` (other torch)."""
+    ok = _FAKE_HOLDER_OK[0]
+    if ok is None:
+        holder: Any = getattr(getattr(torch._library, "fake_impl", None), "FakeImplHolder", None)
+        try:
+            ok = list(inspect.signature(holder.register).parameters) == _FAKE_HOLDER_PARAMS
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        _FAKE_HOLDER_OK[0] = ok
+    if not ok:
+        return None
+    register: Callable[..., Any] = \
+        torch._library.simple_registry.singleton.find(qualname).fake_impl.register
+    return register
+
+
 def define_custom_op(
     lib: torch.library.Library,
     op_name: str,
@@ -142,4 +187,4 @@ def define_custom_op(
     lib.define(op_name + schema, tags=tuple(tags))
     lib.impl(op_name, op_func, dispatch_key)
     if fake_impl is not None:
-        torch.library.register_fake(qualname, fake_impl, lib=lib)
+        register_fake(lib, qualname, fake_impl, allow_override=True)
