@@ -91,9 +91,16 @@ class OpRegistry:
         if namespace == DEFAULT_NAMESPACE:
             self._load_catalog()  # catalog names are reserved: they are taken first
         with self._lock:
-            self.check_undefined(namespace, op_name)
+            if qualname in self._ops:
+                self.check_undefined(namespace, op_name)  # raises, naming the owner
             lib = self.library(namespace)
-            lib.define(op_name + schema, tags=tuple(tags))
+            try:
+                # torch refuses a name it has (looking it up first costs another failed
+                # torch.ops lookup per op at start-up); nothing is defined then
+                lib.define(op_name + schema, tags=tuple(tags))
+            except RuntimeError:
+                self.check_undefined(namespace, op_name)  # an op of that name: say so
+                raise
             op = Op(self, op_name, namespace, fn, schema, mutates, self._platform_key)
             lib.impl(op_name, op._native_kernel(), "CompositeExplicitAutograd")
             # The default fake is native itself, run by a Meta kernel (cheaper to register

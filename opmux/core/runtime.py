@@ -50,6 +50,8 @@ __all__ = ["direct_register_custom_op", "global_registry", "load_plugins", "regi
 
 _catalog_lock = threading.RLock()
 _catalog_loaded: list[bool] = [False]
+#: set while this module imports the catalog (its own op definitions come back here)
+_catalog_loading: list[bool] = [False]
 
 
 def _load_catalog() -> None:
@@ -57,10 +59,13 @@ def _load_catalog() -> None:
     if _catalog_loaded[0]:
         return
     with _catalog_lock:
-        if _catalog_loaded[0]:
-            return
-        import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
-
+        if _catalog_loaded[0] or _catalog_loading[0]:
+            return  # loaded, or re-entered by the catalog's own registrations
+        _catalog_loading[0] = True
+        try:
+            import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
+        finally:
+            _catalog_loading[0] = False
         _catalog_loaded[0] = True
 
 
