@@ -63,23 +63,34 @@ def validate_namespace(namespace: object) -> str:
     return namespace
 
 
+_BACKEND_KEYS: list[frozenset[str]] = []
+"""The device backend dispatch keys, read once (``DispatchKey.__members__`` builds a dict)."""
+
+
+def _backend_keys() -> frozenset[str]:
+    if not _BACKEND_KEYS:
+        _BACKEND_KEYS.append(frozenset(k for k in torch._C.DispatchKey.__members__
+                                       if not k.startswith(_NON_BACKEND_PREFIXES)))
+    return _BACKEND_KEYS[0]
+
+
 def validate_dispatch_key(key: object, *, op: str, provider: str) -> str:
     """Check that ``key`` names a device backend dispatch key torch knows.
 
     :raises RegistrationError: for unknown keys and for alias keys such as
         ``CompositeExplicitAutograd`` or ``Autograd``.
     """
-    members = torch._C.DispatchKey.__members__
-    if not isinstance(key, str) or key not in members or key.startswith(_NON_BACKEND_PREFIXES):
-        examples = ", ".join(sorted(k for k in ("CPU", "CUDA", "XLA", "PrivateUse1", "MPS", "XPU")
-                                    if k in members))
-        raise RegistrationError(
-            f"provider {provider!r} of op {op!r}: unknown or non-backend dispatch key {key!r}; "
-            f"expected a device backend key such as {examples}",
-            op=op,
-            provider=provider,
-        )
-    return key
+    backends = _backend_keys()
+    if isinstance(key, str) and key in backends:
+        return key
+    examples = ", ".join(sorted(k for k in ("CPU", "CUDA", "XLA", "PrivateUse1", "MPS", "XPU")
+                                if k in backends))
+    raise RegistrationError(
+        f"provider {provider!r} of op {op!r}: unknown or non-backend dispatch key {key!r}; "
+        f"expected a device backend key such as {examples}",
+        op=op,
+        provider=provider,
+    )
 
 
 def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str],
