@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from opmux.core import custom_op, plugins
+from opmux.core import plugins
 from opmux.core.plugins import PluginRecord, plugin_report
 from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, _install_global
 from opmux.core.state import register_reset, reset_for_tests
@@ -154,7 +154,3 @@ def _reset_global_registry() -> None:
         for op in list(_GLOBAL._ops.values()):
             op._reset_priorities()
         _GLOBAL._loaded[0] = False
-
-
-# CustomOp enablement lives in a module that registers nothing itself yet
-register_reset(custom_op._reset_for_tests, name="opmux.core.custom_op._reset_for_tests")
