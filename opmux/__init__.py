@@ -2,26 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from opmux.core import errors as _errors
-from opmux.core.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
 from opmux.core.errors import *  # noqa: F403  (every exception type is public here too)
-from opmux.core.forward_context import collect_layers, forward_context, get_forward_context
 from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
 from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, plugin_report
 from opmux.core.registry import OpRegistry, get_op, list_ops, register_op
-from opmux.core.runners import (
-    get_runner,
-    register_runner,
-    register_runner_op,
-    release_runner,
-    runner_scope,
-)
 from opmux.core.runtime import direct_register_custom_op, global_registry, load_plugins
 from opmux.core.switches import enable_output_checks
 from opmux.platforms import current_platform
 from opmux.platforms.base import Platform
+
+if TYPE_CHECKING:  # imported on first use (below): start-up needs none of them
+    from opmux.core.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
+    from opmux.core.forward_context import collect_layers, forward_context, get_forward_context
+    from opmux.core.runners import (
+        get_runner,
+        register_runner,
+        register_runner_op,
+        release_runner,
+        runner_scope,
+    )
+
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("CustomOp", "custom_op_counts", "set_compile_mode", "set_custom_ops"),
+                    "opmux.core.custom_op"),
+    **dict.fromkeys(("collect_layers", "forward_context", "get_forward_context"),
+                    "opmux.core.forward_context"),
+    **dict.fromkeys(("get_runner", "register_runner", "register_runner_op", "release_runner",
+                     "runner_scope"), "opmux.core.runners"),
+}
+"""Public names of the layer, forward-context and runner modules, imported on first use."""
 
 __all__ = [
     "PLUGIN_GROUP",
@@ -59,6 +72,11 @@ __all__ += _errors.__all__
 
 
 def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # found directly from now on
+        return value
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -79,3 +97,7 @@ def __getattr__(name: str) -> Any:
 
         return models
     raise AttributeError(f"module 'opmux' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -201,13 +201,16 @@ def _write_disk() -> None:
         pass  # a read-only cache only costs the compile next time
 
 
-def _compile(variant: str, source: str, env: dict[str, Any], name: str) -> Callable[..., Any]:
+def _compile(variant: str, source: Callable[[], str], env: dict[str, Any],
+             name: str) -> Callable[..., Any]:
+    """Instantiate ``variant`` in ``env``; ``source`` gives its text, formatted only when
+    neither this process nor the on-disk copy has compiled it yet."""
     code = _CODE.get(variant)
     if code is None and not _DISK[0]:
         _read_disk()
         code = _CODE.get(variant)
     if code is None:
-        code = _CODE[variant] = compile(source, f"<opmux chooser {variant}>", "exec")
+        code = _CODE[variant] = compile(source(), f"<opmux chooser {variant}>", "exec")
         _write_disk()
     namespace = dict(env)
     exec(code, namespace)  # defines the function; its body was compiled once
@@ -229,9 +232,12 @@ def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded
     if code is not None and not code.co_kwonlyargcount and not code.co_flags & 0x0C:
         params = ", ".join(f"a{i}" for i in range(code.co_argcount))  # no *args / **kwargs
     fixed = params != "*args"
-    source = _SELECT.format(name="kernel", params=params, prologue=_KERNEL_PROLOGUE,
-                            call=params, sized=f"holder.sized[{'a0' if fixed else 'args[0]'}"
-                                                 f".numel().bit_length()]")
+
+    def source() -> str:
+        return _SELECT.format(name="kernel", params=params, prologue=_KERNEL_PROLOGUE,
+                              call=params, sized=f"holder.sized[{'a0' if fixed else 'args[0]'}"
+                                                   f".numel().bit_length()]")
+
     kernel = _compile(f"kernel/{params}", source, {
         "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded},
         "kernel")
@@ -246,10 +252,12 @@ def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_o
                is_compiling: Callable[[], bool], keymap: dict[str, str],
                key_of: Callable[..., str], tensor: type) -> Callable[..., Any]:
     """The eager ``__call__`` (torch wrap off): the device's key, then the same walk."""
-    source = _SELECT.format(name="eager", params="_self, *args, **kwargs",
-                            prologue=_EAGER_PROLOGUE, call="*args, **kwargs",
-                            sized="holder.sized[first.numel().bit_length()] if isinstance("
-                                  "first, tensor) else holder.unsized")
+    def source() -> str:
+        return _SELECT.format(name="eager", params="_self, *args, **kwargs",
+                              prologue=_EAGER_PROLOGUE, call="*args, **kwargs",
+                              sized="holder.sized[first.numel().bit_length()] if isinstance("
+                                    "first, tensor) else holder.unsized")
+
     return _compile("eager", source, {
         "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,
         "ensure_loaded": ensure_loaded, "is_compiling": is_compiling, "keymap": keymap,

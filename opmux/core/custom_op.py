@@ -39,7 +39,7 @@ import torch
 from opmux.core import config
 from opmux.core.config import ENV_COMPILE_MODE, ENV_CUSTOM_OPS
 from opmux.core.errors import ConfigError, RegistrationError
-from opmux.core.state import claim
+from opmux.core.state import claim, register_reset
 from opmux.core.torch_lib import validate_name
 
 __all__ = ["ENV_COMPILE_MODE", "CustomOp", "compile_mode", "custom_op_counts",
@@ -331,6 +331,7 @@ _PLATFORM_METHOD: dict[str, str] = {
 """Platform name → CustomOp method; out-of-tree platforms fall back to forward_native."""
 
 
+@register_reset
 def _reset_for_tests() -> None:
     """Clear the enablement and compile-mode overrides, the counts and out-of-tree layers."""
     with _config_lock:

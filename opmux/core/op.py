@@ -137,7 +137,8 @@ class Op:
         self._scopes: list[tuple[object, list[str]]] = []
         self._fake: Callable[..., Any] = native
         self.torch_op: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
-        self._eager = self._build_eager()
+        #: the wrap-off ``__call__``, built the first time the wrap is turned off
+        self._eager: Callable[..., Any] | None = None
         # a class of its own, so __call__ can be the OpOverload itself (see _install_call)
         self.__class__ = type("Op", (type(self),), {"__module__": "opmux"})
         self._install_call(_WRAP[0])
@@ -161,7 +162,10 @@ class Op:
 
     def _install_call(self, wrap: bool) -> None:
         if not wrap:
-            setattr(type(self), "__call__", self._eager)  # noqa: B010
+            eager = self._eager
+            if eager is None:
+                eager = self._eager = self._build_eager()
+            setattr(type(self), "__call__", eager)  # noqa: B010
             return
         target = self.torch_op
         # the overload's own C++ callable: one Python frame less than OpOverload.__call__;

@@ -32,7 +32,9 @@ import importlib.metadata
 import inspect
 import threading
 import traceback
+import types
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
@@ -115,10 +117,39 @@ class PluginRecord:
         return asdict(self)
 
 
+_HOOKABLE: Final = (types.FunctionType, types.MethodType, staticmethod, classmethod)
+"""What pluggy can take as a hook implementation."""
+_MISSING: Final = object()
+
+
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, with a quicker look at a module's attributes when it registers one.
+
+    pluggy looks every attribute of a plugin up with :func:`inspect.getattr_static` to find
+    its hook implementations (a few hundred microseconds per entry module). An attribute of
+    a plain module that cannot be one (not a function or method, or a function without the
+    ``opmux_impl`` marker) is skipped here without that lookup; every other attribute, and
+    every plugin that is not a plain module, goes through pluggy's own parsing.
+    """
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        if type(plugin) is ModuleType and _not_a_hookimpl(plugin.__dict__.get(name, _MISSING)):
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
+def _not_a_hookimpl(value: object) -> bool:
+    if value is _MISSING:
+        return False  # not in the module's own dict: pluggy decides
+    if type(value) is types.FunctionType:
+        return f"{PROJECT}_impl" not in value.__dict__
+    return not isinstance(value, _HOOKABLE)
+
+
 class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm = _PluginManager(PROJECT)
         self.pm.add_hookspecs(_HookSpecs)
         self.records: dict[str, PluginRecord] = {}
         self.modules: dict[str, ModuleType] = {}
@@ -236,14 +267,25 @@ def _discover(state: _State) -> None:
 
 
 def _call_own(module: ModuleType, hook: str, **kwargs: Any) -> Any:
+    bound = _bind_own(module, hook)
+    return None if bound is None else bound(**kwargs)
+
+
+def _bind_own(module: ModuleType, hook: str) -> Callable[..., Any] | None:
+    """``module``'s ``hook`` as a function of keyword arguments that passes on only those
+    the hook takes (pluggy lets a hookimpl take a subset), or ``None`` if it has none."""
     fn = getattr(module, hook, None)
     if fn is None:
         if hook == "opmux_plugin_info":
             raise TypeError(f"plugin module {module.__name__!r} does not define "
                             f"opmux_plugin_info(); every plugin must")
         return None
-    accepted = inspect.signature(fn).parameters  # pluggy lets a hookimpl take a subset
-    return fn(**{k: v for k, v in kwargs.items() if k in accepted})
+    accepted = inspect.signature(fn).parameters  # read once, not per call
+
+    def call(**kwargs: Any) -> Any:
+        return fn(**{k: v for k, v in kwargs.items() if k in accepted})
+
+    return call
 
 
 def discovered_platforms() -> list[type[Platform]]:
@@ -290,9 +332,10 @@ def _activate(state: _State, registry: OpRegistry, platform: Platform) -> None:
         rec = state.records[name]
         answers: dict[str, list[str]] = {}
         try:
+            hook = _bind_own(module, "opmux_default_priority")
             for op in ops:
-                result = _call_own(module, "opmux_default_priority", op_name=_asked_name(op),
-                                   platform=platform)
+                result = None if hook is None else hook(op_name=_asked_name(op),
+                                                        platform=platform)
                 if result is None:
                     continue
                 if isinstance(result, (str, bytes)) or not isinstance(result, (list, tuple)) \

@@ -20,7 +20,7 @@ import torch
 
 from opmux.core.errors import RegistrationError, UnknownOpError
 from opmux.core.op import Op
-from opmux.core.torch_lib import infer_schema, validate_name, validate_namespace
+from opmux.core.torch_lib import infer_schema, register_fake, validate_name, validate_namespace
 from opmux.platforms import current_platform
 
 __all__ = ["OpRegistry", "get_op", "global_registry", "list_ops", "register_op"]
@@ -76,8 +76,7 @@ class OpRegistry:
         self.library(op.namespace).impl(op.name, kernel, key)
 
     def _register_fake(self, op: Op, fn: Callable[..., Any], *, override: bool) -> None:
-        torch.library.register_fake(op.qualname, fn, lib=self.library(op.namespace),
-                                    allow_override=override)
+        register_fake(self.library(op.namespace), op.qualname, fn, allow_override=override)
 
     # ----------------------------------------------------------------- ops
     def register_op(self, fn: Callable[..., Any], *, name: str | None = None,
@@ -92,9 +91,16 @@ class OpRegistry:
         if namespace == DEFAULT_NAMESPACE:
             self._load_catalog()  # catalog names are reserved: they are taken first
         with self._lock:
-            self.check_undefined(namespace, op_name)
+            if qualname in self._ops:
+                self.check_undefined(namespace, op_name)  # raises, naming the owner
             lib = self.library(namespace)
-            lib.define(op_name + schema, tags=tuple(tags))
+            try:
+                # torch refuses a name it has (looking it up first costs another failed
+                # torch.ops lookup per op at start-up); nothing is defined then
+                lib.define(op_name + schema, tags=tuple(tags))
+            except RuntimeError:
+                self.check_undefined(namespace, op_name)  # an op of that name: say so
+                raise
             op = Op(self, op_name, namespace, fn, schema, mutates, self._platform_key)
             lib.impl(op_name, op._native_kernel(), "CompositeExplicitAutograd")
             # The default fake is native itself, run by a Meta kernel (cheaper to register

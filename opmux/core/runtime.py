@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from opmux.core import custom_op, plugins
+from opmux.core import plugins
 from opmux.core.plugins import PluginRecord, plugin_report
 from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, _install_global
 from opmux.core.state import register_reset, reset_for_tests
@@ -50,6 +50,8 @@ __all__ = ["direct_register_custom_op", "global_registry", "load_plugins", "regi
 
 _catalog_lock = threading.RLock()
 _catalog_loaded: list[bool] = [False]
+#: set while this module imports the catalog (its own op definitions come back here)
+_catalog_loading: list[bool] = [False]
 
 
 def _load_catalog() -> None:
@@ -57,10 +59,13 @@ def _load_catalog() -> None:
     if _catalog_loaded[0]:
         return
     with _catalog_lock:
-        if _catalog_loaded[0]:
-            return
-        import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
-
+        if _catalog_loaded[0] or _catalog_loading[0]:
+            return  # loaded, or re-entered by the catalog's own registrations
+        _catalog_loading[0] = True
+        try:
+            import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
+        finally:
+            _catalog_loading[0] = False
         _catalog_loaded[0] = True
 
 
@@ -149,7 +154,3 @@ def _reset_global_registry() -> None:
         for op in list(_GLOBAL._ops.values()):
             op._reset_priorities()
         _GLOBAL._loaded[0] = False
-
-
-# CustomOp enablement lives in a module that registers nothing itself yet
-register_reset(custom_op._reset_for_tests, name="opmux.core.custom_op._reset_for_tests")

@@ -15,8 +15,8 @@ import torch
 
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 
-__all__ = ["TORCH_NAMESPACES", "define_custom_op", "infer_schema", "validate_dispatch_key",
-           "validate_name", "validate_namespace"]
+__all__ = ["TORCH_NAMESPACES", "define_custom_op", "infer_schema", "register_fake",
+           "validate_dispatch_key", "validate_name", "validate_namespace"]
 
 _NAME_RE: re.Pattern[str] = re.compile(r"^[a-z_][a-z0-9_]*$")
 """Op, provider and namespace names: lower-case identifiers."""
@@ -63,23 +63,34 @@ def validate_namespace(namespace: object) -> str:
     return namespace
 
 
+_BACKEND_KEYS: list[frozenset[str]] = []
+"""The device backend dispatch keys, read once (``DispatchKey.__members__`` builds a dict)."""
+
+
+def _backend_keys() -> frozenset[str]:
+    if not _BACKEND_KEYS:
+        _BACKEND_KEYS.append(frozenset(k for k in torch._C.DispatchKey.__members__
+                                       if not k.startswith(_NON_BACKEND_PREFIXES)))
+    return _BACKEND_KEYS[0]
+
+
 def validate_dispatch_key(key: object, *, op: str, provider: str) -> str:
     """Check that ``key`` names a device backend dispatch key torch knows.
 
     :raises RegistrationError: for unknown keys and for alias keys such as
         ``CompositeExplicitAutograd`` or ``Autograd``.
     """
-    members = torch._C.DispatchKey.__members__
-    if not isinstance(key, str) or key not in members or key.startswith(_NON_BACKEND_PREFIXES):
-        examples = ", ".join(sorted(k for k in ("CPU", "CUDA", "XLA", "PrivateUse1", "MPS", "XPU")
-                                    if k in members))
-        raise RegistrationError(
-            f"provider {provider!r} of op {op!r}: unknown or non-backend dispatch key {key!r}; "
-            f"expected a device backend key such as {examples}",
-            op=op,
-            provider=provider,
-        )
-    return key
+    backends = _backend_keys()
+    if isinstance(key, str) and key in backends:
+        return key
+    examples = ", ".join(sorted(k for k in ("CPU", "CUDA", "XLA", "PrivateUse1", "MPS", "XPU")
+                                if k in backends))
+    raise RegistrationError(
+        f"provider {provider!r} of op {op!r}: unknown or non-backend dispatch key {key!r}; "
+        f"expected a device backend key such as {examples}",
+        op=op,
+        provider=provider,
+    )
 
 
 def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str],
@@ -106,6 +117,51 @@ def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str]
             f"(Tensor, int, float, bool, str, Optional[...], list[...], tuple of Tensors)",
             op=op,
         ) from exc
+
+
+def register_fake(lib: torch.library.Library, qualname: str, fn: Callable[..., Any], *,
+                  allow_override: bool) -> None:
+    """:func:`torch.library.register_fake` of ``fn`` for ``qualname``, defined in ``lib``.
+
+    torch's function names the registration's source by inspecting its caller's frame
+    (``inspect.getframeinfo``, which scans ``sys.modules``): about half a millisecond per
+    op at start-up. Where torch's fake-impl holder has the ``register(func, source, lib,
+    allow_override)`` that this torch's ``register_fake`` calls, the registration is made
+    there directly, with the fake function's own definition as its source: the same
+    registration (the holder's kernel, its Meta kernel, a handle that ``lib`` removes when
+    it is destroyed). With any other torch, torch's public function is called.
+    """
+    holder_register = _fake_holder_register(qualname)
+    handles = getattr(lib, "_registration_handles", None)
+    if holder_register is None or not isinstance(handles, list):
+        torch.library.register_fake(qualname, fn, lib=lib, allow_override=allow_override)
+        return
+    code = getattr(fn, "__code__", None)
+    source = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(fn)
+    handles.append(holder_register(fn, source, lib=lib, allow_override=allow_override))
+
+
+_FAKE_HOLDER_OK: list[bool | None] = [None]
+"""Whether torch's fake-impl holder has the ``register`` this module calls (checked once)."""
+
+_FAKE_HOLDER_PARAMS = ["self", "func", "source", "lib", "allow_override"]
+
+
+def _fake_holder_register(qualname: str) -> Callable[..., Any] | None:
+    """The ``register`` of ``qualname``'s fake-impl holder, or ``None`` (other torch)."""
+    ok = _FAKE_HOLDER_OK[0]
+    if ok is None:
+        holder: Any = getattr(getattr(torch._library, "fake_impl", None), "FakeImplHolder", None)
+        try:
+            ok = list(inspect.signature(holder.register).parameters) == _FAKE_HOLDER_PARAMS
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        _FAKE_HOLDER_OK[0] = ok
+    if not ok:
+        return None
+    register: Callable[..., Any] = \
+        torch._library.simple_registry.singleton.find(qualname).fake_impl.register
+    return register
 
 
 def define_custom_op(
@@ -142,4 +198,4 @@ def define_custom_op(
     lib.define(op_name + schema, tags=tuple(tags))
     lib.impl(op_name, op_func, dispatch_key)
     if fake_impl is not None:
-        torch.library.register_fake(qualname, fake_impl, lib=lib)
+        register_fake(lib, qualname, fake_impl, allow_override=True)

@@ -14,6 +14,11 @@ with a library of another size or checksum, empty or garbage, is rebuilt: the da
 replaced in one rename. Intermediate files whose checksum still matches the stamp are copied
 into the new build first, so ninja only relinks when just the library was damaged.
 
+Keys: hashing every source file at each start-up costs milliseconds, so :meth:`BuildCache.key`
+remembers the last key of a source tree in ``<root>/<kind>/.sources-<tree>.json`` with the size,
+mtime, ctime and inode of each file, and hashes again only when one of them (or the file list, or
+another input) changed. ctime moves on every write, even one that puts the old mtime back.
+
 Concurrency: one build per entry at a time, across threads (a :class:`threading.RLock` per
 cache) and processes (an ``fcntl`` lock on ``<root>/<kind>/<key>.lock``); a process that waited
 finds the entry built and loads it. A verified entry is loaded without taking the lock or
@@ -34,6 +39,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
@@ -43,6 +49,13 @@ from opmux.core.errors import BuildError
 from opmux.core.state import register_reset
 
 __all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "hash_key", "reset_statuses", "verify"]
+
+_SOURCES_STAMP: Final = ".sources-{}.json"
+"""Name (per source tree) of the file that remembers a tree's last key (:meth:`BuildCache.key`)."""
+
+_SETTLED_NS = 2_000_000_000
+"""A key is remembered only when every file's ctime is this old (ns): file times advance in
+clock ticks, so a file written twice within one tick could otherwise look unchanged."""
 
 STAMP: Final = ".opmux-stamp.json"
 """Name of the stamp file written into an entry after a complete build."""
@@ -82,6 +95,12 @@ def _sha256(path: Path) -> str:
         while chunk := handle.read(_HASH_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _file_signature(path: str) -> tuple[str, int, int, int, int]:
+    """``path`` and what changes whenever its content may have: size, mtime, ctime, inode."""
+    st = os.stat(path)
+    return path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def _read_stamp(entry: Path) -> dict[str, object] | None:
@@ -156,6 +175,42 @@ class BuildCache:
         #: how many builds this process ran (and installed) for this cache.
         self.builds = 0
         _caches.append(self)
+
+    def key(self, base: Path, files: Iterable[str | os.PathLike[str]],
+            parts: Iterable[str]) -> str:
+        """:func:`hash_key` of these inputs, without reading the files when none changed.
+
+        The last key computed for the tree ``base`` is kept with each file's size, mtime,
+        ctime and inode and the ``parts``; if all of them are the same now, that key is
+        returned, else the files are hashed and the record replaced, once no file has
+        changed for two seconds (an unwritable cache only means hashing every time).
+        """
+        names = [os.fspath(path) for path in files]
+        parts = list(parts)
+        signatures = sorted(map(_file_signature, names))
+        record: dict[str, object] = {"base": str(base), "parts": parts,
+                                     "files": [list(sig) for sig in signatures]}  # as JSON
+        name = _SOURCES_STAMP.format(hashlib.sha256(str(base).encode()).hexdigest()[:16])
+        path = cache_root() / self.kind / name
+        with contextlib.suppress(OSError, ValueError):
+            with open(path, encoding="utf-8") as handle:
+                known = json.load(handle)
+            if isinstance(known, dict) and isinstance(known.get("key"), str) \
+                    and {k: v for k, v in known.items() if k != "key"} == record:
+                return str(known["key"])
+        key = hash_key(base, map(Path, names), parts)
+        if max((ctime for _, _, _, ctime, _ in signatures), default=0) \
+                > time.time_ns() - _SETTLED_NS:
+            return key  # changed a moment ago: a change in the same clock tick would not show
+        tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({**record, "key": key}), encoding="utf-8")
+            tmp.replace(path)  # readers see the old or the new record, never half of one
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        return key
 
     def entry(self, key: str) -> Path:
         """``<root>/<kind>/<key>``: the folder of the library built for ``key``."""

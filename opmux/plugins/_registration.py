@@ -51,7 +51,10 @@ class PlatformLike(Protocol):
 def find_op(registry: RegistryLike, name: str) -> Op | None:
     """The op called ``name`` in ``registry``: the catalog's (namespace ``opmux``) first, else
     the only op of that name in another namespace (test registries), else ``None``."""
-    matches = [op for op in registry.list_ops() if op.name == name]
+    return _pick([op for op in registry.list_ops() if op.name == name])
+
+
+def _pick(matches: list[Op]) -> Op | None:
     for op in matches:
         if op.namespace == "opmux":
             return op
@@ -102,12 +105,15 @@ def register_table(registry: RegistryLike, provider: str, dispatch_key: str, tab
     :param reason: why they are unsupported (shown by ``explain`` and ``opmux info``).
     :returns: the ``"op:provider"`` pairs registered, in table order.
     """
+    by_name: dict[str, list[Op]] = {}
+    for op in registry.list_ops():  # listed once: find_op for each name of the table
+        by_name.setdefault(op.name, []).append(op)
     done: list[str] = []
     for name, (fn, predicate) in table.items():
-        op = find_op(registry, name)
-        if op is None:
+        found = _pick(by_name.get(name, []))
+        if found is None:
             continue
-        op.register_impl(provider, dispatch_key=dispatch_key, supported=supported,
+        found.register_impl(provider, dispatch_key=dispatch_key, supported=supported,
                          supports_args=predicate, reason=reason)(fn)
         done.append(f"{name}:{provider}")
     return done

@@ -40,6 +40,10 @@ def test_variants_are_written_and_read_back(empty_cache: Path, registry: opmux.O
     op = _op(registry, ns)
     assert op(torch.ones(2)).tolist() == [2.0, 2.0]
     assert op(torch.ones(2, dtype=torch.float64)).tolist() == [102.0, 102.0]
+    assert op._eager is None  # the wrap-off path is built when the wrap is first turned off
+    with opmux.enable_torch_wrap(False):
+        assert op(torch.ones(2, dtype=torch.float64)).tolist() == [102.0, 102.0]
+    assert op._eager is not None
     path = _chooser._disk_path()
     assert path.parent.parent == empty_cache
     stored = marshal.loads(path.read_bytes())

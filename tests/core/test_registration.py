@@ -85,6 +85,23 @@ def test_duplicate_op(registry: opmux.OpRegistry, ns: str, op: opmux.Op) -> None
         opmux.register_op(namespace=ns, registry=registry)(scale)
 
 
+def test_an_op_torch_has_from_elsewhere_is_refused(registry: opmux.OpRegistry, ns: str) -> None:
+    other = torch.library.Library(ns, "FRAGMENT")
+    try:
+        other.define("taken(Tensor x) -> Tensor")
+
+        def taken(x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        with pytest.raises(opmux.RegistrationError, match=f"'{ns}::taken' is already defined"):
+            opmux.register_op(namespace=ns, registry=registry)(taken)
+        assert registry.list_ops() == []
+        free = opmux.register_op(name="free", namespace=ns, registry=registry)(taken)
+        assert free(torch.ones(1)).item() == 1.0  # the refusal left nothing half-defined
+    finally:
+        other._destroy()
+
+
 def test_reserved_provider(op: opmux.Op) -> None:
     with pytest.raises(opmux.RegistrationError, match="'native' is reserved"):
         op.register_impl("native", dispatch_key="CPU")(_impl)

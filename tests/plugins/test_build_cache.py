@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,96 @@ def test_hash_key_covers_names_contents_and_parts(tmp_path: Path) -> None:
     assert key != hash_key(tmp_path, files, ("torch 3", "c++"))
     (tmp_path / "b.h").write_text("int b2;")
     assert key != hash_key(tmp_path, files, ("torch 2", "c++"))
+
+
+def _tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[Path]]:
+    """Two sources, and keys remembered at once (not only for files settled for 2 s)."""
+    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 0)
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in (("a.cpp", "int a;"), ("b.h", "int b;")):
+        (src / name).write_text(text)
+    return src, sorted(src.iterdir())
+
+
+def _counting_hash_key(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = _build_cache.hash_key
+
+    def counting(*args: Any) -> str:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(_build_cache, "hash_key", counting)
+    return calls
+
+
+def test_key_is_hash_key_and_read_back_while_nothing_changed(
+        cache: BuildCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, files = _tree(tmp_path, monkeypatch)
+    calls = _counting_hash_key(monkeypatch)
+    key = cache.key(src, files, ("torch 2",))
+    assert key == hash_key(src, files, ("torch 2",)) and len(calls) == 1
+    assert cache.key(src, reversed(files), ["torch 2"]) == key
+    assert cache.key(src, [str(f) for f in files], ("torch 2",)) == key and len(calls) == 1
+    other = cache.key(src, files, ("torch 3",))  # another input: hashed, and remembered
+    assert other == hash_key(src, files, ("torch 3",)) != key
+    assert cache.key(src, files, ("torch 3",)) == other
+
+
+@pytest.mark.parametrize("change", ["same-size-same-mtime", "added", "removed", "record"])
+def test_key_follows_every_change_of_the_sources(cache: BuildCache, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 change: str) -> None:
+    src, files = _tree(tmp_path, monkeypatch)
+    key = cache.key(src, files, ())
+    (record,) = (tmp_path / "cache" / "fake").glob(".sources-*.json")
+    if change == "same-size-same-mtime":  # only the ctime tells: the content is new
+        st = files[0].stat()
+        while files[0].stat().st_ctime_ns == st.st_ctime_ns:  # the next clock tick
+            time.sleep(0.005)
+            files[0].write_text("int z;")
+            os.utime(files[0], ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert files[0].stat().st_mtime_ns == st.st_mtime_ns
+    elif change == "added":
+        files.append(src / "c.h")
+        files[-1].write_text("int c;")
+    elif change == "removed":
+        files.pop()
+    else:  # a damaged record is hashed again and rewritten
+        record.write_text('{"key": "0000", "base"')
+    calls = _counting_hash_key(monkeypatch)
+    got = cache.key(src, files, ())
+    assert got == hash_key(src, files, ()) and len(calls) == 1
+    assert (got == key) == (change == "record")
+    assert json.loads(record.read_text())["key"] == got
+
+
+def test_a_key_is_remembered_only_once_the_files_settled(cache: BuildCache, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    src, files = _tree(tmp_path, monkeypatch)
+    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 2_000_000_000)  # the real window
+    calls = _counting_hash_key(monkeypatch)
+    assert cache.key(src, files, ()) == cache.key(src, files, ()) and len(calls) == 2
+    assert not list((tmp_path / "cache" / "fake").glob(".sources-*.json"))
+    monkeypatch.setattr(time, "time_ns", lambda: files[0].stat().st_ctime_ns + 3_000_000_000)
+    cache.key(src, files, ())
+    assert cache.key(src, files, ()) == hash_key(src, files, ()) and len(calls) == 3
+
+
+def test_key_without_a_writable_cache_hashes_every_time(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(blocker / "cache"))
+    made = BuildCache("fake", LIB, "fake library")
+    try:
+        src, files = _tree(tmp_path, monkeypatch)
+        calls = _counting_hash_key(monkeypatch)
+        assert made.key(src, files, ()) == made.key(src, files, ()) == hash_key(src, files, ())
+        assert len(calls) == 2
+    finally:
+        _build_cache._caches.remove(made)
 
 
 _RACE = textwrap.dedent("""

@@ -6,10 +6,11 @@ are needed and loaded as a plain shared library (``is_python_module=False``): it
 
 The library lives in ``$OPMUX_CACHE_DIR/cpu/<key>`` (default ``~/.cache/opmux``), where ``<key>``
 hashes the kernel sources, the torch version, the compiler, the compiler flags and the host CPU
-flags (``-march=native`` code must not be shared between CPUs with different ISAs). Building,
-the integrity stamp checked before loading, rebuilding a damaged entry and the build lock are
-:mod:`opmux.plugins._build_cache`'s; a second process with the same key verifies the stamp and
-only loads the library.
+flags (``-march=native`` code must not be shared between CPUs with different ISAs); the sources
+are read again only when one of them changed (:meth:`~opmux.plugins._build_cache.BuildCache.key`).
+Building, the integrity stamp checked before loading, rebuilding a damaged entry and the build
+lock are :mod:`opmux.plugins._build_cache`'s; a second process with the same key verifies the
+stamp and only loads the library.
 
 A failed build (no compiler, no ninja, compile error, unwritable cache) never raises out of
 :func:`build_status`: it returns ``(False, message)`` with the compiler output so that the
@@ -19,13 +20,14 @@ A failed build (no compiler, no ninja, compile error, unwritable cache) never ra
 
 from __future__ import annotations
 
+import os
 import platform
 import warnings
 from pathlib import Path
 
 from opmux.core import config
 from opmux.core.errors import BuildError
-from opmux.plugins._build_cache import BuildCache, hash_key
+from opmux.plugins._build_cache import BuildCache
 
 __all__ = ["CACHE", "CFLAGS", "LDFLAGS", "build", "build_dir", "build_status", "source_dir",
            "sources"]
@@ -70,9 +72,10 @@ def _key() -> str:
     import torch
 
     root = source_dir()
-    inputs = [p for p in root.glob("*") if p.suffix in (".cpp", ".h")]
-    return hash_key(root, inputs, (torch.__version__, config.cxx(),
-                                   " ".join(CFLAGS), " ".join(LDFLAGS), _cpu_flags()))
+    inputs = [os.path.join(root, name) for name in os.listdir(root)  # as glob("*"): no dot files
+              if name.endswith((".cpp", ".h")) and not name.startswith(".")]
+    return CACHE.key(root, inputs, (torch.__version__, config.cxx(),
+                                    " ".join(CFLAGS), " ".join(LDFLAGS), _cpu_flags()))
 
 
 def build_dir() -> Path:
