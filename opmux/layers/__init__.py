@@ -1,120 +1,41 @@
-"""Layers built on opmux ops: the rows of vLLM's CustomOp table, one module per family."""
+"""Layers built on opmux ops: the rows of vLLM's CustomOp table, one module per family.
 
-from opmux.layers.activation import (
-    XIELU,
-    FastGELU,
-    FatreluAndMul,
-    GeluAndMul,
-    GeluAndMulSparse,
-    MulAndSilu,
-    NewGELU,
-    QuickGELU,
-    ReLUSquaredActivation,
-    SiluAndMul,
-    SwigluOAIAndMul,
-)
-from opmux.layers.attention import (
-    MLAAttentionMetadata,
-    MLAModules,
-    MMEncoderAttention,
-    MultiHeadLatentAttentionWrapper,
-)
-from opmux.layers.conv import Conv2dLayer, Conv3dLayer
-from opmux.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from opmux.layers.linear import (
-    ColumnParallelLinear,
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    ReplicatedLinear,
-    RowParallelLinear,
-)
-from opmux.layers.logits import LogitsProcessor
-from opmux.layers.mamba import MambaMetadata, MambaMixer, ShortConv
-from opmux.layers.mamba2 import MambaMixer2, Mixer2RMSNormGated, Plamo2MambaMixer
-from opmux.layers.moe import FusedMoE, SharedExpertsMLP, TransformersFusedMoE
-from opmux.layers.moe_methods import (
-    FusedMoECatalogExperts,
-    FusedMoEConfig,
-    FusedMoEExpertsModular,
-    FusedMoEKernel,
-    FusedMoEModularMethod,
-    FusedMoEPrepareAndFinalizeModular,
-    MoEPrepareAndFinalizeNoDPEPModular,
-    UnquantizedFusedMoEMethod,
-)
-from opmux.layers.moe_router import GroupedTopk
-from opmux.layers.norm import GemmaRMSNorm, RMSNorm, RMSNormGated
-from opmux.layers.quant import GroupShape, QuantFP8
-from opmux.layers.rotary import (
-    ApplyRotaryEmb,
-    DualChunkRotaryEmbedding,
-    DynamicNTKScalingRotaryEmbedding,
-    LinearScalingRotaryEmbedding,
-    Llama3RotaryEmbedding,
-    RotaryEmbedding,
-    RotaryEmbeddingBase,
-    YaRNScalingRotaryEmbedding,
-    get_rope,
-    reset_rope_cache,
-)
+Every public name of a family module (its ``__all__``) is public here too.
+"""
 
-__all__ = [
-    "ApplyRotaryEmb",
-    "ColumnParallelLinear",
-    "Conv2dLayer",
-    "Conv3dLayer",
-    "DualChunkRotaryEmbedding",
-    "DynamicNTKScalingRotaryEmbedding",
-    "FastGELU",
-    "FatreluAndMul",
-    "FusedMoE",
-    "FusedMoECatalogExperts",
-    "FusedMoEConfig",
-    "FusedMoEExpertsModular",
-    "FusedMoEKernel",
-    "FusedMoEModularMethod",
-    "FusedMoEPrepareAndFinalizeModular",
-    "GeluAndMul",
-    "GeluAndMulSparse",
-    "GemmaRMSNorm",
-    "GroupShape",
-    "GroupedTopk",
-    "LinearScalingRotaryEmbedding",
-    "Llama3RotaryEmbedding",
-    "LogitsProcessor",
-    "MLAAttentionMetadata",
-    "MLAModules",
-    "MMEncoderAttention",
-    "MambaMetadata",
-    "MambaMixer",
-    "MambaMixer2",
-    "MergedColumnParallelLinear",
-    "Mixer2RMSNormGated",
-    "MoEPrepareAndFinalizeNoDPEPModular",
-    "MulAndSilu",
-    "MultiHeadLatentAttentionWrapper",
-    "NewGELU",
-    "ParallelLMHead",
-    "Plamo2MambaMixer",
-    "QKVParallelLinear",
-    "QuantFP8",
-    "QuickGELU",
-    "RMSNorm",
-    "RMSNormGated",
-    "ReLUSquaredActivation",
-    "ReplicatedLinear",
-    "RotaryEmbedding",
-    "RotaryEmbeddingBase",
-    "RowParallelLinear",
-    "SharedExpertsMLP",
-    "ShortConv",
-    "SiluAndMul",
-    "SwigluOAIAndMul",
-    "TransformersFusedMoE",
-    "UnquantizedFusedMoEMethod",
-    "VocabParallelEmbedding",
-    "XIELU",
-    "YaRNScalingRotaryEmbedding",
-    "get_rope",
-    "reset_rope_cache",
-]
+from opmux.layers import (
+    activation,
+    attention,
+    conv,
+    embedding,
+    linear,
+    logits,
+    mamba,
+    mamba2,
+    moe,
+    moe_methods,
+    moe_router,
+    norm,
+    quant,
+    rotary,
+)
+from opmux.layers.activation import *  # noqa: F403
+from opmux.layers.attention import *  # noqa: F403
+from opmux.layers.conv import *  # noqa: F403
+from opmux.layers.embedding import *  # noqa: F403
+from opmux.layers.linear import *  # noqa: F403
+from opmux.layers.logits import *  # noqa: F403
+from opmux.layers.mamba import *  # noqa: F403
+from opmux.layers.mamba2 import *  # noqa: F403
+from opmux.layers.moe import *  # noqa: F403
+from opmux.layers.moe_methods import *  # noqa: F403
+from opmux.layers.moe_router import *  # noqa: F403
+from opmux.layers.norm import *  # noqa: F403
+from opmux.layers.quant import *  # noqa: F403
+from opmux.layers.rotary import *  # noqa: F403
+
+__all__ = sorted({
+    *activation.__all__, *attention.__all__, *conv.__all__, *embedding.__all__,
+    *linear.__all__, *logits.__all__, *mamba.__all__, *mamba2.__all__, *moe.__all__,
+    *moe_methods.__all__, *moe_router.__all__, *norm.__all__, *quant.__all__, *rotary.__all__,
+})

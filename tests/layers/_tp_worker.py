@@ -22,18 +22,8 @@ import torch
 
 import opmux
 import opmux.distributed as od
+import opmux.layers as ol
 from opmux.core.forward_context import forward_context
-from opmux.layers import (
-    ColumnParallelLinear,
-    FusedMoE,
-    LogitsProcessor,
-    MergedColumnParallelLinear,
-    ParallelLMHead,
-    QKVParallelLinear,
-    ReplicatedLinear,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-)
 
 
 def _g(seed: int) -> torch.Generator:
@@ -47,7 +37,7 @@ def _w(seed: int, *shape: int) -> torch.Tensor:
 # ---------------------------------------------------------------- layer cases
 # Each returns this rank's output (a tensor or a dict of tensors).
 def case_replicated() -> dict[str, torch.Tensor]:
-    layer = ReplicatedLinear(16, 12, bias=True, skip_bias_add=True)
+    layer = ol.ReplicatedLinear(16, 12, bias=True, skip_bias_add=True)
     layer.weight_loader(layer.weight, _w(1, 12, 16))
     layer.weight_loader(layer.bias, _w(2, 12))  # type: ignore[arg-type]
     out, bias = layer(_w(3, 5, 16))
@@ -55,8 +45,8 @@ def case_replicated() -> dict[str, torch.Tensor]:
 
 
 def case_column() -> dict[str, torch.Tensor]:
-    gathered = ColumnParallelLinear(16, 24, bias=True, gather_output=True)
-    local = ColumnParallelLinear(16, 24, bias=True, return_bias=False)
+    gathered = ol.ColumnParallelLinear(16, 24, bias=True, gather_output=True)
+    local = ol.ColumnParallelLinear(16, 24, bias=True, return_bias=False)
     for layer in (gathered, local):
         layer.weight.weight_loader(layer.weight, _w(11, 24, 16))  # type: ignore[attr-defined]
         layer.bias.weight_loader(layer.bias, _w(12, 24))  # type: ignore[union-attr]
@@ -68,9 +58,9 @@ def case_column() -> dict[str, torch.Tensor]:
 
 def case_mlp() -> dict[str, torch.Tensor]:
     """Llama's MLP: merged gate/up (per-shard loads) + SiLU-and-mul + row-parallel down."""
-    gate_up = MergedColumnParallelLinear(16, [20, 20], bias=False)
-    fused_on_disk = MergedColumnParallelLinear(16, [20, 20], bias=False)
-    down = RowParallelLinear(20, 16, bias=True)
+    gate_up = ol.MergedColumnParallelLinear(16, [20, 20], bias=False)
+    fused_on_disk = ol.MergedColumnParallelLinear(16, [20, 20], bias=False)
+    down = ol.RowParallelLinear(20, 16, bias=True)
     gate, up = _w(21, 20, 16), _w(22, 20, 16)
     gate_up.weight_loader(gate_up.weight, gate, 0)
     gate_up.weight_loader(gate_up.weight, up, 1)
@@ -89,8 +79,8 @@ def case_qkv() -> dict[str, torch.Tensor]:
     """GQA (4 query, 2 KV heads) loaded per shard and fused; MQA (1 KV head, replicated)."""
     result = {}
     for tag, kv in (("gqa", 2), ("mqa", 1)):
-        qkv = QKVParallelLinear(32, 8, 4, kv, bias=True)
-        fused = QKVParallelLinear(32, 8, 4, kv, bias=True)
+        qkv = ol.QKVParallelLinear(32, 8, 4, kv, bias=True)
+        fused = ol.QKVParallelLinear(32, 8, 4, kv, bias=True)
         q, k, v = _w(31, 32, 32), _w(32, 8 * kv, 32), _w(33, 8 * kv, 32)
         bq, bk, bv = _w(34, 32), _w(35, 8 * kv), _w(36, 8 * kv)
         for shard, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv)):
@@ -105,8 +95,8 @@ def case_qkv() -> dict[str, torch.Tensor]:
 
 
 def case_row() -> dict[str, torch.Tensor]:
-    full_in = RowParallelLinear(24, 10, bias=True, input_is_parallel=False)
-    partial = RowParallelLinear(24, 10, bias=True, skip_bias_add=True, reduce_results=False)
+    full_in = ol.RowParallelLinear(24, 10, bias=True, input_is_parallel=False)
+    partial = ol.RowParallelLinear(24, 10, bias=True, skip_bias_add=True, reduce_results=False)
     for layer in (full_in, partial):
         layer.weight_loader(layer.weight, _w(41, 10, 24))
         layer.weight_loader(layer.bias, _w(42, 10))  # type: ignore[arg-type]
@@ -118,31 +108,31 @@ def case_row() -> dict[str, torch.Tensor]:
 
 
 def case_embedding() -> dict[str, torch.Tensor]:
-    emb = VocabParallelEmbedding(100, 8)
+    emb = ol.VocabParallelEmbedding(100, 8)
     emb.weight_loader(emb.weight, _w(51, 100, 8))
     ids = torch.tensor([[0, 1, 63, 64], [65, 98, 99, 5]])
     return {"out": emb(ids), "padding_rows": emb.weight[emb.shard_indices.num_org_elements:]}
 
 
 def case_logits() -> dict[str, torch.Tensor]:
-    head = ParallelLMHead(100, 8, bias=True)
+    head = ol.ParallelLMHead(100, 8, bias=True)
     head.weight_loader(head.weight, _w(61, 100, 8))
     head.weight_loader(head.bias, _w(62, 100))  # type: ignore[arg-type]
     hidden = _w(63, 3, 8)
-    plain = LogitsProcessor(100)(head, hidden)
-    capped = LogitsProcessor(100, scale=0.5, soft_cap=0.4)(head, hidden, head.bias)
-    local = LogitsProcessor(100)(head, hidden, None, True)
+    plain = ol.LogitsProcessor(100)(head, hidden)
+    capped = ol.LogitsProcessor(100, scale=0.5, soft_cap=0.4)(head, hidden, head.bias)
+    local = ol.LogitsProcessor(100)(head, hidden, None, True)
     return {"plain": plain, "capped": capped, "local": local}
 
 
 def case_moe() -> dict[str, torch.Tensor]:
-    layer = FusedMoE(8, 2, 16, 24, layer_name="moe", shared_intermediate_size=16)
+    layer = ol.FusedMoE(8, 2, 16, 24, layer_name="moe", shared_intermediate_size=16)
     w13, w2 = _w(71, 8, 48, 16), _w(72, 8, 16, 24)
     for e in range(8):  # per expert, vLLM-style shard ids
         layer.weight_loader(layer.w13_weight, w13[e, :24], "w1", "w1", e)
         layer.weight_loader(layer.w13_weight, w13[e, 24:], "w3", "w3", e)
         layer.weight_loader(layer.w2_weight, w2[e], "w2", "w2", e)
-    stacked = FusedMoE(8, 2, 16, 24, layer_name="moe_stacked", shared_intermediate_size=16)
+    stacked = ol.FusedMoE(8, 2, 16, 24, layer_name="moe_stacked", shared_intermediate_size=16)
     stacked.weight_loader(stacked.w13_weight, w13)
     stacked.weight_loader(stacked.w2_weight, w2)
     assert torch.equal(stacked.w13_weight, layer.w13_weight)
@@ -236,7 +226,7 @@ def check_vendor_provider(rank: int) -> str:
 
     inplace.register_impl("test_gather_sum_", dispatch_key="CPU")(gather_sum_)
     try:
-        row = RowParallelLinear(8, 4, bias=False, input_is_parallel=False, return_bias=False)
+        row = ol.RowParallelLinear(8, 4, bias=False, input_is_parallel=False, return_bias=False)
         row.weight_loader(row.weight, _w(91, 4, 8))
         x = _w(92, 3, 8)
         with inplace.set_priority(["native"]):
@@ -252,8 +242,8 @@ def check_vendor_provider(rank: int) -> str:
 
 def check_compile(rank: int) -> str:
     """fullgraph=True over layers that call the comm ops: no graph break at TP=2."""
-    col = ColumnParallelLinear(8, 6, bias=False, gather_output=True, return_bias=False)
-    row = RowParallelLinear(6, 8, bias=True, input_is_parallel=False, return_bias=False)
+    col = ol.ColumnParallelLinear(8, 6, bias=False, gather_output=True, return_bias=False)
+    row = ol.RowParallelLinear(6, 8, bias=True, input_is_parallel=False, return_bias=False)
     col.weight_loader(col.weight, _w(81, 6, 8))
     row.weight_loader(row.weight, _w(82, 8, 6))
     row.weight_loader(row.bias, _w(83, 8))  # type: ignore[arg-type]
@@ -276,14 +266,14 @@ def check_compile(rank: int) -> str:
 def check_divisibility(rank: int) -> str:
     messages = []
     builders: list[Callable[[], Any]] = [
-        lambda: ColumnParallelLinear(16, 5),
-        lambda: MergedColumnParallelLinear(16, [4, 5]),
-        lambda: QKVParallelLinear(32, 8, 3, 1),
-        lambda: QKVParallelLinear(32, 8, 4, 3),
-        lambda: RowParallelLinear(7, 4),
-        lambda: VocabParallelEmbedding(99, 8, padding_size=1),
-        lambda: ParallelLMHead(99, 8, padding_size=1),
-        lambda: FusedMoE(4, 2, 8, 5, layer_name="odd"),
+        lambda: ol.ColumnParallelLinear(16, 5),
+        lambda: ol.MergedColumnParallelLinear(16, [4, 5]),
+        lambda: ol.QKVParallelLinear(32, 8, 3, 1),
+        lambda: ol.QKVParallelLinear(32, 8, 4, 3),
+        lambda: ol.RowParallelLinear(7, 4),
+        lambda: ol.VocabParallelEmbedding(99, 8, padding_size=1),
+        lambda: ol.ParallelLMHead(99, 8, padding_size=1),
+        lambda: ol.FusedMoE(4, 2, 8, 5, layer_name="odd"),
     ]
     for build in builders:
         try:
