@@ -25,7 +25,7 @@ from :mod:`opmux.distributed`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, overload
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,27 @@ def pad_vocab_size(vocab_size: int, pad_to: int = DEFAULT_VOCAB_PADDING_SIZE) ->
     return -(-vocab_size // pad_to) * pad_to
 
 
+class _Span:
+    """Read-only attribute: ``getattr(obj, end) - getattr(obj, start)``."""
+
+    __slots__ = ("end", "start")
+
+    def __init__(self, start: str, end: str) -> None:
+        self.start = start
+        self.end = end
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Span: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> int: ...
+
+    def __get__(self, obj: object, owner: type | None = None) -> int | _Span:
+        if obj is None:
+            return self
+        return int(getattr(obj, self.end)) - int(getattr(obj, self.start))
+
+
 @dataclass(frozen=True)
 class VocabParallelEmbeddingShardIndices:
     """Which token ids one rank holds: base (``org``) and added ranges, padded and not.
@@ -78,21 +99,11 @@ class VocabParallelEmbeddingShardIndices:
     added_vocab_start_index: int
     added_vocab_end_index: int
 
-    @property
-    def num_org_elements(self) -> int:
-        return self.org_vocab_end_index - self.org_vocab_start_index
-
-    @property
-    def num_added_elements(self) -> int:
-        return self.added_vocab_end_index - self.added_vocab_start_index
-
-    @property
-    def num_org_elements_padded(self) -> int:
-        return self.padded_org_vocab_end_index - self.padded_org_vocab_start_index
-
-    @property
-    def num_added_elements_padded(self) -> int:
-        return self.padded_added_vocab_end_index - self.padded_added_vocab_start_index
+    num_org_elements = _Span("org_vocab_start_index", "org_vocab_end_index")
+    num_added_elements = _Span("added_vocab_start_index", "added_vocab_end_index")
+    num_org_elements_padded = _Span("padded_org_vocab_start_index", "padded_org_vocab_end_index")
+    num_added_elements_padded = _Span("padded_added_vocab_start_index",
+                                      "padded_added_vocab_end_index")
 
     @property
     def num_org_vocab_padding(self) -> int:
