@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Final
 
 import torch
@@ -332,3 +333,22 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
     if int(blocks.min()) < 0:
         raise input_error(op, provider, "block_tables", "non-negative block ids at the next "
                           "position of each sequence", blocks.flatten().tolist())
+
+
+def checked_advance_step(provider: str, run: Callable[..., None]) -> Callable[..., None]:
+    """A provider's ``advance_step_flashattn``: the catalog's checks, then ``run`` with the
+    op's arguments in schema order. Index values (``seq_lens``, ``block_tables``) are read
+    only from CPU tensors, where that costs no device sync."""
+
+    def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                               input_tokens: Tensor, sampled_token_ids: Tensor,
+                               input_positions: Tensor, seq_lens: Tensor,
+                               slot_mapping: Tensor, block_tables: Tensor) -> None:
+        check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                     sampled_token_ids, input_positions, seq_lens,
+                                     slot_mapping, block_tables, provider=provider,
+                                     read_data=getattr(input_tokens, "is_cpu", False))
+        run(num_seqs, num_queries, block_size, input_tokens, sampled_token_ids,
+            input_positions, seq_lens, slot_mapping, block_tables)
+
+    return advance_step_flashattn

@@ -41,6 +41,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "INDEX_DTYPES",
     "check_advance_step_flashattn",
+    "checked_advance_step",
     "check_bool",
     "check_contiguous",
     "check_devices",
@@ -495,4 +496,5 @@ from opmux.ops._cache_checks import (  # noqa: E402
     check_advance_step_flashattn,
     check_paged_attention,
     check_reshape_and_cache,
+    checked_advance_step,
 )

@@ -4,9 +4,10 @@ Each provider module has one entry point, ``register(registry, dispatch_key=...)
 it registers its providers on the ops ``registry`` holds for the torch dispatch key
 ``dispatch_key`` and returns the ``"op:provider"`` pairs it registered (the same form as
 :attr:`opmux.PluginRecord.providers`). Keyword-only options may follow (the ``mindspore``
-provider's ``lazy``). The per-op tables stay in the provider modules (``OPS = {op: (impl,
-supports_args)}``); :func:`register_table` turns one such table into registrations, with the
-same ``supported`` flag and reason for all of them (a failed build marks every op).
+provider's ``lazy``). The per-op tables stay in the provider modules (``OPS =
+op_table((impl, supports_args), ...)``, keyed by each impl's name); :func:`register_table` turns
+one such table into registrations, with the same ``supported`` flag and reason for all of them
+(a failed build marks every op).
 
 A predicate must take the op's parameters, but most read only a few of them: :func:`predicate`
 builds one with an impl's parameters from a check that names just those it reads. Predicates
@@ -20,19 +21,35 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opmux.core.errors import SignatureMismatchError
+from opmux.core.errors import RegistrationError, SignatureMismatchError
 
 if TYPE_CHECKING:
     from opmux.core.op import Op
 
-__all__ = ["Impl", "OpTable", "PlatformLike", "RegistryLike", "find_op", "predicate",
-           "register_table"]
+__all__ = ["Impl", "OpTable", "PlatformLike", "RegistryLike", "find_op", "op_table",
+           "predicate", "register_table"]
 
 Impl = tuple[Callable[..., Any], Callable[..., bool] | None]
 """``(impl, supports_args)`` of one op; ``None`` when the provider takes every input."""
 
 OpTable = Mapping[str, Impl]
 """Op name -> :data:`Impl`, the shape of every provider module's table."""
+
+
+def op_table(*impls: Impl | OpTable) -> dict[str, Impl]:
+    """An :data:`OpTable` keyed by each impl's ``__name__`` (the op it serves), in order;
+    a mapping argument (another module's table) is merged in at its place.
+
+    :raises RegistrationError: two impls serve the same op.
+    """
+    table: dict[str, Impl] = {}
+    for item in impls:
+        rows = item.items() if isinstance(item, Mapping) else ((item[0].__name__, item),)
+        for name, row in rows:
+            if name in table:
+                raise RegistrationError(f"op_table: two impls for op {name!r}; keep one")
+            table[name] = row
+    return table
 
 
 class RegistryLike(Protocol):

@@ -8,14 +8,13 @@ else falls through to native), and argument values native rejects are rejected h
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from opmux.ops import _activation_checks as _checks
 from opmux.ops.activation import sparsity_std_multiplier
-from opmux.plugins._registration import predicate
+from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 
@@ -115,17 +114,17 @@ def _xielu_params_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> bool:
 _xielu_ok = predicate(xielu, _xielu_params_ok)
 
 
-OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
-    "fatrelu_and_mul": (fatrelu_and_mul, _fatrelu_and_mul_ok),
-    "mul_and_silu": (mul_and_silu, _ok),
-    "gelu_and_mul_sparse": (gelu_and_mul_sparse, _gelu_and_mul_sparse_ok),
-    "swigluoai_and_mul": (swigluoai_and_mul, _swigluoai_and_mul_ok),
-    "gelu_new": (gelu_new, _ok),
-    "gelu_fast": (gelu_fast, _ok),
-    "quick_gelu": (quick_gelu, _ok),
-    "relu2": (relu2, _ok),
-    "xielu": (xielu, _xielu_ok),
-}
+OPS: OpTable = op_table(
+    (fatrelu_and_mul, _fatrelu_and_mul_ok),
+    (mul_and_silu, _ok),
+    (gelu_and_mul_sparse, _gelu_and_mul_sparse_ok),
+    (swigluoai_and_mul, _swigluoai_and_mul_ok),
+    (gelu_new, _ok),
+    (gelu_fast, _ok),
+    (quick_gelu, _ok),
+    (relu2, _ok),
+    (xielu, _xielu_ok),
+)
 """Op name -> (impl, supports_args), merged into :data:`opmux.plugins.cpu.cpp_ops.OPS`."""
 
 __all__ = ["OPS", *OPS]  # the impls are the ops of the table

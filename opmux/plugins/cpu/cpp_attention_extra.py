@@ -17,8 +17,7 @@ kernel runs, so a bad call writes nothing and raises the standard error.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -28,6 +27,7 @@ from opmux.ops._attention_extra_checks import (
     check_encoder_attention,
     check_mla_attention,
 )
+from opmux.plugins._registration import OpTable, op_table
 from opmux.plugins.cpu._kernels import FLOATS, K, call
 
 __all__ = ["OPS", "concat_and_cache_mla", "encoder_attention", "mla_attention"]
@@ -96,9 +96,9 @@ def _mla_attention_ok(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_ta
             and kv_b_weight.dim() == 2 and kv_b_weight.is_contiguous())
 
 
-OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
-    "encoder_attention": (encoder_attention, _encoder_attention_ok),
-    "concat_and_cache_mla": (concat_and_cache_mla, _concat_and_cache_mla_ok),
-    "mla_attention": (mla_attention, _mla_attention_ok),
-}
+OPS: OpTable = op_table(
+    (encoder_attention, _encoder_attention_ok),
+    (concat_and_cache_mla, _concat_and_cache_mla_ok),
+    (mla_attention, _mla_attention_ok),
+)
 """Op name -> (impl, supports_args) of the ops this module serves."""

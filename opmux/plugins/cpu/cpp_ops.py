@@ -11,13 +11,12 @@ and never raises; anything else falls through to the next provider in the priori
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
 
 from opmux.ops._checks import (
-    check_advance_step_flashattn,
     check_fused_add_rms_norm,
     check_gelu_and_mul,
     check_paged_attention,
@@ -25,6 +24,7 @@ from opmux.ops._checks import (
     check_rms_norm,
     check_rotary_embedding,
     check_silu_and_mul,
+    checked_advance_step,
     kernel_error,
 )
 from opmux.ops._norm_quant_checks import (
@@ -33,7 +33,7 @@ from opmux.ops._norm_quant_checks import (
     check_quant_fp8,
     check_rms_norm_gated,
 )
-from opmux.plugins._registration import predicate
+from opmux.plugins._registration import OpTable, op_table, predicate
 
 from . import _build, cpp_activation, cpp_attention_extra, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
@@ -275,16 +275,8 @@ def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
             and (soft_cap is None or (isinstance(soft_cap, (int, float)) and soft_cap > 0)))
 
 
-def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
-                           input_tokens: Tensor, sampled_token_ids: Tensor,
-                           input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
-                           block_tables: Tensor) -> None:
-    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
-                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
-                                 block_tables, provider=PROVIDER)
-    call("advance_step_flashattn", K.advance_step_flashattn, num_seqs, num_queries,
-          block_size, input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
-          block_tables)
+advance_step_flashattn = checked_advance_step(
+    PROVIDER, lambda *args: call("advance_step_flashattn", K.advance_step_flashattn, *args))
 
 
 def _advance_step_tensors_ok(input_tokens: Tensor, sampled_token_ids: Tensor,
@@ -429,26 +421,26 @@ def _quant_tensors_ok(x: Tensor, scale: Optional[Tensor], scale_ub: Optional[Ten
 _quant_fp8_ok = predicate(quant_fp8, _quant_tensors_ok)
 
 
-OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
-    "rms_norm": (rms_norm, _rms_norm_ok),
-    "fused_add_rms_norm": (fused_add_rms_norm, _fused_add_rms_norm_ok),
-    "silu_and_mul": (silu_and_mul, _silu_and_mul_ok),
-    "gelu_and_mul": (gelu_and_mul, _gelu_and_mul_ok),
-    "rotary_embedding": (rotary_embedding, _rotary_embedding_ok),
-    "reshape_and_cache": (reshape_and_cache, _reshape_and_cache_ok),
-    "paged_attention": (paged_attention, _paged_attention_ok),
-    "advance_step_flashattn": (advance_step_flashattn, _advance_step_ok),
-    "gemma_rms_norm": (gemma_rms_norm, _gemma_rms_norm_ok),
-    "gemma_fused_add_rms_norm": (gemma_fused_add_rms_norm, _gemma_fused_add_rms_norm_ok),
-    "rms_norm_gated": (rms_norm_gated, _rms_norm_gated_ok),
-    "quant_fp8": (quant_fp8, _quant_fp8_ok),
-    **cpp_activation.OPS,
-    "apply_rotary_emb": (apply_rotary_emb, _apply_rotary_emb_ok),
-    "dual_chunk_rotary_embedding": (dual_chunk_rotary_embedding, _dual_chunk_ok),
-    **cpp_attention_extra.OPS,
-    **cpp_ssm.OPS,
-    **cpp_ssd.OPS,
-}
+OPS: OpTable = op_table(
+    (rms_norm, _rms_norm_ok),
+    (fused_add_rms_norm, _fused_add_rms_norm_ok),
+    (silu_and_mul, _silu_and_mul_ok),
+    (gelu_and_mul, _gelu_and_mul_ok),
+    (rotary_embedding, _rotary_embedding_ok),
+    (reshape_and_cache, _reshape_and_cache_ok),
+    (paged_attention, _paged_attention_ok),
+    (advance_step_flashattn, _advance_step_ok),
+    (gemma_rms_norm, _gemma_rms_norm_ok),
+    (gemma_fused_add_rms_norm, _gemma_fused_add_rms_norm_ok),
+    (rms_norm_gated, _rms_norm_gated_ok),
+    (quant_fp8, _quant_fp8_ok),
+    cpp_activation.OPS,
+    (apply_rotary_emb, _apply_rotary_emb_ok),
+    (dual_chunk_rotary_embedding, _dual_chunk_ok),
+    cpp_attention_extra.OPS,
+    cpp_ssm.OPS,
+    cpp_ssd.OPS,
+)
 """Op name -> (impl, supports_args) of every op this provider serves."""
 
 

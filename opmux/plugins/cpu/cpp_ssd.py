@@ -11,14 +11,13 @@ int64, and calls one kernel (the decode update is the scan with one token per sl
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
-from opmux.plugins._registration import predicate
+from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 __all__ = ["OPS", "ssd_chunk_scan", "ssd_state_update"]
@@ -85,8 +84,8 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
 _ssd_state_update_ok = predicate(ssd_state_update, _ok)
 
 
-OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
-    "ssd_chunk_scan": (ssd_chunk_scan, _ssd_chunk_scan_ok),
-    "ssd_state_update": (ssd_state_update, _ssd_state_update_ok),
-}
+OPS: OpTable = op_table(
+    (ssd_chunk_scan, _ssd_chunk_scan_ok),
+    (ssd_state_update, _ssd_state_update_ok),
+)
 """Op name -> (impl, supports_args) of the Mamba-2 ops this provider serves."""

@@ -9,8 +9,7 @@ to 8 and state sizes up to 256; anything else falls through to the next provider
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
-from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -21,7 +20,7 @@ from opmux.ops._ssm_checks import (
     check_selective_scan,
     check_selective_state_update,
 )
-from opmux.plugins._registration import predicate
+from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
 __all__ = ["OPS", "causal_conv1d", "causal_conv1d_update", "selective_scan",
@@ -154,10 +153,10 @@ _selective_state_update_ok = predicate(
     _scan_ok(x, ssm_states, dt, A, B, C, z, state_batch_indices))
 
 
-OPS: dict[str, tuple[Callable[..., Any], Callable[..., bool]]] = {
-    "causal_conv1d": (causal_conv1d, _causal_conv1d_ok),
-    "causal_conv1d_update": (causal_conv1d_update, _causal_conv1d_update_ok),
-    "selective_scan": (selective_scan, _selective_scan_ok),
-    "selective_state_update": (selective_state_update, _selective_state_update_ok),
-}
+OPS: OpTable = op_table(
+    (causal_conv1d, _causal_conv1d_ok),
+    (causal_conv1d_update, _causal_conv1d_update_ok),
+    (selective_scan, _selective_scan_ok),
+    (selective_state_update, _selective_state_update_ok),
+)
 """Op name -> (impl, supports_args) of the state-space ops this provider serves."""

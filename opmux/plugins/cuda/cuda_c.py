@@ -15,20 +15,20 @@ and raise :class:`~opmux.core.errors.OpInputError`, the rest is checked in C++.
 """
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
 from opmux.ops._checks import (
-    check_advance_step_flashattn,
     check_reshape_and_cache,
     check_rms_norm,
     check_silu_and_mul,
+    checked_advance_step,
 )
+from opmux.plugins._registration import OpTable, op_table, register_table
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
@@ -179,18 +179,8 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     torch.ops.opmux_cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
-def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
-                           input_tokens: Tensor, sampled_token_ids: Tensor,
-                           input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
-                           block_tables: Tensor) -> None:
-    """Advance decode state by one token in place (CUDA C++)."""
-    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
-                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
-                                 block_tables, provider=PROVIDER,
-                                 read_data=getattr(input_tokens, "is_cpu", False))
-    torch.ops.opmux_cuda.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
-                                                sampled_token_ids, input_positions, seq_lens,
-                                                slot_mapping, block_tables)
+advance_step_flashattn = checked_advance_step(
+    PROVIDER, lambda *args: torch.ops.opmux_cuda.advance_step_flashattn(*args))
 
 
 def _silu_supports(x: Tensor) -> bool:
@@ -232,12 +222,12 @@ def _adv_supports(num_seqs: int, num_queries: int, block_size: int, input_tokens
             and block_tables.stride(1) == 1)
 
 
-_IMPLS: dict[str, tuple[Callable[..., Any], Callable[..., bool] | None]] = {
-    "silu_and_mul": (silu_and_mul, _silu_supports),
-    "rms_norm": (rms_norm, _rms_supports),
-    "reshape_and_cache": (reshape_and_cache, _rac_supports),
-    "advance_step_flashattn": (advance_step_flashattn, _adv_supports),
-}
+_IMPLS: OpTable = op_table(
+    (silu_and_mul, _silu_supports),
+    (rms_norm, _rms_supports),
+    (reshape_and_cache, _rac_supports),
+    (advance_step_flashattn, _adv_supports),
+)
 
 
 def register(registry: "OpRegistry", dispatch_key: str = "CUDA") -> list[str]:
@@ -247,8 +237,6 @@ def register(registry: "OpRegistry", dispatch_key: str = "CUDA") -> list[str]:
     :param dispatch_key: torch dispatch key served (``CUDA``).
     :return: the ``op:provider`` pairs registered.
     """
-    from opmux.plugins._registration import register_table
-
     supported, reason = cuda_c_status()
     if supported:
         try:
