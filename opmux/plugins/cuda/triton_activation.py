@@ -40,13 +40,7 @@ def _tanh(x):  # type: ignore[no-untyped-def]
 @triton.autotune(configs=_CONFIGS, key=["d"])  # type: ignore[untyped-decorator]
 @triton.jit  # type: ignore[untyped-decorator]
 def _act_and_mul_kernel(  # type: ignore[no-untyped-def]
-    x_ptr,
-    out_ptr,
-    d,
-    x_row_stride,
-    out_row_stride,
-    ACT: tl.constexpr,
-    BLOCK: tl.constexpr,
+    x_ptr, out_ptr, d, x_row_stride, out_row_stride, ACT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -26,20 +26,8 @@ _MAX_SINGLE = 16384
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _rms_norm_kernel(  # type: ignore[no-untyped-def]
-    x_ptr,
-    res_ptr,
-    w_ptr,
-    out_ptr,
-    res_out_ptr,
-    d,
-    x_stride,
-    res_stride,
-    out_stride,
-    res_out_stride,
-    eps,
-    HAS_RESIDUAL: tl.constexpr,
-    BLOCK: tl.constexpr,
-    SINGLE: tl.constexpr,
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, d, x_stride, res_stride, out_stride,
+    res_out_stride, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
