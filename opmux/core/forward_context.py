@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import OpmuxError
@@ -38,9 +38,10 @@ from opmux.core.state import claim, register_reset
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import Unpack
 
     from opmux.core.op import Op
-    from opmux.core.registry import OpRegistry
+    from opmux.core.runners import ObjectOpOptions
 
 __all__ = [
     "ForwardContext",
@@ -168,12 +169,7 @@ def collect_layers(model: torch.nn.Module, attr: str = "layer_name") -> dict[str
 
 
 def register_layer_op(
-    name: str | None = None,
-    *,
-    fake: Callable[..., Any],
-    mutates_args: Iterable[str] = (),
-    namespace: str = "opmux",
-    registry: OpRegistry | None = None,
+    name: str | None = None, **options: Unpack[ObjectOpOptions],
 ) -> Callable[[Callable[..., Any]], Op]:
     """Decorator: turn ``fn(layer, x: Tensor, ...)`` into an op ``(layer_name: str, x, ...)``.
 
@@ -192,8 +188,7 @@ def register_layer_op(
     from opmux.core.runners import _object_op
 
     def decorator(fn: Callable[..., Any]) -> Op:
-        return _object_op(fn, name=name, namespace=namespace, fake=fake,
-                          mutates_args=mutates_args, key_name="layer_name", key_type=str,
-                          table=None, resolve=resolve_layer, registry=registry)
+        return _object_op(fn, name=name, key_name="layer_name", key_type=str, table=None,
+                          resolve=resolve_layer, **options)
 
     return decorator

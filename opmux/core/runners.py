@@ -38,8 +38,23 @@ from opmux.core.errors import RegistrationError, SignatureMismatchError, Unknown
 from opmux.core.state import register_reset
 
 if TYPE_CHECKING:
+    from typing_extensions import Required, TypedDict, Unpack
+
     from opmux.core.op import Op
     from opmux.core.registry import OpRegistry
+
+    class ObjectOpOptions(TypedDict, total=False):
+        """Keyword options of :func:`register_runner_op` and
+        :func:`~opmux.core.forward_context.register_layer_op`."""
+
+        fake: Required[Callable[..., Any]]
+        """Shape function with the op's parameters (key first); it never sees the object."""
+        mutates_args: Iterable[str]
+        """Names of Tensor parameters written in place (default: none)."""
+        namespace: str
+        """Torch namespace of the op (default ``opmux``)."""
+        registry: OpRegistry | None
+        """Op registry (default: the global one)."""
 
 __all__ = [
     "RunnerRegistry",
@@ -270,14 +285,14 @@ def _object_op(
     fn: Callable[..., Any],
     *,
     name: str | None,
-    namespace: str,
-    fake: Callable[..., Any],
-    mutates_args: Iterable[str],
     key_name: str,
     key_type: type,
     table: dict[Any, Any] | None,
     resolve: Callable[[Any], Any],
-    registry: OpRegistry | None,
+    fake: Callable[..., Any],
+    mutates_args: Iterable[str] = (),
+    namespace: str = "opmux",
+    registry: OpRegistry | None = None,
 ) -> Op:
     """Define an op whose first parameter is an object resolved from a key at run time.
 
@@ -369,13 +384,8 @@ def _check_fake(fake: Callable[..., Any], op_sig: inspect.Signature, qualname: s
 
 
 def register_runner_op(
-    name: str | None = None,
-    *,
-    fake: Callable[..., Any],
-    mutates_args: Iterable[str] = (),
-    namespace: str = "opmux",
-    registry: OpRegistry | None = None,
-    runners: RunnerRegistry | None = None,
+    name: str | None = None, *, runners: RunnerRegistry | None = None,
+    **options: Unpack[ObjectOpOptions],
 ) -> Callable[[Callable[..., Any]], Op]:
     """Decorator: turn ``fn(runner, x: Tensor, ...)`` into an op ``(runner_id: int, x, ...)``.
 
@@ -397,8 +407,7 @@ def register_runner_op(
     table = runners if runners is not None else _GLOBAL
 
     def decorator(fn: Callable[..., Any]) -> Op:
-        return _object_op(fn, name=name, namespace=namespace, fake=fake,
-                          mutates_args=mutates_args, key_name="runner_id", key_type=int,
-                          table=table._strong, resolve=table.get, registry=registry)
+        return _object_op(fn, name=name, key_name="runner_id", key_type=int,
+                          table=table._strong, resolve=table.get, **options)
 
     return decorator
