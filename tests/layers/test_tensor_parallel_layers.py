@@ -128,6 +128,10 @@ def test_vocab_parallel_embedding_pads_and_looks_up() -> None:
     assert VocabParallelEmbedding(100, 8, padding_size=1).num_embeddings_padded == 100
     added = VocabParallelEmbedding(110, 8, org_num_embeddings=100)
     assert (added.org_vocab_size_padded, added.num_embeddings_padded) == (128, 192)
+    shard = added.shard_indices  # one rank: base ids [0, 100) padded to 128, added [100, 110)
+    assert (shard.num_org_elements, shard.num_org_elements_padded) == (100, 128)
+    assert (shard.num_added_elements, shard.num_added_elements_padded) == (10, 64)
+    assert (shard.num_org_vocab_padding, shard.num_elements_padded) == (28, 192)
 
 
 def test_lm_head_and_logits_processor() -> None:

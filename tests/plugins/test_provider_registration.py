@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import opmux
-from opmux.plugins._registration import find_op, predicate, register_table
+from opmux.plugins._registration import find_op, op_table, predicate, register_table
 
 #: every ``register`` of the built-in plugins: entry modules and provider modules
 REGISTER_MODULES = [
@@ -51,6 +51,20 @@ def test_register_table_registers_what_the_registry_holds(registry: opmux.OpRegi
     assert done == ["rms_norm:p"]  # silu_and_mul is not in this registry: skipped
     impl = op.impls["p"]
     assert (impl.supported, impl.reason, impl.dispatch_key) == (False, "no compiler", "CPU")
+
+
+def test_op_table_keys_rows_by_the_impls_name() -> None:
+    def rms_norm(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    ok = predicate(rms_norm, lambda x: True)
+    table = op_table((rms_norm, ok), {"silu_and_mul": (silu_and_mul, None)})
+    assert table == {"rms_norm": (rms_norm, ok), "silu_and_mul": (silu_and_mul, None)}
+    with pytest.raises(opmux.RegistrationError, match="two impls for op 'rms_norm'"):
+        op_table((rms_norm, None), table)
 
 
 def test_find_op_prefers_the_catalog() -> None:
