@@ -7,7 +7,8 @@ unless ``--model``), the same process pattern for every run -- a fresh process r
 ``--max-tokens`` greedy tokens, timed 5 times, median) -- with ``OPMUX_VLLM=0`` (vLLM's own
 kernels) and with the plugin on, in eager mode (``enforce_eager=True``) and torch.compile
 mode (vLLM's default compilation). Runs alternate off/on within each mode. Prints tokens/s
-per run, the ratio on/off per mode, and checks that both produced the same tokens.
+per run, the ratio on/off per mode (the mean, and the median and range of the per-round
+ratios), and checks that both produced the same tokens. Odd rounds run "on" before "off".
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,21 +65,27 @@ def main() -> None:
         for mode in ns.modes.split(","):
             compile_mode = mode == "compile"
             off_total = on_total = 0.0
+            ratios: list[float] = []
             for r in range(ns.rounds):
-                off = run_once(model, work, plugin=False, compile_mode=compile_mode,
-                               batch=ns.batch, max_tokens=ns.max_tokens, tag=f"{mode}-off-{r}")
-                on = run_once(model, work, plugin=True, compile_mode=compile_mode,
-                              batch=ns.batch, max_tokens=ns.max_tokens, tag=f"{mode}-on-{r}")
+                res: dict[bool, dict[str, object]] = {}
+                # odd rounds run "on" first, so a drift of the machine does not favour one
+                for plugin in (False, True) if r % 2 == 0 else (True, False):
+                    res[plugin] = run_once(model, work, plugin=plugin, compile_mode=compile_mode,
+                                           batch=ns.batch, max_tokens=ns.max_tokens,
+                                           tag=f"{mode}-{'on' if plugin else 'off'}-{r}")
+                off, on = res[False], res[True]
                 off_tps, on_tps = float(off["tokens_per_s"]), float(on["tokens_per_s"])
                 off_total += off_tps
                 on_total += on_tps
+                ratios.append(on_tps / off_tps)
                 print(f"{mode:8} {r:>5} {off_tps:>17.1f} {on_tps:>16.1f} "
                       f"{on_tps / off_tps:>6.2f}x {on['outputs'] == off['outputs']!s:>12}",
                       flush=True)
             if ns.rounds > 1:
                 print(f"{mode:8} {'mean':>5} {off_total / ns.rounds:>17.1f} "
                       f"{on_total / ns.rounds:>16.1f} {on_total / off_total:>6.2f}x")
-
+                print(f"{mode:8} on/off per round: median {statistics.median(ratios):.2f}x, "
+                      f"range {min(ratios):.2f}x to {max(ratios):.2f}x")
 
 if __name__ == "__main__":
     main()
