@@ -185,7 +185,9 @@ def register_layer_op(
     :raises SignatureMismatchError: ``fn`` has no leading layer parameter, or the fake's
         parameters differ from the op's.
     """
-    from opmux.core.runners import _object_op
+    from opmux.core.runners import _check_options, _object_op
+
+    _check_options("register_layer_op", options)
 
     def decorator(fn: Callable[..., Any]) -> Op:
         return _object_op(fn, name=name, key_name="layer_name", key_type=str, table=None,

@@ -31,7 +31,7 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import RegistrationError, SignatureMismatchError, UnknownRunnerError
@@ -281,6 +281,20 @@ def _reset_for_tests() -> None:
 
 
 # ------------------------------------------------------------ object-keyed ops
+_OPTIONS: Final = ("fake", "mutates_args", "namespace", "registry")
+"""The keys of ``ObjectOpOptions``, for the check made when a decorator is built."""
+
+
+def _check_options(where: str, options: Mapping[str, Any]) -> None:
+    """Refuse unknown or missing keyword options of ``where`` when the decorator is built."""
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown or "fake" not in options:
+        what = f"unknown option(s) {unknown}" if unknown else "no fake= given"
+        raise SignatureMismatchError(
+            f"{where}: {what}; pass fake= (a shape function with the op's parameters) and "
+            f"optionally {', '.join(_OPTIONS[1:])}")
+
+
 def _object_op(
     fn: Callable[..., Any],
     *,
@@ -404,6 +418,7 @@ def register_runner_op(
     :raises SignatureMismatchError: ``fn`` has no leading runner parameter, or the fake's
         parameters differ from the op's.
     """
+    _check_options("register_runner_op", options)
     table = runners if runners is not None else _GLOBAL
 
     def decorator(fn: Callable[..., Any]) -> Op:

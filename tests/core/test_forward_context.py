@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -161,3 +162,11 @@ def test_compiled_layer_op_resolves_at_execution(ns: str, registry: opmux.OpRegi
     assert other["model.first"].calls == 1
     with pytest.raises(opmux.OpmuxError, match="no forward context is active"):
         compiled(x)
+
+
+@pytest.mark.parametrize("factory", [register_layer_op, opmux.register_runner_op])
+def test_object_op_decorators_refuse_bad_options_when_built(factory: Any) -> None:
+    with pytest.raises(opmux.SignatureMismatchError, match=r"unknown option\(s\) \['mutates'\]"):
+        factory("x", fake=lambda k, t: t, mutates=("t",))
+    with pytest.raises(opmux.SignatureMismatchError, match="no fake= given"):
+        factory("x")
