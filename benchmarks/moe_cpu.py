@@ -1,28 +1,33 @@
-"""``fused_moe`` on the CPU: the ``grouped`` provider against the native reference.
+"""``fused_moe`` on the CPU: the op (as the ``cpu`` plugin dispatches it) against native.
 
-Both run in this process on the same inputs (top-k softmax routing of random logits);
-the script checks they agree, then prints the best-of-N and median time of each and the
-ratio of the bests, for float32 and bfloat16. Target: grouped >= 3x native.
+The contenders run in this process on the same inputs (top-k softmax routing of random
+logits): native, the ``grouped`` provider, the ``cpp`` kernel called directly, and the op,
+which runs ``cpp`` and hands large float32 batches to ``grouped`` (``cpp``'s
+``supports_args``). The script checks they agree, then prints the best-of-N and median time
+of each, the provider the op chose and the op's speed-up over native, for float32 and
+bfloat16. Target: the op >= 3x native.
 Where vLLM's CPU kernel library loads (``--vllm-lib``, default vLLM 0.32's
 ``_C_AVX512.abi3.so`` under ``/work/vllm032``; never a dependency), its
 ``_C::cpu_fused_moe`` (weights prepacked once with ``_C::prepack_moe_weight``, ISA
-``vec``) runs in the same loop; the ``vs vLLM`` column is vLLM's best time over
-grouped's (above 1: grouped is faster).
+``vec``) runs in the same loop; the ``vs vLLM`` column is vLLM's best time over the op's
+(above 1: opmux is faster).
 Run: ``python benchmarks/moe_cpu.py [--dtype fp32] [--tokens 64]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 from collections.abc import Callable
-from typing import Optional
 
 import torch
 from timing import samples
 
+import opmux
 from opmux.ops.moe import fused_moe, topk_softmax
+from opmux.plugins.cpu import cpp_moe
 from opmux.plugins.cpu.moe_ops import fused_moe_grouped
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -83,47 +88,50 @@ def main() -> None:
     parser.add_argument("--vllm-lib", default=_VLLM_LIB)
     args = parser.parse_args()
     args.vllm = load_vllm(args.vllm_lib)
+    opmux.load_plugins()
+    if not fused_moe.impls["cpp"].supported:
+        raise SystemExit(f"the cpp kernels are not available: {fused_moe.impls['cpp'].reason}")
     worst = float("inf")
     for name in args.dtype:
         worst = min(worst, run(args, name))
-    print(f"target >= 3x native: {'met' if worst >= 3 else 'MISSED'} (worst {worst:.2f}x)")
+    print(f"target: the op >= 3x native: {'met' if worst >= 3 else 'MISSED'} (worst {worst:.2f}x)")
 
 
 def run(args: argparse.Namespace, dtype_name: str) -> float:
-    """Benchmark one dtype; returns the worst speed-up over the token counts."""
+    """Benchmark one dtype; returns the op's worst speed-up over native."""
     dtype = _DTYPES[dtype_name]
     g = torch.Generator().manual_seed(0)
     e, d, i = args.experts, args.hidden, args.intermediate
     w1 = (torch.randn(e, 2 * i, d, generator=g) * d ** -0.5).to(dtype)
     w2 = (torch.randn(e, d, i, generator=g) * i ** -0.5).to(dtype)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {dtype_name}, "
-          f"E={e} top-{args.topk} d={d} I={i}, best (median) of {args.repeats}")
-    print(f"{'tokens':>7}{'native ms':>20}{'grouped ms':>20}{'speed-up':>10}"
-          + (f"{'vLLM ms':>20}{'vs vLLM':>10}" if args.vllm else ""))
+          f"E={e} top-{args.topk} d={d} I={i}, best (median) of {args.repeats}, ms")
+    print(f"{'tokens':>7}{'native':>17}{'grouped':>17}{'cpp':>17}{'op':>17}{'runs':>9}"
+          f"{'speed-up':>10}" + (f"{'vLLM':>17}{'vs vLLM':>9}" if args.vllm else ""))
     worst = float("inf")
     for tokens in args.tokens:
         x = torch.randn(tokens, d, generator=g).to(dtype)
         weights, ids = topk_softmax(torch.randn(tokens, e, generator=g), args.topk, True)
-        tol = 1e-4 if dtype == torch.float32 else 3e-2
-        want = fused_moe.native(x, w1, w2, weights, ids)
-        torch.testing.assert_close(fused_moe_grouped(x, w1, w2, weights, ids), want,
-                                   atol=tol, rtol=tol)
         call = (x, w1, w2, weights, ids)
-        fns: list[Callable[[], object]] = [lambda a=call: fused_moe.native(*a),  # type: ignore[misc]
-                                           lambda a=call: fused_moe_grouped(*a)]  # type: ignore[misc]
-        vllm: Optional[Callable[[], torch.Tensor]] = None
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        want = fused_moe.native(*call)
+        fns: dict[str, Callable[[], object]] = {
+            name: functools.partial(fn, *call)
+            for name, fn in (("native", fused_moe.native), ("grouped", fused_moe_grouped),
+                             ("cpp", cpp_moe.fused_moe), ("op", fused_moe))}
         if args.vllm:
-            vllm = vllm_call(*call)
-            torch.testing.assert_close(vllm(), want, atol=tol, rtol=tol)
-            fns.append(vllm)
-        times = time_ms(fns, repeats=args.repeats)
-        (native, native_med), (grouped, grouped_med) = times[:2]
-        worst = min(worst, native / grouped)
-        line = (f"{tokens:>7}{native:>11.2f} ({native_med:>6.2f}){grouped:>11.2f} "
-                f"({grouped_med:>6.2f}){native / grouped:>9.2f}x")
-        if vllm is not None:
-            best, med = times[2]
-            line += f"{best:>11.2f} ({med:>6.2f}){best / grouped:>9.2f}x"
+            fns["vLLM"] = vllm_call(*call)
+        for name, fn in fns.items():
+            torch.testing.assert_close(fn(), want, atol=tol, rtol=tol, msg=name)
+        times = time_ms(list(fns.values()), repeats=args.repeats)
+        best = dict(zip(fns, times, strict=True))
+        speedup = best["native"][0] / best["op"][0]
+        worst = min(worst, speedup)
+        line = f"{tokens:>7}" + "".join(f"{b:>9.2f} ({m:>5.2f})" for b, m in times[:4])
+        line += f"{fused_moe.dispatch(*call).provider:>9}{speedup:>9.2f}x"
+        if args.vllm:
+            vllm_best, vllm_med = best["vLLM"]
+            line += f"{vllm_best:>9.2f} ({vllm_med:>5.2f}){vllm_best / best['op'][0]:>8.2f}x"
         print(line)
     return worst
 

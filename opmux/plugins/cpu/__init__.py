@@ -32,7 +32,7 @@ SERVED_OPS = frozenset({
     "gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp8",
     "concat_and_cache_mla", "encoder_attention", "mla_attention",
     "causal_conv1d", "causal_conv1d_update", "selective_scan", "selective_state_update",
-    "ssd_chunk_scan", "ssd_state_update",
+    "ssd_chunk_scan", "ssd_state_update", "fused_moe",
 })
 
 
@@ -60,7 +60,8 @@ def opmux_register(registry: OpRegistry, platform: PlatformLike) -> None:
 
 @hookimpl
 def opmux_default_priority(op_name: str, platform: PlatformLike) -> list[str] | None:
-    """``cpp`` first for the ops it serves, ``grouped`` first for ``fused_moe``."""
+    """``cpp`` first for the ops it serves; ``fused_moe``: ``cpp``, then ``grouped`` (which
+    takes the large float32 batches ``cpp`` declines)."""
     if op_name == "fused_moe":
-        return ["grouped", "native"]
+        return ["cpp", "grouped", "native"]
     return ["cpp", "native"] if op_name in SERVED_OPS else None

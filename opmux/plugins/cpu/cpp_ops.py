@@ -35,7 +35,7 @@ from opmux.ops._norm_quant_checks import (
 )
 from opmux.plugins._registration import OpTable, op_table, predicate
 
-from . import _build, cpp_activation, cpp_attention_extra, cpp_ssd, cpp_ssm
+from . import _build, cpp_activation, cpp_attention_extra, cpp_moe, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
 
 if TYPE_CHECKING:
@@ -440,6 +440,7 @@ OPS: OpTable = op_table(
     cpp_attention_extra.OPS,
     cpp_ssm.OPS,
     cpp_ssd.OPS,
+    cpp_moe.OPS,
 )
 """Op name -> (impl, supports_args) of every op this provider serves."""
 

@@ -1,5 +1,8 @@
 """The ``grouped`` CPU provider of ``fused_moe``: tokens grouped by expert, pure PyTorch.
 
+The ``cpu`` plugin ranks it after ``cpp`` (:mod:`opmux.plugins.cpu.cpp_moe`), which declines
+the float32 batches with many rows per expert: there these BLAS matmuls are faster.
+
 Each (token, slot) pair is sorted by expert id once and the hidden states are gathered in
 that order; every expert that received tokens then runs its matmul pair over its
 contiguous segment, with the SiLU-and-mul done in place on the segment while it is still

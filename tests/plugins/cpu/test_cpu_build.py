@@ -108,6 +108,7 @@ def test_plugin_hooks() -> None:
     assert plugin.opmux_plugin_info() == {"name": "cpu", "platforms": ["*"]}
     assert plugin.opmux_default_priority("rms_norm", None) == ["cpp", "native"]
     assert plugin.opmux_default_priority("not_an_op", None) is None
+    assert plugin.opmux_default_priority("fused_moe", None) == ["cpp", "grouped", "native"]
     from opmux.plugins.cpu import cpp_ops
 
     assert set(cpp_ops.OPS) == set(plugin.SERVED_OPS)

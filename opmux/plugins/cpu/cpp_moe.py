@@ -1,0 +1,52 @@
+"""The ``cpp`` provider's ``fused_moe`` (``csrc/cpu/moe.cpp``).
+
+Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: the native checks first (named ``cpp``),
+expert ids read once for the range check, then the out-variant kernel on contiguous inputs
+(routing weights in fp32, ids in int64, as the reference computes with them).
+
+``supports_args`` takes CPU tensors of fp32/bf16/fp16 and leaves one case to the next
+provider (``grouped``): float32 batches with more than :data:`FP32_MAX_ROWS_PER_EXPERT`
+(token, slot) rows per expert on average. There the expert matmuls are compute-bound, and
+BLAS (which ``grouped`` calls) runs them faster than this kernel's dot-product tiles; with
+fewer rows the call streams the expert weights, which this kernel reads once and ``grouped``'s
+matmuls do not read as fast (numbers in ``benchmarks/moe_cpu.py``'s README section).
+"""
+
+# no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
+import torch
+from torch import Tensor
+
+from opmux.ops.moe import check_expert_ids, check_fused_moe_args
+from opmux.plugins._registration import OpTable, op_table, predicate
+from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
+
+__all__ = ["FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
+
+FP32_MAX_ROWS_PER_EXPERT = 64
+"""Mean (token, slot) rows per expert up to which float32 calls are served here."""
+
+
+def fused_moe(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
+              topk_ids: Tensor) -> Tensor:
+    tokens, hidden, experts, _ = check_fused_moe_args(
+        PROVIDER, hidden_states, w1, w2, topk_weights, topk_ids)
+    ids = topk_ids.to(torch.int64).contiguous()
+    if ids.numel():
+        lo, hi = torch.aminmax(ids)
+        check_expert_ids(PROVIDER, int(lo), int(hi), experts)
+    out = torch.empty(tokens, hidden, dtype=hidden_states.dtype)
+    call("fused_moe", K.fused_moe_out, out, hidden_states.contiguous(), w1.contiguous(),
+         w2.contiguous(), topk_weights.to(torch.float32).contiguous(), ids)
+    return out
+
+
+def _fused_moe_args_ok(hidden_states: Tensor, w1: Tensor, topk_ids: Tensor) -> bool:
+    if not (cpu_float(hidden_states) and isinstance(w1, Tensor) and w1.dim() == 3
+            and isinstance(topk_ids, Tensor)):
+        return False
+    return (hidden_states.dtype != torch.float32
+            or topk_ids.numel() <= FP32_MAX_ROWS_PER_EXPERT * w1.shape[0])
+
+
+OPS: OpTable = op_table((fused_moe, predicate(fused_moe, _fused_moe_args_ok)))
+"""Op name -> (impl, supports_args) of the MoE op this provider serves."""

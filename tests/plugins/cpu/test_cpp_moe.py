@@ -1,0 +1,120 @@
+"""The ``cpp`` kernel of ``fused_moe``: agreement with native over the shapes that exercise its
+tiles (row groups, row blocks, unit and column tails, odd widths), routing corner cases,
+thread-count independence, its share of the work with ``grouped``, and its errors."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import pytest
+import torch
+
+import opmux
+from opmux.ops.moe import fused_moe
+from opmux.testing import conformance
+
+pytestmark = pytest.mark.slow  # the session fixture compiles the extension on first use
+
+
+@pytest.fixture(scope="session")
+def k(cpp: Any) -> Any:
+    from opmux.plugins.cpu import cpp_moe
+
+    return cpp_moe
+
+
+def _case(name: str, *, tokens: int, hidden: int, experts: int, inter: int, topk: int,
+          dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w1 = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden ** -0.5).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) * inter ** -0.5).to(dtype)
+    weights, ids = torch.topk(torch.softmax(torch.randn(tokens, experts, generator=g), -1), topk)
+    return x, w1, w2, weights, ids
+
+
+_TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+
+
+@pytest.mark.parametrize(("tokens", "hidden", "experts", "inter", "topk"), [
+    (1, 16, 4, 8, 1),       # one row: the single-row tile
+    (5, 24, 4, 7, 2),       # odd intermediate width: the last tile repeats a unit
+    (9, 37, 3, 13, 2),      # widths that are not whole vectors: scalar tails
+    (70, 64, 2, 32, 2),     # 70 rows per expert: several row blocks, prefetch of next tiles
+    (33, 200, 8, 50, 3),    # tails of a task: 200 hidden and 50 intermediate units
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp32", "bf16", "fp16"])
+def test_matches_native(k: Any, tokens: int, hidden: int, experts: int, inter: int, topk: int,
+                        dtype: torch.dtype) -> None:
+    args = _case(f"{tokens}-{hidden}-{experts}-{inter}-{topk}", tokens=tokens, hidden=hidden,
+                 experts=experts, inter=inter, topk=topk, dtype=dtype)
+    got = k.fused_moe(*args)
+    want = fused_moe.native(*args)
+    assert got.dtype == dtype and got.shape == want.shape
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
+def test_routing_corner_cases(k: Any) -> None:
+    x, w1, w2, weights, ids = _case("corner", tokens=6, hidden=32, experts=5, inter=16, topk=2)
+    # a token sending both slots to one expert, an unused expert, int32 and float64 routing
+    ids = torch.tensor([[0, 0], [1, 3], [3, 1], [4, 4], [0, 1], [1, 0]], dtype=torch.int32)
+    weights = weights.double()
+    torch.testing.assert_close(k.fused_moe(x, w1, w2, weights, ids),
+                               fused_moe.native(x, w1, w2, weights, ids))
+    empty = (x[:0], w1, w2, weights[:0], ids[:0])
+    assert k.fused_moe(*empty).shape == (0, 32)
+    zero_k = (x, w1, w2, weights[:, :0], ids[:, :0])
+    torch.testing.assert_close(k.fused_moe(*zero_k), fused_moe.native(*zero_k))
+
+
+def test_thread_count_does_not_change_bits(k: Any) -> None:
+    args = _case("threads", tokens=40, hidden=96, experts=4, inter=48, topk=2)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = k.fused_moe(*args)
+        torch.set_num_threads(max(2, before))
+        many = k.fused_moe(*args)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, many)
+
+
+def test_conformance_cases(k: Any) -> None:
+    report = conformance.check_provider("fused_moe", "cpp")
+    assert report.ok, report.format()
+    assert all(c.status == "pass" for c in report.cases), report.format()
+
+
+def test_large_fp32_batches_go_to_grouped(k: Any) -> None:
+    op = opmux.get_op("fused_moe")
+    assert op.priority()[:2] == ["cpp", "grouped"]
+    experts = 4
+    limit = k.FP32_MAX_ROWS_PER_EXPERT * experts // 2  # tokens at the limit with top-2
+    small = _case("small", tokens=limit, hidden=16, experts=experts, inter=8, topk=2)
+    large = _case("large", tokens=limit + 1, hidden=16, experts=experts, inter=8, topk=2)
+    assert op.dispatch(*small).provider == "cpp"
+    assert op.dispatch(*large).provider == "grouped"
+    large_bf16 = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in large)
+    assert op.dispatch(*large_bf16).provider == "cpp"
+    torch.testing.assert_close(op(*small), fused_moe.native(*small))
+
+
+def test_errors_name_cpp(k: Any) -> None:
+    x, w1, w2, weights, ids = _case("errors", tokens=3, hidden=16, experts=4, inter=8, topk=2)
+    with pytest.raises(opmux.OpInputError, match=r"fused_moe \(provider 'cpp'\).*id 4") as info:
+        k.fused_moe(x, w1, w2, weights, torch.full_like(ids, 4))
+    assert info.value.argument == "topk_ids"
+    with pytest.raises(opmux.OpInputError, match="provider 'cpp'"):
+        k.fused_moe(x, w1.to(torch.bfloat16), w2, weights, ids)
+    # the kernel guards its own memory accesses (an id the Python check did not see)
+    out = torch.empty_like(x)
+    with pytest.raises(ValueError, match=r"fused_moe \(provider 'cpp'\).*got id -1"):
+        torch.ops.opmux_cpu.fused_moe_out(out, x, w1, w2, weights.float(),
+                                          torch.full((3, 2), -1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="contiguous"):
+        torch.ops.opmux_cpu.fused_moe_out(out, x, w1.transpose(1, 2).contiguous().transpose(1, 2),
+                                          w2, weights.float(), ids.long())
