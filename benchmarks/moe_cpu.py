@@ -6,8 +6,8 @@ which runs ``cpp`` and hands large float32 batches to ``grouped`` (``cpp``'s
 ``supports_args``). The script checks they agree, then prints the best-of-N and median time
 of each, the provider the op chose and the op's speed-up over native, for float32 and
 bfloat16. Target: the op >= 3x native.
-Where vLLM's CPU kernel library loads (``--vllm-lib``, default vLLM 0.32's
-``_C_AVX512.abi3.so`` under ``/work/vllm032``; never a dependency), its
+Where vLLM's CPU kernel library loads (``--vllm-lib``, default the installed ``vllm``
+package's library for this CPU; never a dependency), its
 ``_C::cpu_fused_moe`` (weights prepacked once with ``_C::prepack_moe_weight``, ISA
 ``vec``) runs in the same loop; the ``vs vLLM`` column is vLLM's best time over the op's
 (above 1: opmux is faster).
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 from collections.abc import Callable
 
 import torch
-from timing import samples
+from timing import load_vllm, samples
 
 import opmux
 from opmux.ops.moe import fused_moe, topk_softmax
@@ -31,19 +30,19 @@ from opmux.plugins.cpu import cpp_moe
 from opmux.plugins.cpu.moe_ops import fused_moe_grouped
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-_VLLM_LIB = "/work/vllm032/src/vllm/_C_AVX512.abi3.so"
 
 
-def load_vllm(path: str) -> bool:
-    """Load vLLM's CPU kernels if the library is there and loads; say why not otherwise."""
-    if not os.path.exists(path):
-        print(f"vLLM kernels: {path} not found; comparing with native only")
+def _load_vllm_moe(path: str) -> bool:
+    """Load vLLM's CPU kernels if a library loads and has the MoE op; say why not otherwise."""
+    loaded = load_vllm(path)
+    if loaded is None:
+        print(f"vLLM kernels: {path or 'no installed vllm library'} did not load; "
+              "comparing with native only")
         return False
     try:
-        torch.ops.load_library(path)
         torch.ops._C.cpu_fused_moe  # noqa: B018  (raises if the op is absent)
-    except (OSError, RuntimeError, AttributeError) as exc:
-        print(f"vLLM kernels: {path} did not load ({type(exc).__name__}: {exc})")
+    except (RuntimeError, AttributeError) as exc:
+        print(f"vLLM kernels: {loaded} has no cpu_fused_moe ({type(exc).__name__}: {exc})")
         return False
     return True
 
@@ -85,9 +84,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--dtype", choices=sorted(_DTYPES), nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--vllm-lib", default=_VLLM_LIB)
+    parser.add_argument("--vllm-lib", default="",
+                        help="vLLM kernel library; default: the installed vllm's for this CPU")
     args = parser.parse_args()
-    args.vllm = load_vllm(args.vllm_lib)
+    args.vllm = _load_vllm_moe(args.vllm_lib)
     opmux.load_plugins()
     if not fused_moe.impls["cpp"].supported:
         raise SystemExit(f"the cpp kernels are not available: {fused_moe.impls['cpp'].reason}")

@@ -16,7 +16,6 @@ vLLM's kernel library is loaded with ``torch.ops.load_library``; it is never a d
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -168,7 +167,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile rows")
     parser.add_argument("--ops", default="", help="comma-separated subset of ops")
     parser.add_argument("--vllm-lib", default="", help="vLLM kernel library (.so) to load "
-                        "when vllm is not importable, e.g. .../vllm/_C_AVX512.abi3.so")
+                        "(default: the installed vllm's library for this CPU)")
     args = parser.parse_args()
     tokens, hidden, inter = (4096, 4096, 11008) if args.full else (1024, 4096, 4096)
     dtype = getattr(torch, args.dtype)
@@ -179,10 +178,7 @@ def main() -> None:
     ok, message = _build.build_status()
     if not ok:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
-    has_vllm = load_vllm() is not None
-    if not has_vllm and args.vllm_lib and os.path.exists(args.vllm_lib):
-        torch.ops.load_library(args.vllm_lib)
-        has_vllm = True
+    has_vllm = load_vllm(args.vllm_lib) is not None
     src = torch.randn(32 * 1024 * 1024)
     dst = torch.empty_like(src)
     gbps = 2 * src.numel() * 4 / median_ms(lambda: dst.copy_(src), 10) / 1e6

@@ -75,18 +75,29 @@ def copy_gbps() -> float:
     return 2 * src.numel() * 4 / ms / 1e6
 
 
-def load_vllm() -> str | None:
-    """Load vLLM's CPU kernel library if vllm is installed; returns its path or None."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or spec.origin is None:
-        return None
-    root = os.path.dirname(spec.origin)
-    for name in ("_C_AVX512.abi3.so", "_C_AVX2.abi3.so", "_C.abi3.so"):
-        path = os.path.join(root, name)
-        if os.path.exists(path):
+def load_vllm(path: str = "") -> str | None:
+    """Load vLLM's CPU kernel library; returns its path, or None when there is none to load.
+
+    ``path`` names the library; without it the installed ``vllm`` package's library for this
+    CPU is taken (``_C_AVX512`` only where torch reports AVX-512: loading it on an AVX2 CPU
+    kills the process with an illegal instruction, which no ``except`` can catch).
+    """
+    if path:
+        candidates = [path]
+    else:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or spec.origin is None:
+            return None
+        root = os.path.dirname(spec.origin)
+        names = ["_C_AVX2.abi3.so", "_C.abi3.so"]
+        if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+            names.insert(0, "_C_AVX512.abi3.so")
+        candidates = [os.path.join(root, name) for name in names]
+    for candidate in candidates:
+        if os.path.exists(candidate):
             try:
-                torch.ops.load_library(path)
-                return path
+                torch.ops.load_library(candidate)
+                return candidate
             except OSError:
                 continue
     return None
