@@ -19,7 +19,9 @@
 // kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h, in
 // sub-tiles of up to 32 rows that share each chunk of keys. Decode with 4 or 8 query heads
 // per kv head (fp32 with a head size that is a multiple of 16, bf16 with pairs) puts the
-// group's rows in vector lanes for the scores (qk_group).
+// group's rows in vector lanes for the scores (qk_group). With AVX2 (16 registers of 8 lanes)
+// scores take up to three query rows against four keys per tile (qk_tile_r4: 12 accumulators,
+// one 8-vector transpose-reduce per two rows) and the value step four rows by three vectors.
 #include "op_library.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"

@@ -130,6 +130,59 @@ inline __m512 reduce16(const __m512* v) {
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+// Horizontal sums of 8 vectors at once: lane i of the result is the sum of v[i] (the AVX2
+// form of reduce16: two in-lane shuffle+add levels, then the two 128-bit halves added).
+inline __m256 reduce8(const __m256* v) {
+  __m256 w[4];
+  for (int i = 0; i < 4; ++i) {
+    w[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  __m256 x[2];
+  for (int j = 0; j < 2; ++j) {
+    const __m256d a = _mm256_castps_pd(w[2 * j]);
+    const __m256d b = _mm256_castps_pd(w[2 * j + 1]);
+    x[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(x[0], x[1], 0x20),
+                       _mm256_permute2f128_ps(x[0], x[1], 0x31));
+}
+
+// Scores of R (1 to 3) query rows against 4 keys: 4R accumulators, so each key vector load
+// serves R rows and each query load four keys (the query is an FMA memory operand: R = 3 fills
+// the 16 registers exactly). Row i's four scores go to out[i][0, 4).
+template <int R>
+inline void qk_tile_r4(const float* const* q, float* const* out, const float* const* k,
+                       int64_t padded) {
+  static_assert(R >= 1 && R <= 3, "1 to 3 rows");
+  constexpr int kAcc = 4 * R;
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_setzero_ps();
+  const float* k0 = k[0];
+  const float* k1 = k[1];
+  const float* k2 = k[2];
+  const float* k3 = k[3];
+  for (int64_t c = 0; c < padded; c += 8) {
+    const __m256 kv[4] = {_mm256_loadu_ps(k0 + c), _mm256_loadu_ps(k1 + c),
+                          _mm256_loadu_ps(k2 + c), _mm256_loadu_ps(k3 + c)};
+    for (int i = 0; i < R; ++i) {
+      const __m256 qv = _mm256_loadu_ps(q[i] + c);
+      for (int j = 0; j < 4; ++j) acc[4 * i + j] = _mm256_fmadd_ps(qv, kv[j], acc[4 * i + j]);
+    }
+  }
+  for (int i = 0; i < R; i += 2) {  // rows i and i + 1 (a lone last row is reduced twice)
+    const int i1 = i + 1 < R ? i + 1 : i;
+    const __m256 v[8] = {acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3],
+                         acc[4 * i1], acc[4 * i1 + 1], acc[4 * i1 + 2], acc[4 * i1 + 3]};
+    const __m256 sums = reduce8(v);
+    _mm_storeu_ps(out[i], _mm256_castps256_ps128(sums));
+    if (i + 1 < R) _mm_storeu_ps(out[i + 1], _mm256_extractf128_ps(sums, 1));
+  }
+}
+#endif
+
 // out[i] = q . k[i] for i < n; every k[i] (and q) has `padded` elements; k[n..] may be read
 // and must point at valid rows (the caller pads with a zero row).
 inline void qk_row(const float* q, const float* const* k, int64_t n, int64_t padded,
@@ -360,6 +413,29 @@ inline void qk_rows(const float* const* q, float* const* out, int64_t nr, const 
       qk_tile4(q + r, o, k + t0, padded);
     }
   }
+#elif defined(CPU_CAPABILITY_AVX2)
+  // up to three rows at a time, each tile against four keys (out rows take whole groups of
+  // four: the caller's rows hold the chunk rounded up to 16); four rows go as two and two,
+  // not three and a lone row (a one-row tile loads four keys per four FMAs)
+  auto tiles = [&](auto rows_c) {
+    constexpr int R = decltype(rows_c)::value;
+    for (int64_t t0 = 0; t0 < n; t0 += 4) {
+      float* o[R];
+      for (int i = 0; i < R; ++i) o[i] = out[r + i] + t0;
+      qk_tile_r4<R>(q + r, o, k + t0, padded);
+    }
+    r += R;
+  };
+  while (r < nr) {
+    const int64_t rest = nr - r;
+    if (rest == 1) {
+      tiles(std::integral_constant<int, 1>{});
+    } else if (rest == 2 || rest == 4) {
+      tiles(std::integral_constant<int, 2>{});
+    } else {
+      tiles(std::integral_constant<int, 3>{});
+    }
+  }
 #endif
   for (; r < nr; ++r) qk_row(q[r], k, n, padded, out[r]);
 }
@@ -405,19 +481,34 @@ inline void pv_tile_t_row(float* const* acc, const float* const* p, const T* con
 
 // acc[i] += sum_t p[i][t] * v[t] for nr rows sharing one kv head, with the value rows in
 // their cache dtype: eight rows at a time (each value vector widened once per eight rows),
-// then four, then one. Needs d % kF == 0.
+// then four, then one (AVX2: four, two, one, sized to its 16 registers). Needs d % kF == 0.
 template <typename T>
 inline void pv_rows_t(float* const* acc, const float* const* p, int64_t nr, const T* const* v,
                       int64_t n, int64_t d) {
   int64_t r = 0;
+#if defined(CPU_CAPABILITY_AVX512)
   for (; r + 8 <= nr; r += 8) pv_tile_t_row<8, 2>(acc + r, p + r, v, n, d);
   for (; r + 4 <= nr; r += 4) pv_tile_t_row<4, 4>(acc + r, p + r, v, n, d);
+#else
+  // 16 vector registers: 12 accumulators, the widened value vectors and a probability
+  for (; r + 4 <= nr; r += 4) pv_tile_t_row<4, 3>(acc + r, p + r, v, n, d);
+  for (; r + 2 <= nr; r += 2) pv_tile_t_row<2, 6>(acc + r, p + r, v, n, d);
+#endif
   for (; r < nr; ++r) pv_tile_t_row<1, 8>(acc + r, p + r, v, n, d);
 }
 
 // Copies a cache row of `d` elements into `buf` as fp32, zero-padded up to `padded`.
 template <typename T>
 inline const float* widen_row(const T* src, float* buf, int64_t d, int64_t padded) {
+  if (d == padded) {  // whole vectors: a branch-free loop, two at a time
+    int64_t j = 0;
+    for (; j + 2 * kF <= d; j += 2 * kF) {
+      load_f(src + j).store(buf + j);
+      load_f(src + j + kF).store(buf + j + kF);
+    }
+    if (j < d) load_f(src + j).store(buf + j);
+    return buf;
+  }
   for_each_vec(padded, [&](int64_t j, int64_t n) {
     const int64_t valid = std::max<int64_t>(0, std::min(n, d - j));
     (valid == kF ? load_f(src + j) : load_f(src + j, valid)).store(buf + j);

@@ -210,6 +210,18 @@ def test_paged_attention_head_and_block_sizes(cpp: Any, dtype: torch.dtype, d: i
     close(got, ref.paged_attention(**case, sliding_window=None, soft_cap=None), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_paged_attention_group_sizes(cpp: Any, dtype: torch.dtype, group: int) -> None:
+    # every query-heads-per-kv-head count up to 8: the score tiles take the rows of one kv
+    # head three, two or one at a time against four keys and the value step four, two or one
+    # (AVX2), so each split of 1..8 decode rows and of the prefill rows (x 5 positions) and key
+    # counts that leave 1-3 keys in the last tile of four are all met
+    case = _paged_case(dtype, 2 * group, 2, 64, 16, q_lens=[1, 1, 5], kv_lens=[37, 301, 50])
+    got = cpp.paged_attention(**case, sliding_window=None, soft_cap=None)
+    close(got, ref.paged_attention(**case, sliding_window=None, soft_cap=None), dtype, scale=2)
+
+
 def test_paged_attention_long_prefill_window(cpp: Any) -> None:
     # q_len > the rows of one work item: several items per sequence and kv head
     case = _paged_case(torch.float32, 4, 2, 64, 16, q_lens=[70], kv_lens=[90])
