@@ -5,9 +5,12 @@ the hot path reads: ``pairs`` (``(supports_args, fn)`` per provider), ``direct``
 provider's function when it takes every call), ``guard`` (the first provider's predicate
 picks it or the next function, when that one takes every call: the next provider or native)
 and, when a tuned table gives the op a
-different order per shape bucket, ``sized``: one ``pairs`` tuple per bit length of the
-first argument's ``numel()`` (64 entries, so the bucket is one index, no search), with
-``pairs`` set to ``None`` so that an op without buckets pays one ``is None`` test.
+different order per shape bucket, ``sized``: one selector per bit length of the first
+argument's ``numel()`` (64 entries, so the bucket is one index, no search), with ``pairs``
+set to ``None`` so that an op without buckets pays one ``is None`` test. A bucket's selector
+has the same shortcuts as the key (``(pred, fn, other, None)``: ``fn`` alone when ``pred`` is
+``None``, else one test between ``fn`` and ``other``) and ``(None, None, None, pairs)`` for
+the walk, so picking a bucket adds only the size lookup to the call.
 
 Both selection functions (the torch kernel of a key, and the eager path used with the
 torch wrap off) are generated from one template, :data:`_SELECT`, when the op is built or
@@ -40,6 +43,9 @@ SIZE_BUCKETS: Final = 64
 (``numel`` in ``[2**(b-1), 2**b)``; bucket 0 is an empty tensor)."""
 
 Pairs = tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...]
+#: one size bucket's selection: ``(pred, fn, other, pairs)`` (see the module docstring)
+Selector = tuple[Callable[..., bool] | None, Callable[..., Any] | None,
+                 Callable[..., Any] | None, Pairs | None]
 
 
 def bucket_of(numel: int) -> int:
@@ -68,8 +74,8 @@ class _KeyChain:
         #: next one (or native, when there is none) takes every call: one test, no walk
         self.guard: tuple[Callable[..., bool], Callable[..., Any], Callable[..., Any]] | None \
             = None
-        #: per size bucket ``pairs`` (a tuned table with different orders), else ``None``
-        self.sized: tuple[Pairs, ...] | None = None
+        #: per size bucket selector (a tuned table with different orders), else ``None``
+        self.sized: tuple[Selector, ...] | None = None
         #: per size bucket chains (for ``dispatch`` / ``explain``), else ``None``
         self.sized_chains: tuple[tuple[OpImpl, ...], ...] | None = None
 
@@ -86,17 +92,16 @@ class _KeyChain:
             self.sized = self.sized_chains = None
         else:
             self.sized_chains = tuple(c for c, _ in sized)
-            self.sized = tuple(_pairs(c, f) for c, f in sized)
+            self.sized = tuple(_selector(c, f, native) for c, f in sized)
             self.pairs = None
         self.chain = chain
-        if sized is None and chain:
-            pred = chain[0].supports_args
-            if pred is None:
-                self.direct = fns[0]
-            elif len(chain) == 1 and native is not None:
-                self.guard = (pred, fns[0], native)
-            elif len(chain) > 1 and chain[1].supports_args is None:
-                self.guard = (pred, fns[0], fns[1])
+        if sized is None:
+            pred, fn, other, pairs = _selector(chain, fns, native)
+            if pairs is None and pred is None:
+                self.direct = fn
+            elif pairs is None:
+                assert pred is not None and fn is not None and other is not None
+                self.guard = (pred, fn, other)
 
     def chain_for(self, first: Any, is_tensor: bool) -> tuple[OpImpl, ...]:
         """The chain a call whose first argument is ``first`` walks (not the hot path)."""
@@ -107,6 +112,22 @@ class _KeyChain:
 
 def _pairs(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> Pairs:
     return tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
+
+
+def _selector(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
+              native: Callable[..., Any] | None) -> Selector:
+    """The shortest walk of ``chain``: its first function when that takes every call, one
+    test when the next function (or native after a lone provider) takes every call, else
+    the pairs."""
+    if chain:
+        pred = chain[0].supports_args
+        if pred is None:
+            return None, fns[0], None, None
+        if len(chain) == 1 and native is not None:
+            return pred, fns[0], native, None
+        if len(chain) > 1 and chain[1].supports_args is None:
+            return pred, fns[0], fns[1], None
+    return None, None, None, _pairs(chain, fns)
 
 
 # The one walk over a chain. ``{call}`` is how arguments are passed on; ``{sized}`` picks the
@@ -127,7 +148,15 @@ def {name}({params}):
         return chosen({call}) if ok else other({call})
     pairs = holder.pairs
     if pairs is None:
-        pairs = {sized}
+        pred, chosen, other, pairs = {sized}
+        if pairs is None:
+            if pred is None:
+                return chosen({call})
+            try:
+                ok = pred({call})
+            except Exception:  # a predicate that raises declines (see opmux.core.op)
+                ok = False
+            return chosen({call}) if ok else other({call})
     for pred, fn in pairs:
         if pred is None:
             return fn({call})
@@ -256,7 +285,7 @@ def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_o
         return _SELECT.format(name="eager", params="_self, *args, **kwargs",
                               prologue=_EAGER_PROLOGUE, call="*args, **kwargs",
                               sized="holder.sized[first.numel().bit_length()] if isinstance("
-                                    "first, tensor) else holder.unsized")
+                                    "first, tensor) else (None, None, None, holder.unsized)")
 
     return _compile("eager", source, {
         "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,

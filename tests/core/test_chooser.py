@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import marshal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,41 @@ def test_a_raising_predicate_declines_through_the_guard(registry: opmux.OpRegist
     ident.unregister_impl("second")
     assert holder.guard is not None  # first, else native
     assert ident(torch.zeros(1)).item() == 0.0
+
+
+def test_size_buckets_take_the_same_shortcuts(registry: opmux.OpRegistry, ns: str) -> None:
+    # a tuned table's buckets: a provider that takes every call is called directly, a
+    # predicate followed by one that takes every call is one test (raising declines), and a
+    # longer chain is walked; both the kernel and the wrap-off path
+    @opmux.register_op(namespace=ns, registry=registry)
+    def ident(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def boom(x: torch.Tensor) -> bool:
+        raise RuntimeError("no")
+
+    def small(x: torch.Tensor) -> bool:
+        return x.numel() < 3
+
+    def adder(add: float) -> Callable[[torch.Tensor], torch.Tensor]:
+        def impl(x: torch.Tensor) -> torch.Tensor:
+            return x + add
+        return impl
+
+    for name, pred, add in (("a", boom, 10), ("b", None, 20), ("c", small, 30), ("d", small, 40)):
+        ident.register_impl(name, dispatch_key="CPU", supports_args=pred)(adder(add))
+    per_bucket = [["b"]] * _chooser.SIZE_BUCKETS
+    per_bucket[_chooser.bucket_of(1)] = ["a", "b"]  # guard: boom declines, b takes it
+    per_bucket[_chooser.bucket_of(2)] = ["c", "d"]  # walk: c, then d (same predicate), native
+    per_bucket[_chooser.bucket_of(4)] = ["c", "d"]
+    ident._set_tuned(["b"], per_bucket)
+    holder = ident._chains["CPU"]
+    assert holder.pairs is None and holder.sized is not None
+    assert holder.sized[_chooser.bucket_of(1)][3] is None  # a one-test selector
+    assert holder.sized[_chooser.bucket_of(8)][0] is None  # a direct one
+    assert holder.sized[_chooser.bucket_of(2)][3] is not None  # the walk
+    want = {1: 20.0, 2: 30.0, 4: 0.0, 8: 20.0}
+    for wrap in (True, False):
+        with opmux.enable_torch_wrap(wrap):
+            for n, value in want.items():
+                assert ident(torch.zeros(n))[0].item() == value, (wrap, n)
