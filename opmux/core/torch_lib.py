@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -97,8 +98,19 @@ def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str]
                  what: str = "native implementation") -> str:
     """Infer the torch schema (without the name) of ``fn``; reject keyword-only parameters.
 
+    The schema is :func:`torch.library.infer_schema`'s. A plain function whose parameters
+    and return are annotated with (non-string) types in torch's own tables and whose
+    defaults are numbers, booleans, strings or ``None`` is lowered here from its code object
+    and those tables, to the same string, without building an :class:`inspect.Signature`
+    (twice: once here, once in torch) for each of the catalog's ops at start-up; anything
+    else goes to torch's function, which also words the errors.
+
     :raises SignatureMismatchError: when the signature cannot be lowered to a schema.
     """
+    mutates = tuple(mutates_args)
+    fast = _fast_schema(fn, mutates)
+    if fast is not None:
+        return fast
     sig = inspect.signature(fn)
     kw_only = [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY]
     if kw_only:
@@ -109,7 +121,7 @@ def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str]
             op=op,
         )
     try:
-        return torch.library.infer_schema(fn, mutates_args=tuple(mutates_args))
+        return torch.library.infer_schema(fn, mutates_args=mutates)
     except Exception as exc:  # torch raises ValueError / ValueError subclasses with detail
         raise SignatureMismatchError(
             f"cannot infer a torch schema for the {what} of op {op!r}: {exc}. Annotate every "
@@ -117,6 +129,82 @@ def infer_schema(fn: Callable[..., Any], *, op: str, mutates_args: Iterable[str]
             f"(Tensor, int, float, bool, str, Optional[...], list[...], tuple of Tensors)",
             op=op,
         ) from exc
+
+
+_TYPE_TABLES: list[tuple[dict[Any, str], dict[Any, str]] | None] = []
+"""torch's annotation → schema type tables (parameters, returns), read once; ``None`` where
+this torch has no such tables (then every schema is torch's :func:`infer_schema`'s)."""
+
+_FUNCTION_FLAGS_REFUSED = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+_MISSING = object()
+
+
+def _type_tables() -> tuple[dict[Any, str], dict[Any, str]] | None:
+    if not _TYPE_TABLES:
+        module = getattr(torch._library, "infer_schema", None)
+        params = getattr(module, "SUPPORTED_PARAM_TYPES", None)
+        returns = getattr(module, "SUPPORTED_RETURN_TYPES", None)
+        _TYPE_TABLES.append((params, returns) if isinstance(params, dict)
+                            and isinstance(returns, dict) else None)
+    return _TYPE_TABLES[0]
+
+
+def _fast_schema(fn: Callable[..., Any], mutates: tuple[str, ...]) -> str | None:
+    """``fn``'s schema from its code object and torch's type tables, or ``None`` when the
+    function is anything but the plain case (see :func:`infer_schema`)."""
+    tables = _type_tables()
+    if tables is None or type(fn) is not FunctionType:
+        return None
+    if "__wrapped__" in fn.__dict__ or "__signature__" in fn.__dict__:
+        return None  # inspect.signature would follow these
+    code = fn.__code__
+    if code.co_posonlyargcount or code.co_kwonlyargcount or \
+            code.co_flags & _FUNCTION_FLAGS_REFUSED:
+        return None
+    param_types, return_types = tables
+    annotations = fn.__annotations__
+    names = code.co_varnames[:code.co_argcount]
+    defaults = fn.__defaults__ or ()
+    first_default = len(names) - len(defaults)
+    params = []
+    try:
+        for idx, name in enumerate(names):
+            annotation = annotations.get(name, _MISSING)
+            if isinstance(annotation, str):
+                return None
+            schema_type = param_types.get(annotation)
+            if schema_type is None:
+                return None
+            if name in mutates:
+                if not schema_type.startswith("Tensor"):
+                    return None
+                schema_type = f"Tensor(a{idx}!){schema_type[6:]}"
+            if idx < first_default:
+                params.append(f"{schema_type} {name}")
+                continue
+            default = defaults[idx - first_default]
+            if default is None or isinstance(default, (bool, int, float)):
+                params.append(f"{schema_type} {name}={default}")
+            elif type(default) is str:
+                params.append(f'{schema_type} {name}="{default}"')
+            else:
+                return None
+        if any(m not in names for m in mutates):
+            return None
+        ret = annotations.get("return", _MISSING)
+        if ret is None:
+            returns = "()"
+        elif isinstance(ret, str):
+            return None
+        elif getattr(ret, "__origin__", None) is tuple:
+            items = [return_types[a] for a in ret.__args__]
+            returns = f"(({items[0]}))" if len(items) == 1 else f"({', '.join(items)})"
+        else:
+            returns = return_types[ret]
+    except (KeyError, TypeError, AttributeError, IndexError):  # unhashable, unknown, odd
+        return None
+    return f"({', '.join(params)}) -> {returns}"
+
 
 
 def register_fake(lib: torch.library.Library, qualname: str, fn: Callable[..., Any], *,
