@@ -43,6 +43,7 @@ import pluggy
 
 from opmux.core import config, tuned
 from opmux.core._dist import dist_label
+from opmux.core._entry_points import entry_points as _entry_points_of
 from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
 from opmux.core.errors import ConfigError, PluginLoadError, UnknownOpError
 from opmux.core.op import NATIVE
@@ -168,8 +169,9 @@ _STATE: list[_State] = [_State()]
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    """The installed entry points of :data:`PLUGIN_GROUP` (tests monkeypatch this)."""
-    return sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name)
+    """The installed entry points of :data:`PLUGIN_GROUP`, sorted by name, remembered between
+    processes while the installation is unchanged (tests monkeypatch this)."""
+    return _entry_points_of(PLUGIN_GROUP)
 
 
 def _fail(state: _State, rec: PluginRecord, reason: str, exc: BaseException,

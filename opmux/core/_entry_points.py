@@ -1,0 +1,125 @@
+"""The installed entry points of one group, remembered between processes.
+
+:func:`importlib.metadata.entry_points` reads the metadata of every installed distribution
+(about 5 ms at each start-up in an environment of a few hundred packages), while its answer
+changes only when what is installed changes. The answer is kept in
+``$OPMUX_CACHE_DIR/entry_points/<group>-<hash of the interpreter and sys.path>.json``
+with a *stamp* of what it depends on:
+
+* every ``sys.path`` entry with its modification time and inode (installing or removing a
+  distribution adds or removes a ``*.dist-info`` folder there, which changes the folder's
+  modification time; pip replaces the folder on a reinstall);
+* ``sys.meta_path``'s finders (their classes);
+* each ``entry_points.txt`` that declared an entry point of the group, with its
+  modification time (an edit in place).
+
+A stamp that differs, a file that does not parse or has another shape, or a distribution
+found by anything but a path on ``sys.path`` means the metadata is read again (and the file
+rewritten where the folder can be written). Not seen: a distribution that had no entry point
+of the group and gains one by an edit of its installed ``entry_points.txt`` in place (a
+reinstall is seen); ``OPMUX_CACHE_DIR`` pointing elsewhere, or deleting the file, reads the
+metadata again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from opmux.core import config
+
+__all__: list[str] = []
+
+_VERSION = 1
+"""The file format; another number is read as a miss."""
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path or ".")
+    except (OSError, ValueError):
+        return None
+    return [st.st_mtime_ns, st.st_ino]
+
+
+def _stamp() -> list[Any]:
+    return [sys.path[:], [_stat(p) for p in sys.path],
+            [_name(f if isinstance(f, type) else type(f)) for f in sys.meta_path]]
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _file(group: str) -> Path:
+    """One file per group and ``sys.path`` (environments sharing a cache folder keep theirs)."""
+    where = hashlib.sha256("\0".join([sys.executable, *sys.path]).encode()).hexdigest()[:16]
+    return config.cache_dir() / "entry_points" / f"{group}-{where}.json"
+
+
+def _from_file(path: Path, stamp: list[Any], group: str) -> \
+        list[importlib.metadata.EntryPoint] | None:
+    """The cached entry points, or ``None`` when the file is missing, damaged or stale."""
+    try:
+        data = json.loads(path.read_bytes())
+        if data["version"] != _VERSION or data["stamp"] != stamp:
+            return None
+        entries = data["entries"]
+        out = []
+        for name, value, dist_path, txt_stat in entries:
+            if _stat(os.path.join(dist_path, "entry_points.txt")) != txt_stat:
+                return None
+            ep = importlib.metadata.EntryPoint(name, value, group)
+            _attach(ep, importlib.metadata.PathDistribution(Path(dist_path)))
+            out.append(ep)
+        return out
+    except (OSError, ValueError, KeyError, TypeError):  # missing, damaged, another shape
+        return None
+
+
+def _attach(ep: importlib.metadata.EntryPoint, dist: importlib.metadata.Distribution) -> None:
+    """Set ``ep.dist`` the way :mod:`importlib.metadata` does (where this Python allows)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        vars(ep).update(dist=dist)
+
+
+def _write(path: Path, stamp: list[Any], eps: list[importlib.metadata.EntryPoint]) -> None:
+    """Write the cache file atomically; skip it where a distribution has no folder."""
+    entries = []
+    for ep in eps:
+        dist_path = getattr(getattr(ep, "dist", None), "_path", None)
+        if not isinstance(dist_path, Path) or not dist_path.is_dir():
+            return  # a zip, a custom finder: not stamped here, so not cached
+        entries.append([ep.name, ep.value, str(dist_path),
+                        _stat(str(dist_path / "entry_points.txt"))])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError:
+        return  # a read-only cache folder only costs the next start-up the scan
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"version": _VERSION, "stamp": stamp, "entries": entries}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
+    """The entry points of ``group``, sorted by name (from the cache file when it is valid)."""
+    stamp = _stamp()
+    path = _file(group)
+    cached = _from_file(path, stamp, group)
+    if cached is not None:
+        return cached
+    eps = sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name)
+    _write(path, stamp, eps)
+    return eps

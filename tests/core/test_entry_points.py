@@ -1,0 +1,133 @@
+"""Plugin entry points are remembered between processes, and what changes them is seen."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from opmux.core import _entry_points, plugins
+from opmux.core._dist import dist_label
+
+GROUP = "opmux_test_entry_points"
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, site: Path) -> Path:
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
+    return _entry_points._file(GROUP)
+
+
+def _install(site: Path, dist: str, entries: dict[str, str]) -> Path:
+    info = site / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entries.items())
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\n{lines}")
+    return info
+
+
+def _seen(eps: list[importlib.metadata.EntryPoint]) -> list[tuple[str, str, str]]:
+    return [(ep.name, ep.value, dist_label(ep.dist)) for ep in eps]
+
+
+def _scan_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(**_: object) -> None:
+        raise AssertionError("the installed metadata was read again")
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", refuse)
+
+
+def test_the_second_start_reads_the_file(cache: Path, site: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(site, "beta_pkg", {"zeta": "beta_pkg.plugin", "alpha": "beta_pkg.other"})
+    first = _entry_points.entry_points(GROUP)
+    assert _seen(first) == [("alpha", "beta_pkg.other", "beta_pkg 1.0"),
+                            ("zeta", "beta_pkg.plugin", "beta_pkg 1.0")]
+    assert cache.is_file()
+    _scan_refused(monkeypatch)
+    again = _entry_points.entry_points(GROUP)
+    assert _seen(again) == _seen(first)
+    assert [ep.group for ep in again] == [GROUP, GROUP]
+
+
+def test_the_plugins_group_is_importlibs_answer(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path))
+    want = _seen(sorted(importlib.metadata.entry_points(group=plugins.PLUGIN_GROUP),
+                        key=lambda e: e.name))
+    assert {"cpu", "cuda", "xla", "ascend"} <= {name for name, _, _ in want}
+    assert _seen(plugins._entry_points()) == want
+    _scan_refused(monkeypatch)
+    assert _seen(plugins._entry_points()) == want
+
+
+def test_install_edit_and_uninstall_are_seen(cache: Path, site: Path) -> None:
+    assert _entry_points.entry_points(GROUP) == []
+    info = _install(site, "one_pkg", {"one": "one_pkg.plugin"})
+    assert _seen(_entry_points.entry_points(GROUP)) == [("one", "one_pkg.plugin", "one_pkg 1.0")]
+    # an edit in place of the installed entry_points.txt (the folder does not change)
+    txt = info / "entry_points.txt"
+    txt.write_text(f"[{GROUP}]\none = one_pkg.moved\n")
+    st = txt.stat()
+    os.utime(txt, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert [ep.value for ep in _entry_points.entry_points(GROUP)] == ["one_pkg.moved"]
+    _install(site, "two_pkg", {"two": "two_pkg.plugin"})
+    assert [ep.name for ep in _entry_points.entry_points(GROUP)] == ["one", "two"]
+    shutil.rmtree(info)
+    assert [ep.name for ep in _entry_points.entry_points(GROUP)] == ["two"]
+
+
+@pytest.mark.parametrize("content", [
+    b"\x00not json", b"[]", b'{"version": 1}', b'{"version": 99, "stamp": [], "entries": []}',
+    "stamp", "entries",
+])
+def test_a_damaged_file_is_read_as_a_miss_and_rewritten(cache: Path, site: Path,
+                                                        content: bytes | str) -> None:
+    _install(site, "dmg_pkg", {"dmg": "dmg_pkg.plugin"})
+    want = _seen(_entry_points.entry_points(GROUP))
+    data = json.loads(cache.read_text())
+    if content == "stamp":  # the right shape, another installation
+        data["stamp"][0] = ["/elsewhere"]
+        cache.write_text(json.dumps(data))
+    elif content == "entries":  # an entry whose distribution folder is gone
+        data["entries"][0][2] = str(site / "gone-1.0.dist-info")
+        cache.write_text(json.dumps(data))
+    else:
+        assert isinstance(content, bytes)
+        cache.write_bytes(content)
+    assert _seen(_entry_points.entry_points(GROUP)) == want
+    assert json.loads(cache.read_text())["version"] == 1  # rewritten
+
+
+def test_an_unwritable_cache_folder_costs_only_the_scan(tmp_path: Path, site: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(blocker))
+    _install(site, "ro_pkg", {"ro": "ro_pkg.plugin"})
+    for _ in range(2):
+        assert _seen(_entry_points.entry_points(GROUP)) == [("ro", "ro_pkg.plugin", "ro_pkg 1.0")]
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(f".{GROUP}")]
+
+
+def test_each_environment_keeps_its_own_file(cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    _entry_points.entry_points(GROUP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    other = _entry_points._file(GROUP)
+    assert other != cache and other.parent == cache.parent
+    _entry_points.entry_points(GROUP)
+    assert cache.is_file() and other.is_file()
