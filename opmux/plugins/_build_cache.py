@@ -12,7 +12,11 @@ finds an entry checks the stamp *before* it maps the library (a truncated shared
 ``SIGBUS`` when a page past its end is touched, not an exception), so an entry without a stamp,
 with a library of another size or checksum, empty or garbage, is rebuilt: the damaged folder is
 replaced in one rename. Intermediate files whose checksum still matches the stamp are copied
-into the new build first, so ninja only relinks when just the library was damaged.
+into the new build first, so ninja only relinks when just the library was damaged. The
+library's checksum is read once: after a match, ``<root>/<kind>/.checked-<key>.json`` records
+the file's size, mtime, ctime, inode and device (once its ctime is two seconds old, as for keys
+below), and a later start-up that finds all of them unchanged skips the read. Any write to the
+library moves its ctime, so a damaged library is read and refused again.
 
 Keys: hashing every source file at each start-up costs milliseconds, so :meth:`BuildCache.key`
 remembers the last key of a source tree in ``<root>/<kind>/.sources-<tree>.json`` with the size,
@@ -37,6 +41,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -114,20 +119,44 @@ def _read_stamp(entry: Path) -> dict[str, object] | None:
 def verify(entry: Path, library: str) -> str | None:
     """Why ``entry`` cannot be loaded (missing, unstamped, damaged library), or ``None`` if sound.
 
-    Reads the library's bytes, never maps them: this runs before ``dlopen``.
+    Reads the library's bytes, never maps them: this runs before ``dlopen``. The checksum is
+    read once per library file: a match is recorded (:func:`_checked_path`) with the file's
+    size, mtime, ctime, inode and device, and while all of them are unchanged the record
+    stands for it.
     """
     path = entry / library
-    if not path.is_file():
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
         return f"{path} does not exist"
     stamp = _read_stamp(entry)
     if stamp is None or stamp.get("library") != library:
         return f"{entry} has no valid build stamp (interrupted or foreign build)"
-    size = path.stat().st_size
-    if size != stamp.get("size"):
-        return f"{path} has {size} bytes, its build stamp says {stamp.get('size')}"
+    if st.st_size != stamp.get("size"):
+        return f"{path} has {st.st_size} bytes, its build stamp says {stamp.get('size')}"
+    seen = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, stamp.get("sha256")]
+    checked = _checked_path(entry)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(checked.read_bytes()) == seen:
+            return None
     if _sha256(path) != stamp.get("sha256"):
         return f"{path} does not match the sha256 of its build stamp"
+    if st.st_ctime_ns <= time.time_ns() - _SETTLED_NS:  # see _SETTLED_NS
+        tmp = checked.with_name(f"{checked.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(seen), encoding="utf-8")
+            tmp.replace(checked)
+        except OSError:  # a read-only cache: the checksum is read at each start-up
+            with contextlib.suppress(OSError):
+                tmp.unlink()
     return None
+
+
+def _checked_path(entry: Path) -> Path:
+    """``<root>/<kind>/.checked-<key>.json``: the record of the entry's last checksum match."""
+    return entry.with_name(f".checked-{entry.name}.json")
 
 
 def _write_stamp(folder: Path, library: Path) -> None:

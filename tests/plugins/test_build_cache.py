@@ -85,6 +85,70 @@ def test_damaged_entry_is_rebuilt(cache: BuildCache, damage: str) -> None:
     assert verify(path.parent, LIB) is None
 
 
+def _sha_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    reads: list[Path] = []
+    real = _build_cache._sha256
+
+    def counted(path: Path) -> str:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(_build_cache, "_sha256", counted)
+    return reads
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "touched", "replaced"])
+def test_the_checksum_is_read_once_until_the_library_changes(
+        cache: BuildCache, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    path = cache.ensure("k", _fake_build())
+    good = path.read_bytes()
+    reads = _sha_reads(monkeypatch)
+    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 2_000_000_000)
+    assert verify(path.parent, LIB) is None and reads == [path]
+    assert not (path.parents[1] / ".checked-k.json").exists()  # written a moment ago
+    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 0)
+    assert verify(path.parent, LIB) is None and len(reads) == 2  # recorded now
+    assert (path.parents[1] / ".checked-k.json").is_file()
+    for _ in range(3):
+        assert verify(path.parent, LIB) is None
+    assert len(reads) == 2
+    if damage == "garbage":
+        path.write_bytes(bytes(reversed(good)))  # same size, other content
+    elif damage == "truncated":
+        with open(path, "r+b") as handle:
+            handle.truncate(len(good) // 2)
+    elif damage == "touched":  # the same bytes written again, the old mtime put back
+        st = path.stat()
+        path.write_bytes(good)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:  # another file of the same size and content in its place
+        path.with_name("new").write_bytes(good)
+        path.with_name("new").replace(path)
+    result = verify(path.parent, LIB)
+    if damage in ("garbage", "truncated"):
+        assert result is not None and ("sha256" in result or "bytes" in result)
+        assert cache.ensure("k", _fake_build()) == path and path.read_bytes() == good
+    else:
+        assert result is None and len(reads) == 3  # read again, and sound
+    assert verify(path.parent, LIB) is None
+
+
+def test_a_damaged_check_record_only_costs_a_read(cache: BuildCache,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = cache.ensure("k", _fake_build())
+    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 0)
+    assert verify(path.parent, LIB) is None
+    record = path.parents[1] / ".checked-k.json"
+    reads = _sha_reads(monkeypatch)
+    for content in (b"\x00garbage", b"[]", b'{"a": 1}'):
+        record.write_bytes(content)
+        assert verify(path.parent, LIB) is None
+    assert len(reads) == 3
+    record.write_bytes(b"[]")
+    path.write_bytes(b"\x7fELF" + b"y" * 4000)  # damaged, and the record says nothing
+    assert "sha256" in str(verify(path.parent, LIB))
+
+
 def test_intact_objects_are_salvaged_damaged_ones_not(cache: BuildCache) -> None:
     path = cache.ensure("k", _fake_build())
     path.write_bytes(b"")
