@@ -234,7 +234,8 @@ def check_outputs() -> bool:
 
 def cache_dir() -> Path:
     """``OPMUX_CACHE_DIR`` (``~`` expanded): root folder of the native build caches, the tuned
-    tables and the compiled dispatch functions; default ``~/.cache/opmux``."""
+    tables, the compiled dispatch functions and the plugins' entry points; default
+    ``~/.cache/opmux``."""
     value = _text(ENV_CACHE_DIR)
     return Path(value).expanduser() if value else Path.home() / ".cache" / "opmux"
 
