@@ -7,7 +7,12 @@ not use it. Wall time is the figure of record; the process CPU time and the full
 generation) garbage collections run during the opmux part are printed beside it, because on a
 shared machine wall time mostly measures the other processes.
 
-    python benchmarks/startup.py [--runs 12]
+    python benchmarks/startup.py [--runs 12] [--against DIR]
+
+``--against DIR`` compares this checkout with another one (e.g. a ``git worktree`` of the
+commit before a change): fresh processes alternate between the two, each importing opmux
+from its own folder, and the median of the paired differences is printed with its quartiles
+(on a shared machine, pairs taken a moment apart see the same load).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 _PROBE = r"""
 import gc, json, sys, time
@@ -44,7 +50,12 @@ print(json.dumps({"torch": t1 - t0, "import_detect": t2 - t1, "plugins": t3 - t2
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another opmux checkout to compare with, in alternating processes")
     ns = parser.parse_args()
+    if ns.against is not None:
+        compare(ns.against.resolve(), ns.runs)
+        return
     # Measure an ordinary installation: bytecode caches on (some shells disable them with
     # PYTHONDONTWRITEBYTECODE, which makes every start compile every module again).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -66,6 +77,38 @@ def main() -> None:
           f"{sum(r['full_gc'] for r in rows)} over {ns.runs} runs)")
     heavy = sorted({m for r in rows for m in r["heavy"]})
     print(f"heavy stacks imported: {heavy or 'none'}")
+
+
+def _probe(checkout: Path) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", _PROBE], check=True, env=env, cwd=checkout,
+                         capture_output=True, text=True).stdout
+    row: dict[str, float] = json.loads(out)
+    return row
+
+
+def compare(other: Path, runs: int) -> None:
+    """Alternate fresh processes of this checkout and ``other``; print paired differences."""
+    here = Path(__file__).resolve().parents[1]
+    if not (other / "opmux" / "__init__.py").is_file():
+        raise SystemExit(f"--against {other}: not an opmux checkout (no opmux/__init__.py)")
+    for checkout in (here, other):
+        _probe(checkout)  # bytecode caches written, library built, before timing
+    pairs = []
+    for i in range(runs):
+        order = (here, other) if i % 2 == 0 else (other, here)
+        got = {checkout: _probe(checkout) for checkout in order}
+        pairs.append((got[here], got[other]))
+    diffs = sorted((a["import_detect"] + a["plugins"] - b["import_detect"] - b["plugins"]) * 1e3
+                   for a, b in pairs)
+    quart = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else diffs * 3
+    for name, col in (("this checkout", 0), (f"{other}", 1)):
+        total = statistics.median((p[col]["import_detect"] + p[col]["plugins"]) * 1e3
+                                  for p in pairs)
+        print(f"{name:40s} opmux over torch {total:7.1f} ms (median of {runs})")
+    print(f"this - other, paired: median {statistics.median(diffs):+.1f} ms "
+          f"(quartiles {quart[0]:+.1f} / {quart[2]:+.1f} ms)")
 
 
 if __name__ == "__main__":
