@@ -52,8 +52,10 @@ def _reference(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Ten
     return torch.cat(out)
 
 
-@pytest.mark.parametrize(("window", "cap"), [(None, None), (20, None), (None, 30.0)])
-def test_write_then_attend(attn: Any, window: int | None, cap: float | None) -> None:
+@pytest.mark.parametrize(("window", "cap", "pad"),
+                         [(None, None, 2), (20, None, 2), (None, 30.0, 2), (None, None, 0)])
+def test_write_then_attend(attn: Any, window: int | None, cap: float | None, pad: int) -> None:
+    # pad: rows past the step's tokens in vLLM's buffers (left alone); 0: none
     from vllm.v1.attention.backend import AttentionType
 
     impl = attn.OpmuxCPUAttentionImpl(H, D, 1 / math.sqrt(D), HKV, None, window, "auto",
@@ -67,12 +69,13 @@ def test_write_then_attend(attn: Any, window: int | None, cap: float | None) -> 
     for i, n in enumerate(kv_lens):  # write each sequence's tokens through the backend
         pos = torch.arange(n)
         slots = tables[i, pos // BS].long() * BS + pos % BS
-        impl.do_kv_cache_update(None, keys[i], values[i], kv_cache, slots)
+        padded = [torch.cat([t, torch.full((pad, HKV, D), 9.0)]) for t in (keys[i], values[i])]
+        impl.do_kv_cache_update(None, *padded, kv_cache, slots)
     key_cache, value_cache = attn.split_kv_cache(kv_cache)
     assert key_cache.shape == (BLOCKS, BS, HKV, D)
     torch.testing.assert_close(key_cache[3, 4], keys[0][4])
     torch.testing.assert_close(value_cache[2, 0], values[2][32])
-    q = torch.randn(sum(q_lens) + 2, H, D)  # two padding rows
+    q = torch.randn(sum(q_lens) + pad, H, D)
     meta = attn.OpmuxCPUAttentionMetadata(
         num_actual_tokens=sum(q_lens), max_query_len=70,
         query_start_loc=torch.tensor([0, 70, 71, 74], dtype=torch.int32), max_seq_len=70,
@@ -82,7 +85,8 @@ def test_write_then_attend(attn: Any, window: int | None, cap: float | None) -> 
     impl.forward(None, q, None, None, kv_cache, meta, output)
     want = _reference(q, keys, values, q_lens, 1 / math.sqrt(D), window, cap)
     torch.testing.assert_close(output[:74], want, rtol=1e-4, atol=1e-4)
-    assert (output[74:] == 7.0).all()  # padding rows left alone
+    assert output.shape[0] == 74 + pad and (output[74:] == 7.0).all()  # padding left alone
+    assert (kv_cache != 9.0).all()  # no padding row was written into the cache
 
 
 def test_zeroing_a_block_clears_only_that_block(attn: Any) -> None:
