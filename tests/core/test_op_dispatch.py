@@ -249,3 +249,53 @@ def test_a_priority_is_a_list_not_a_string(add: opmux.Op, bad: object) -> None:
     with pytest.raises(opmux.RegistrationError), add.set_priority("p10"):
         pass
     assert add.priority() == ["p10", "p20", "native"]
+
+
+class _SeenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every op that reaches the torch dispatcher."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_calls_the_provider_without_the_dispatcher(add: opmux.Op, ns: str) -> None:
+    assert opmux.torch_wrap_enabled()
+    eager = add.eager
+    assert add.eager is eager  # built once
+    x = torch.zeros(2)
+    with _SeenOps() as mode:
+        assert eager(x).tolist() == [10.0, 10.0]
+    assert mode.seen and f"{ns}.add_one.default" not in mode.seen  # only the provider's add
+    with _SeenOps() as mode:
+        assert add(x).tolist() == [10.0, 10.0]
+    assert f"{ns}.add_one.default" in mode.seen  # the wrapped call goes through torch
+    # the same selection as the wrapped call, priorities and predicates read per call
+    with add.set_priority(["p20", "p10"]):
+        assert eager(x).tolist() == [20.0, 20.0]
+        assert eager(x.double()).tolist() == [10.0, 10.0]  # p20 declines float64
+    add.set_default_priority(["native"])
+    assert eager(x).tolist() == [1.0, 1.0]
+    assert eager(x=x).tolist() == [1.0, 1.0]
+
+
+def test_eager_is_one_node_under_compile(add: opmux.Op, ns: str) -> None:
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        graphs.append(gm)
+        return gm.forward
+
+    for built in (False, True):  # first traced before the eager caller exists, then after
+        if built:
+            assert add.eager(torch.zeros(1)).tolist() == [10.0]
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t: add.eager(t) * 2, backend=backend, fullgraph=True)
+        assert compiled(torch.zeros(2)).tolist() == [20.0, 20.0]
+        targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
+        assert f"{ns}.add_one.default" in targets
+    assert len(graphs) == 2

@@ -9,7 +9,9 @@ block out as ``[2, block_size, Hkv, D]`` -- the keys of the block's tokens, then
 -- so the key and value caches of the catalog (``[blocks, block_size, Hkv, D]``, heads
 contiguous) are two views with a block stride of ``2 * block_size * Hkv * D``. The KV write
 is ``opmux::reshape_and_cache`` and attention ``opmux::paged_attention`` (ragged prefill +
-decode, GQA, sliding window, soft cap), so the winning provider of each runs.
+decode, GQA, sliding window, soft cap), so the winning provider of each runs. Both are
+called through :attr:`opmux.Op.eager`: the forward runs outside vLLM's compiled graph (inside
+its attention op), where the torch dispatcher's trip would only box the arguments twice.
 
 Refused when the engine builds the layer (:class:`OpmuxAttentionUnsupported`), never run
 wrongly: attention types other than decoder self-attention, ALiBi, attention sinks, a
@@ -154,9 +156,10 @@ class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):  # type: ignore[misc]
             return output
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(kv_cache)
-        out = paged_attention(_rows(query, n), key_cache, value_cache, attn_metadata.block_table,
-                              attn_metadata.seq_lens, attn_metadata.query_start_loc,
-                              self.scale, self.opmux_window, self.opmux_soft_cap)
+        out = paged_attention.eager(_rows(query, n), key_cache, value_cache,
+                                    attn_metadata.block_table, attn_metadata.seq_lens,
+                                    attn_metadata.query_start_loc, self.scale, self.opmux_window,
+                                    self.opmux_soft_cap)
         dst = _rows(output, n)
         dst.copy_(out.view(dst.shape))
         return output
@@ -165,7 +168,8 @@ class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):  # type: ignore[misc]
                            kv_cache: Tensor, slot_mapping: Tensor) -> None:
         key_cache, value_cache = self._caches(kv_cache)
         n = slot_mapping.shape[0]
-        reshape_and_cache(_rows(key, n), _rows(value, n), key_cache, value_cache, slot_mapping)
+        reshape_and_cache.eager(_rows(key, n), _rows(value, n), key_cache, value_cache,
+                                slot_mapping)
 
 
 def _rows(t: Tensor, n: int) -> Tensor:
