@@ -13,6 +13,10 @@ with ``var_hidden_size``, a weight in another dtype than the input) runs the par
 ``compilation_config.custom_ops`` (``"none,+rms_norm"``) keeps working on the replacements.
 
 Only :mod:`opmux.integrations.vllm` imports this module, and only with vLLM installed.
+
+The ops are called through :attr:`opmux.Op.eager`: in eager code the provider is called
+without the torch dispatcher's trip, and while torch.compile traces a layer (a custom op
+switched on) it is the torch op, one graph node.
 """
 
 from __future__ import annotations
@@ -83,8 +87,8 @@ class OpmuxRMSNorm(layernorm.RMSNorm):  # type: ignore[misc, name-defined]
         if self.variance_size_override is not None or weight.dtype != x.dtype:
             return super().forward_native(x, residual)  # type: ignore[no-any-return]
         if residual is None:
-            return rms_norm(x, weight, self.variance_epsilon)  # type: ignore[no-any-return]
-        return fused_add_rms_norm(  # type: ignore[no-any-return]
+            return rms_norm.eager(x, weight, self.variance_epsilon)  # type: ignore[no-any-return]
+        return fused_add_rms_norm.eager(  # type: ignore[no-any-return]
             x, residual, weight, self.variance_epsilon)
 
 
@@ -98,27 +102,28 @@ class OpmuxGemmaRMSNorm(layernorm.GemmaRMSNorm):  # type: ignore[misc, name-defi
         if weight.dtype != x.dtype:
             return super().forward_native(x, residual)  # type: ignore[no-any-return]
         if residual is None:
-            return gemma_rms_norm(x, weight, self.variance_epsilon)  # type: ignore[no-any-return]
-        return gemma_fused_add_rms_norm(  # type: ignore[no-any-return]
+            return gemma_rms_norm.eager(  # type: ignore[no-any-return]
+                x, weight, self.variance_epsilon)
+        return gemma_fused_add_rms_norm.eager(  # type: ignore[no-any-return]
             x, residual, weight, self.variance_epsilon)
 
 
 # ------------------------------------------------------------------- activations
 _ACTIVATIONS: dict[str, tuple[str, Callable[[Any, Tensor], Tensor]]] = {
     # vLLM's registered name: (vLLM class, the call of the opmux op on (layer, x))
-    "silu_and_mul": ("SiluAndMul", lambda layer, x: act.silu_and_mul(x)),
-    "mul_and_silu": ("MulAndSilu", lambda layer, x: act.mul_and_silu(x)),
-    "gelu_and_mul": ("GeluAndMul", lambda layer, x: act.gelu_and_mul(x, layer.approximate)),
+    "silu_and_mul": ("SiluAndMul", lambda layer, x: act.silu_and_mul.eager(x)),
+    "mul_and_silu": ("MulAndSilu", lambda layer, x: act.mul_and_silu.eager(x)),
+    "gelu_and_mul": ("GeluAndMul", lambda layer, x: act.gelu_and_mul.eager(x, layer.approximate)),
     "fatrelu_and_mul": ("FatreluAndMul",
-                        lambda layer, x: act.fatrelu_and_mul(x, float(layer.threshold))),
-    "swigluoai_and_mul": ("SwigluOAIAndMul", lambda layer, x: act.swigluoai_and_mul(
+                        lambda layer, x: act.fatrelu_and_mul.eager(x, float(layer.threshold))),
+    "swigluoai_and_mul": ("SwigluOAIAndMul", lambda layer, x: act.swigluoai_and_mul.eager(
         x, float(layer.alpha), float(layer.limit))),
-    "gelu_new": ("NewGELU", lambda layer, x: act.gelu_new(x)),
+    "gelu_new": ("NewGELU", lambda layer, x: act.gelu_new.eager(x)),
     # tanh-approximated GELU is gelu_new's formula
-    "gelu_tanh": ("GELUTanh", lambda layer, x: act.gelu_new(x)),
-    "gelu_fast": ("FastGELU", lambda layer, x: act.gelu_fast(x)),
-    "quick_gelu": ("QuickGELU", lambda layer, x: act.quick_gelu(x)),
-    "relu2": ("ReLUSquaredActivation", lambda layer, x: act.relu2(x)),
+    "gelu_tanh": ("GELUTanh", lambda layer, x: act.gelu_new.eager(x)),
+    "gelu_fast": ("FastGELU", lambda layer, x: act.gelu_fast.eager(x)),
+    "quick_gelu": ("QuickGELU", lambda layer, x: act.quick_gelu.eager(x)),
+    "relu2": ("ReLUSquaredActivation", lambda layer, x: act.relu2.eager(x)),
 }
 
 
@@ -160,7 +165,7 @@ class _OpmuxRotary:
         q = query if query.dim() == 2 else query.reshape(tokens, query.numel() // rows)
         k = (query.new_empty((tokens, 0)) if key is None
              else key if key.dim() == 2 else key.reshape(tokens, key.numel() // rows))
-        return rotary_embedding(  # type: ignore[no-any-return]
+        return rotary_embedding.eager(  # type: ignore[no-any-return]
             positions, q, k, cache, self.head_size, self.is_neox_style)
 
     def forward_native(self, positions: Tensor, query: Tensor, key: Tensor | None = None
