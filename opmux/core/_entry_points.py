@@ -108,18 +108,27 @@ def _write(path: Path, stamp: list[Any], eps: list[importlib.metadata.EntryPoint
         with os.fdopen(fd, "w") as fh:
             json.dump({"version": _VERSION, "stamp": stamp, "entries": entries}, fh)
         os.replace(tmp, path)
-    except OSError:
+    except (OSError, TypeError, ValueError):  # full disk; a value JSON cannot hold
         with contextlib.suppress(OSError):
             os.unlink(tmp)
 
 
+def _scan(group: str) -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name)
+
+
 def entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
     """The entry points of ``group``, sorted by name (from the cache file when it is valid)."""
-    stamp = _stamp()
-    path = _file(group)
+    try:
+        stamp = _stamp()
+        path = _file(group)
+    except (TypeError, ValueError, OSError, RuntimeError):
+        # a sys.path entry that is not a string, or no home folder for the default cache
+        # folder: nothing is cached, the metadata is read as without the cache
+        return _scan(group)
     cached = _from_file(path, stamp, group)
     if cached is not None:
         return cached
-    eps = sorted(importlib.metadata.entry_points(group=group), key=lambda e: e.name)
+    eps = _scan(group)
     _write(path, stamp, eps)
     return eps

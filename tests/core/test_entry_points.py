@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,20 @@ def test_each_environment_keeps_its_own_file(cache: Path, monkeypatch: pytest.Mo
     assert other != cache and other.parent == cache.parent
     _entry_points.entry_points(GROUP)
     assert cache.is_file() and other.is_file()
+
+
+def test_no_home_folder_or_odd_sys_path_reads_the_metadata(site: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    _install(site, "odd_pkg", {"odd": "odd_pkg.plugin"})
+    want = [("odd", "odd_pkg.plugin", "odd_pkg 1.0")]
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(_entry_points.config, "cache_dir", no_home)
+        assert _seen(_entry_points.entry_points(GROUP)) == want
+    monkeypatch.setenv("OPMUX_CACHE_DIR", str(site.parent / "cache"))
+    monkeypatch.setattr(sys, "path", [Path(p) for p in sys.path])  # not strings
+    assert _seen(_entry_points.entry_points(GROUP)) == want
+    assert not (site.parent / "cache").exists()  # nothing was cached
