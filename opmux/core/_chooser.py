@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import marshal
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core import config
+from opmux.core._files import write_quietly
 
 if TYPE_CHECKING:
     from opmux.core.op import OpImpl
@@ -220,14 +220,8 @@ def _read_disk() -> None:
 
 
 def _write_disk() -> None:
-    path = _disk_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(marshal.dumps(dict(_CODE)))
-        tmp.replace(path)  # readers see the old or the new file, never half of one
-    except OSError:
-        pass  # a read-only cache only costs the compile next time
+    # a read-only cache only costs the compile next time
+    write_quietly(_disk_path(), marshal.dumps(dict(_CODE)))
 
 
 def _compile(variant: str, source: Callable[[], str], env: dict[str, Any],

@@ -29,11 +29,11 @@ import importlib.metadata
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from opmux.core import config
+from opmux.core._files import write_quietly
 
 __all__: list[str] = []
 
@@ -100,17 +100,10 @@ def _write(path: Path, stamp: list[Any], eps: list[importlib.metadata.EntryPoint
         entries.append([ep.name, ep.value, str(dist_path),
                         _stat(str(dist_path / "entry_points.txt"))])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError:
-        return  # a read-only cache folder only costs the next start-up the scan
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"version": _VERSION, "stamp": stamp, "entries": entries}, fh)
-        os.replace(tmp, path)
-    except (OSError, TypeError, ValueError):  # full disk; a value JSON cannot hold
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        data = json.dumps({"version": _VERSION, "stamp": stamp, "entries": entries})
+    except (TypeError, ValueError):  # a value JSON cannot hold
+        return
+    write_quietly(path, data.encode())  # a read-only folder only costs the next start the scan
 
 
 def _scan(group: str) -> list[importlib.metadata.EntryPoint]:

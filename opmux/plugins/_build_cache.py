@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Final
 
 from opmux.core import config
+from opmux.core._files import write_quietly
 from opmux.core.errors import BuildError
 from opmux.core.state import register_reset
 
@@ -144,13 +145,8 @@ def verify(entry: Path, library: str) -> str | None:
     if _sha256(path) != stamp.get("sha256"):
         return f"{path} does not match the sha256 of its build stamp"
     if st.st_ctime_ns <= time.time_ns() - _SETTLED_NS:  # see _SETTLED_NS
-        tmp = checked.with_name(f"{checked.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            tmp.write_text(json.dumps(seen), encoding="utf-8")
-            tmp.replace(checked)
-        except OSError:  # a read-only cache: the checksum is read at each start-up
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        # a read-only cache: the checksum is read at each start-up
+        write_quietly(checked, json.dumps(seen).encode())
     return None
 
 
@@ -231,14 +227,7 @@ class BuildCache:
         if max((ctime for _, _, _, ctime, _ in signatures), default=0) \
                 > time.time_ns() - _SETTLED_NS:
             return key  # changed a moment ago: a change in the same clock tick would not show
-        tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({**record, "key": key}), encoding="utf-8")
-            tmp.replace(path)  # readers see the old or the new record, never half of one
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        write_quietly(path, json.dumps({**record, "key": key}).encode())
         return key
 
     def entry(self, key: str) -> Path:
