@@ -171,10 +171,7 @@ class Op:
         if call is None:
             if torch.compiler.is_dynamo_compiling():
                 return self.torch_op  # not built while tracing (the build runs exec)
-            eager = self._eager
-            if eager is None:
-                eager = self._eager = self._build_eager()
-            call = self._eager_bound = types.MethodType(eager, self)
+            call = self._eager_bound = types.MethodType(self._eager_fn(), self)
         return call
 
     # ------------------------------------------------------------------ calling
@@ -187,10 +184,7 @@ class Op:
 
     def _install_call(self, wrap: bool) -> None:
         if not wrap:
-            eager = self._eager
-            if eager is None:
-                eager = self._eager = self._build_eager()
-            setattr(type(self), "__call__", eager)  # noqa: B010
+            setattr(type(self), "__call__", self._eager_fn())  # noqa: B010
             return
         target = self.torch_op
         # the overload's own C++ callable: one Python frame less than OpOverload.__call__;
@@ -204,6 +198,13 @@ class Op:
             return raw(*args, **kwargs)
 
         setattr(type(self), "__call__", __call__)  # noqa: B010
+
+    def _eager_fn(self) -> Callable[..., Any]:
+        """The wrap-off ``__call__`` function (built on first use)."""
+        eager = self._eager
+        if eager is None:
+            eager = self._eager = self._build_eager()
+        return eager
 
     def _build_eager(self) -> Callable[..., Any]:
         # Dynamo evaluates is_compiling as True while tracing; plain calls get False

@@ -206,7 +206,6 @@ def _fast_schema(fn: Callable[..., Any], mutates: tuple[str, ...]) -> str | None
     return f"({', '.join(params)}) -> {returns}"
 
 
-
 def register_fake(lib: torch.library.Library, qualname: str, fn: Callable[..., Any], *,
                   allow_override: bool) -> None:
     """:func:`torch.library.register_fake` of ``fn`` for ``qualname``, defined in ``lib``.
