@@ -6,12 +6,16 @@ changes only when what is installed changes. The answer is kept in
 ``$OPMUX_CACHE_DIR/entry_points/<group>-<hash of the interpreter and sys.path>.json``
 with a *stamp* of what it depends on:
 
-* every ``sys.path`` entry with its modification time and inode (installing or removing a
-  distribution adds or removes a ``*.dist-info`` folder there, which changes the folder's
-  modification time; pip replaces the folder on a reinstall);
+* every ``sys.path`` entry with its modification and change times and inode (installing or
+  removing a distribution adds or removes a ``*.dist-info`` folder there, which changes the
+  folder's times; pip replaces the folder on a reinstall);
 * ``sys.meta_path``'s finders (their classes);
-* each ``entry_points.txt`` that declared an entry point of the group, with its
-  modification time (an edit in place).
+* each ``entry_points.txt`` that declared an entry point of the group, with its times and
+  inode (an edit in place).
+
+File times advance in clock ticks, so an install in the same tick as the scan could leave
+the times as they were: the answer is written only once every time in the stamp is two
+seconds old (the first start after an install reads the metadata, later ones the file).
 
 A stamp that differs, a file that does not parse or has another shape, or a distribution
 found by anything but a path on ``sys.path`` means the metadata is read again (and the file
@@ -29,6 +33,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +42,11 @@ from opmux.core._files import write_quietly
 
 __all__: list[str] = []
 
-_VERSION = 1
+_VERSION = 2
 """The file format; another number is read as a miss."""
+
+_SETTLED_NS = 2_000_000_000
+"""How old (ns) every time in a stamp must be before the answer is written."""
 
 
 def _stat(path: str) -> list[int] | None:
@@ -46,7 +54,13 @@ def _stat(path: str) -> list[int] | None:
         st = os.stat(path or ".")
     except (OSError, ValueError):
         return None
-    return [st.st_mtime_ns, st.st_ino]
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _settled(stats: list[list[int] | None]) -> bool:
+    """Whether every time in ``stats`` is :data:`_SETTLED_NS` old."""
+    newest = max((max(st[0], st[1]) for st in stats if st is not None), default=0)
+    return newest <= time.time_ns() - _SETTLED_NS
 
 
 def _stamp() -> list[Any]:
@@ -92,13 +106,16 @@ def _attach(ep: importlib.metadata.EntryPoint, dist: importlib.metadata.Distribu
 
 def _write(path: Path, stamp: list[Any], eps: list[importlib.metadata.EntryPoint]) -> None:
     """Write the cache file atomically; skip it where a distribution has no folder."""
-    entries = []
+    entries: list[list[Any]] = []
+    stats: list[list[int] | None] = list(stamp[1])
     for ep in eps:
         dist_path = getattr(getattr(ep, "dist", None), "_path", None)
         if not isinstance(dist_path, Path) or not dist_path.is_dir():
             return  # a zip, a custom finder: not stamped here, so not cached
-        entries.append([ep.name, ep.value, str(dist_path),
-                        _stat(str(dist_path / "entry_points.txt"))])
+        stats.append(_stat(str(dist_path / "entry_points.txt")))
+        entries.append([ep.name, ep.value, str(dist_path), stats[-1]])
+    if not _settled(stats):
+        return  # changed a moment ago: a change in the same clock tick would not show
     try:
         data = json.dumps({"version": _VERSION, "stamp": stamp, "entries": entries})
     except (TypeError, ValueError):  # a value JSON cannot hold

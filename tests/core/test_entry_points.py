@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,12 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.mkdir()
     monkeypatch.syspath_prepend(str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _settled_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tests install and write within milliseconds; the real window has its own test
+    monkeypatch.setattr(_entry_points, "_SETTLED_NS", 0)
 
 
 @pytest.fixture
@@ -92,7 +99,7 @@ def test_install_edit_and_uninstall_are_seen(cache: Path, site: Path) -> None:
 
 
 @pytest.mark.parametrize("content", [
-    b"\x00not json", b"[]", b'{"version": 1}', b'{"version": 99, "stamp": [], "entries": []}',
+    b"\x00not json", b"[]", b'{"version": 2}', b'{"version": 99, "stamp": [], "entries": []}',
     "stamp", "entries",
 ])
 def test_a_damaged_file_is_read_as_a_miss_and_rewritten(cache: Path, site: Path,
@@ -110,7 +117,7 @@ def test_a_damaged_file_is_read_as_a_miss_and_rewritten(cache: Path, site: Path,
         assert isinstance(content, bytes)
         cache.write_bytes(content)
     assert _seen(_entry_points.entry_points(GROUP)) == want
-    assert json.loads(cache.read_text())["version"] == 1  # rewritten
+    assert json.loads(cache.read_text())["version"] == _entry_points._VERSION  # rewritten
 
 
 def test_an_unwritable_cache_folder_costs_only_the_scan(tmp_path: Path, site: Path,
@@ -149,3 +156,18 @@ def test_no_home_folder_or_odd_sys_path_reads_the_metadata(site: Path,
     monkeypatch.setattr(sys, "path", [Path(p) for p in sys.path])  # not strings
     assert _seen(_entry_points.entry_points(GROUP)) == want
     assert not (site.parent / "cache").exists()  # nothing was cached
+
+
+def test_written_only_once_what_it_stands_for_settled(cache: Path, site: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_entry_points, "_SETTLED_NS", 2_000_000_000)  # the real window
+    info = _install(site, "new_pkg", {"new": "new_pkg.plugin"})
+    want = [("new", "new_pkg.plugin", "new_pkg 1.0")]
+    assert _seen(_entry_points.entry_points(GROUP)) == want
+    assert not cache.exists()  # installed a moment ago: a same-tick change would not show
+    later = (info / "entry_points.txt").stat().st_ctime_ns + 3_000_000_000
+    monkeypatch.setattr(time, "time_ns", lambda: later)
+    assert _seen(_entry_points.entry_points(GROUP)) == want
+    assert cache.is_file()
+    _scan_refused(monkeypatch)
+    assert _seen(_entry_points.entry_points(GROUP)) == want
