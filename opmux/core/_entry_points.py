@@ -22,7 +22,8 @@ found by anything but a path on ``sys.path`` means the metadata is read again (a
 rewritten where the folder can be written). Not seen: a distribution that had no entry point
 of the group and gains one by an edit of its installed ``entry_points.txt`` in place (a
 reinstall is seen); ``OPMUX_CACHE_DIR`` pointing elsewhere, or deleting the file, reads the
-metadata again.
+metadata again. Each script folder on ``sys.path`` has a file of its own; the 32 newest
+files of a group are kept.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ __all__: list[str] = []
 
 _VERSION = 2
 """The file format; another number is read as a miss."""
+
+_KEEP = 32
+"""How many files (environments and script folders) of one group the cache folder keeps."""
 
 _SETTLED_NS = 2_000_000_000
 """How old (ns) every time in a stamp must be before the answer is written."""
@@ -120,7 +124,20 @@ def _write(path: Path, stamp: list[Any], eps: list[importlib.metadata.EntryPoint
         data = json.dumps({"version": _VERSION, "stamp": stamp, "entries": entries})
     except (TypeError, ValueError):  # a value JSON cannot hold
         return
-    write_quietly(path, data.encode())  # a read-only folder only costs the next start the scan
+    # a read-only folder only costs the next start the scan
+    if write_quietly(path, data.encode()):
+        _prune(path.parent, path.name.rsplit("-", 1)[0])
+
+
+def _prune(folder: Path, group: str) -> None:
+    """Keep the :data:`_KEEP` newest files of ``group`` (each script folder on ``sys.path``
+    gets a file of its own, so they would pile up)."""
+    with contextlib.suppress(OSError):
+        files = [(entry.stat().st_mtime_ns, entry.path) for entry in os.scandir(folder)
+                 if entry.name.startswith(f"{group}-") and entry.name.endswith(".json")]
+        for _, old in sorted(files, reverse=True)[_KEEP:]:
+            with contextlib.suppress(OSError):
+                os.unlink(old)
 
 
 def _scan(group: str) -> list[importlib.metadata.EntryPoint]:

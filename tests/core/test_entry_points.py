@@ -171,3 +171,19 @@ def test_written_only_once_what_it_stands_for_settled(cache: Path, site: Path,
     assert cache.is_file()
     _scan_refused(monkeypatch)
     assert _seen(_entry_points.entry_points(GROUP)) == want
+
+
+def test_the_newest_files_are_kept(cache: Path, site: Path, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_entry_points, "_KEEP", 3)
+    cache.parent.mkdir(parents=True)
+    other = cache.parent / "other_group-0123456789abcdef.json"
+    other.write_text("{}")
+    for i in range(5):  # files of five other script folders, oldest first
+        old = cache.parent / f"{GROUP}-{i:016x}.json"
+        old.write_text("{}")
+        os.utime(old, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))
+    _entry_points.entry_points(GROUP)
+    kept = sorted(p.name for p in cache.parent.iterdir())
+    assert kept == sorted([cache.name, f"{GROUP}-{4:016x}.json", f"{GROUP}-{3:016x}.json",
+                           other.name])
