@@ -16,8 +16,10 @@ Both selection functions (the torch kernel of a key, and the eager path used wit
 torch wrap off) are generated from one template, :data:`_SELECT`, when the op is built or
 gets its first provider for a key: the walk is written once, and each function keeps the
 calling convention it needs (positional only for the dispatcher; keywords and a device
-lookup for the eager path) without an extra call per dispatch. The compiled variants are kept
-in ``$OPMUX_CACHE_DIR/chooser/`` (a damaged or unwritable copy only costs the compile).
+lookup for the eager path) without an extra call per dispatch. The ``supports_args``
+predicates the built-in plugins derive from their checks (:func:`make_predicate`) are compiled
+the same way. The compiled variants are kept in ``$OPMUX_CACHE_DIR/chooser/`` (a damaged or
+unwritable copy only costs the compile).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from opmux.core._files import write_quietly
 if TYPE_CHECKING:
     from opmux.core.op import OpImpl
 
-__all__ = ["SIZE_BUCKETS", "bucket_of", "make_eager", "make_kernel"]
+__all__ = ["SIZE_BUCKETS", "bucket_of", "make_eager", "make_kernel", "make_predicate"]
 
 SIZE_BUCKETS: Final = 64
 """Size buckets: bucket ``b`` holds calls whose first argument has ``numel().bit_length() == b``
@@ -193,6 +195,11 @@ _EAGER_PROLOGUE: Final = """\
         return native(*args, **kwargs)"""
 
 
+_PREDICATE: Final = """\
+def predicate({params}):
+    return _check({wanted})
+"""
+
 _CODE: dict[str, CodeType] = {}
 """Compiled template per variant (eager, kernel of each arity), instantiated per op and key."""
 
@@ -203,7 +210,8 @@ _DISK: list[bool] = [False]
 def _disk_path() -> Path:
     # compiling the variants a catalog needs takes milliseconds of start-up; like Python's
     # own bytecode cache, keep the code objects, keyed by interpreter and template text
-    digest = hashlib.sha256("\0".join((_SELECT, _KERNEL_PROLOGUE, _EAGER_PROLOGUE)).encode())
+    digest = hashlib.sha256("\0".join((_SELECT, _KERNEL_PROLOGUE, _EAGER_PROLOGUE,
+                                        _PREDICATE)).encode())
     return config.cache_dir() / "chooser" / (
         f"{sys.implementation.cache_tag}-{digest.hexdigest()[:16]}.marshal")
 
@@ -285,3 +293,17 @@ def make_eager(chains: dict[str, _KeyChain], native: Callable[..., Any], torch_o
         "chains": chains, "native": native, "torch_op": torch_op, "loaded": loaded,
         "ensure_loaded": ensure_loaded, "is_compiling": is_compiling, "keymap": keymap,
         "key_of": key_of, "tensor": tensor}, "eager")
+
+
+def make_predicate(name: str, params: tuple[str, ...], wanted: tuple[str, ...],
+                   check: Callable[..., bool]) -> Callable[..., bool]:
+    """``def name(*params): return check(*wanted)`` as a plain function (each parameter list
+    compiled once; ``_check`` must not be among ``params``)."""
+    def source() -> str:
+        return _PREDICATE.format(params=", ".join(params), wanted=", ".join(wanted))
+
+    fn = _compile(f"predicate/{','.join(params)}/{','.join(wanted)}", source,
+                  {"_check": check}, "predicate")
+    fn.__code__ = fn.__code__.replace(co_name=name)  # named in tracebacks
+    fn.__name__ = fn.__qualname__ = name
+    return fn

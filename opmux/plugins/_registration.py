@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from opmux.core._chooser import make_predicate
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
     """A ``supports_args`` predicate with ``impl``'s parameters and defaults (native's) that
     returns ``check`` of the arguments ``check`` names, passed in ``check``'s order.
 
-    The predicate is a plain function (compiled once here), so registration checks its
+    The predicate is a plain function (its code compiled once per parameter list and kept in
+    the dispatch code's cache, see :mod:`opmux.core._chooser`), so registration checks its
     signature on the fast path and a call costs one extra function call, no binding.
 
     :raises SignatureMismatchError: ``check`` names a parameter ``impl`` lacks, or either is
@@ -100,11 +102,7 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
         raise SignatureMismatchError(
             f"predicate: {check.__qualname__} reads {unknown or list(wanted)}, which must be "
             f"among the plain parameters {list(params)} of {impl.__qualname__}")
-    name = f"_{impl.__name__}_supports"
-    namespace: dict[str, Any] = {"_check": check}
-    exec(f"def {name}({', '.join(params)}):\n    return _check({', '.join(wanted)})\n",
-         namespace)
-    fn: Callable[..., bool] = namespace[name]
+    fn = make_predicate(f"_{impl.__name__}_supports", params, wanted, check)
     fn.__defaults__ = impl.__defaults__  # type: ignore[attr-defined]
     fn.__module__ = impl.__module__
     return fn

@@ -87,6 +87,9 @@ def test_predicate_takes_the_impls_parameters_and_passes_what_the_check_names(
     x, w = torch.ones(2, 3), torch.ones(3)
     assert pred(x, w) is True and pred(x=x[0], weight=w, eps=0.5) is False
     assert seen == [(1, 2), (1, 1)]  # in the check's order
+    other = predicate(_impl, lambda weight, x: False)  # same parameters: its own check
+    assert other(x, w) is False and pred(x, w) is True
+    assert other.__code__.co_name == "__impl_supports"  # tracebacks name it
     op = registry.register_op(opmux.ops.rms_norm.native, name="rms_norm", namespace=ns)
     op.register_impl("p", dispatch_key="CPU", supports_args=predicate(_impl, lambda x: True))(
         _impl)  # the registration's signature check accepts it
