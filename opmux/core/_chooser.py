@@ -201,7 +201,8 @@ def predicate({params}):
 """
 
 _CODE: dict[str, CodeType] = {}
-"""Compiled template per variant (eager, kernel of each arity), instantiated per op and key."""
+"""Compiled template per variant (eager, kernel of each arity, predicate of each parameter
+list), instantiated per op and key (per provider for predicates)."""
 
 _DISK: list[bool] = [False]
 """Whether this process has read the on-disk copy of :data:`_CODE` yet."""

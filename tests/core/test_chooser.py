@@ -129,3 +129,29 @@ def test_size_buckets_take_the_same_shortcuts(registry: opmux.OpRegistry, ns: st
         with opmux.enable_torch_wrap(wrap):
             for n, value in want.items():
                 assert ident(torch.zeros(n))[0].item() == value, (wrap, n)
+
+
+def test_predicates_are_compiled_once_and_kept_on_disk(empty_cache: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from opmux.plugins._registration import predicate
+
+    def impl(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
+        return x
+
+    first = predicate(impl, lambda x: x.dim() == 1)
+    assert marshal.loads(_chooser._disk_path().read_bytes()).keys() == {"predicate/x,k/x"}
+    # a later process reads the code back: no compile, and each predicate keeps its own check
+    monkeypatch.setattr(_chooser, "_CODE", {})
+    monkeypatch.setattr(_chooser, "_DISK", [False])
+    compiles: list[str] = []
+    real_compile = compile
+
+    def counting(source: str, filename: str, mode: str) -> object:
+        compiles.append(filename)
+        return real_compile(source, filename, mode)
+
+    monkeypatch.setattr("builtins.compile", counting)
+    second = predicate(impl, lambda x: x.dim() == 2)
+    assert compiles == []
+    assert first(torch.ones(2)) and not second(torch.ones(2)) and second(torch.ones(1, 1))
+    assert second.__defaults__ == (2.0,) and second.__name__ == "_impl_supports"
