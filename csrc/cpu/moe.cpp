@@ -1,14 +1,20 @@
 // fused_moe: SiLU-and-mul expert MLPs over tokens grouped by expert, weighted sum per token.
 //
-// The (token, slot) pairs are bucketed by expert (a counting sort, stable), and each pair's
-// hidden row is gathered in fp32 into that order. Each expert's two projections then run as
-// tiles of four weight rows against up to three token rows at a time: the weight rows stay in
-// L1 while every token row of the expert passes over them, so the expert weights stream from
-// memory exactly once per call however many tokens an expert received (small batches are
-// bandwidth-bound on those weights). bf16/fp16 weight rows are widened to fp32 once per tile.
-// The gate and up rows of the same intermediate units share a tile, so the SiLU-and-mul is
-// applied on the dot products directly. The down projection writes one fp32 row per pair, and
-// each token's weighted sum over its k rows is formed last, in fp32, in slot order.
+// The (token, slot) pairs are bucketed by expert (a counting sort, stable). Each expert's rows
+// are stored in fp32 in two forms: whole vectors of kF rows go into token panels, laid out
+// [k][kP] (kP = 2 * kF token lanes per element of the hidden row), and the expert's last
+// rows % kF rows stay row-major ("leftover" rows). A tile of six weight rows then runs over
+// both: against a panel, each weight element is broadcast and multiplied into two vectors of
+// token lanes (6 x 2 accumulators, so each panel element feeds six FMAs and no horizontal sum
+// is needed); against the leftover rows, the weight rows are dotted with up to kR rows at a
+// time. The tile's weight rows are read once per tile from memory, however many tokens the
+// expert received (small batches are bandwidth-bound on the weights), and the next tile's rows
+// are prefetched while the first panel runs. fp32 weight rows are read in place; bf16/fp16
+// rows are widened to fp32 once per tile. The gate and up rows of the same intermediate units
+// share a tile, so the SiLU-and-mul is applied on the results directly; the activations are
+// written in the same panel / leftover layout, which the down projection reads. It writes one
+// fp32 row per pair, and each token's weighted sum over its k rows is formed last, in fp32, in
+// slot order.
 //
 // Work is handed out dynamically (an atomic counter over (expert, block) tasks), so experts
 // with uneven token counts still keep every thread busy. Python (plugins/cpu/cpp_moe.py) runs
@@ -19,29 +25,65 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace opmux_cpu {
 namespace {
 
-// A tile is kW weight rows against kR token rows: kW * kR vector accumulators. Measured on an
-// AVX2 core (16 vector registers) 6 x 2 runs fastest: each token vector feeds six FMAs, and
-// the token rows, which come from L2, are read a third as often as the weight rows, which
-// stay in L1. AVX-512 has 32 registers for a third token row.
+// A tile is kW weight rows. Against a panel it holds kW x 2 vector accumulators (12 of the 16
+// AVX2 registers; measured faster than one vector of lanes per row, which leaves too few
+// independent FMAs in flight); against leftover rows, kW x kR dot products (kR = 2 on AVX2: each
+// token vector feeds six FMAs; AVX-512 has registers for a third row).
 constexpr int kW = 6;
+constexpr int64_t kUnits = kW / 2;  // intermediate units per gate/up tile
+constexpr int64_t kP = 2 * kF;      // token lanes per panel
+constexpr int64_t kTiles = 8;       // tiles per task
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kR = 3;
 #else
 constexpr int kR = 2;
 #endif
-constexpr int64_t kUnits = kW / 2;  // intermediate units per gate/up tile
-constexpr int64_t kTiles = 8;       // tiles per task
 
-// Row stride of the fp32 work buffers for rows of n floats: a whole number of vectors plus
-// one cache line, so that rows are never a multiple of 4 KiB apart (rows that are share L1
-// sets and evict each other while a tile reads them side by side).
+// Row stride of the fp32 work rows of n floats: a whole number of vectors plus one cache line,
+// so that rows are never a multiple of 4 KiB apart (rows that are share L1 sets and evict each
+// other while a tile reads them side by side).
 inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16 + 16; }
+
+// acc[w][v] = sum over k < n of rows[w][k] * panel[k * kP + v * kF + lane], for NV vectors of
+// lanes. When next is given, its rows are prefetched alongside: one line of each per 16 k
+// (pf bytes per 16 elements of its dtype).
+template <int NV>
+inline void tile_kernel(const float* const* rows, const float* xp, int64_t n,
+                        const char* const* next, int64_t pf, fVec (&acc)[kW][2]) {
+  fVec a[kW][NV];
+  for (int w = 0; w < kW; ++w) {
+    for (int v = 0; v < NV; ++v) a[w][v] = fVec(0.f);
+  }
+  static_assert(kW == 6, "the loads below name the six rows");
+  const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3], *r4 = rows[4],
+              *r5 = rows[5];
+  for (int64_t k0 = 0; k0 < n; k0 += 16) {
+    if (next) {
+      for (int w = 0; w < kW; ++w) __builtin_prefetch(next[w] + (k0 / 16) * pf, 0, 2);
+    }
+    const int64_t k1 = std::min(n, k0 + 16);
+    for (int64_t k = k0; k < k1; ++k) {
+      fVec xv[NV];
+      for (int v = 0; v < NV; ++v) xv[v] = fVec::loadu(xp + k * kP + v * kF);
+      const float wk[kW] = {r0[k], r1[k], r2[k], r3[k], r4[k], r5[k]};
+      for (int w = 0; w < kW; ++w) {
+        const fVec wb(wk[w]);
+        for (int v = 0; v < NV; ++v) a[w][v] = at::vec::fmadd(wb, xv[v], a[w][v]);
+      }
+    }
+  }
+  for (int w = 0; w < kW; ++w) {
+    for (int v = 0; v < NV; ++v) acc[w][v] = a[w][v];
+  }
+}
 
 // acc[w][r] = dot(w_rows[w], x_rows[r]) over n elements, for NR token rows.
 template <int NR>
@@ -81,50 +123,13 @@ inline void dot_rows(const float* const* wr, const float* x, int64_t x_stride, i
   }
 }
 
-// Runs a task's `tiles` weight tiles (tile t's rows are src[t * kW .. t * kW + kW), n
-// elements each) against its `rows` token rows (x, x_stride apart), calling
-// emit(tile, row, res, count) for each group of up to kR rows.
-//
-// Token rows go in blocks of kRowBlock, which stay in L2 while every tile passes over them.
-// Each tile is widened to fp32 into buf once, padded(n) apart: float rows are copied too,
-// because weight rows are usually a multiple of 4 KiB apart and, read in place, kW of them
-// share L1 sets (measured: the copy makes the fp32 tile about twice as fast). While the first
-// row block runs over tile t, the rows of tile t + 1 are prefetched a slice per row group, so
-// that streaming the weights from memory overlaps the arithmetic.
-template <typename T, typename Emit>
-void run_tiles(const T* const* src, int64_t tiles, int64_t n, const float* x, int64_t x_stride,
-               int64_t rows, float* buf, const Emit& emit) {
-  constexpr int64_t kRowBlock = 32;
-  const int64_t ld = padded(n);
-  const int64_t row_lines = (n * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-  float res[kW][kR];
-  for (int64_t rb = 0; rb < rows; rb += kRowBlock) {
-    const int64_t block = std::min(kRowBlock, rows - rb);
-    const int64_t groups = (block + kR - 1) / kR;
-    for (int64_t t = 0; t < tiles; ++t) {
-      float* tile = buf + t * kW * ld;
-      const float* wr[kW];
-      for (int w = 0; w < kW; ++w) {
-        wr[w] = tile + w * ld;
-        if (rb == 0) {
-          const T* from = src[t * kW + w];
-          float* to = tile + w * ld;
-          for_each_vec(n, [&](int64_t j, int64_t c) { load_n(from + j, c).store(to + j, c); });
-        }
-      }
-      const T* const* next = rb == 0 && t + 1 < tiles ? src + (t + 1) * kW : nullptr;
-      const int64_t lines = kW * row_lines, slice = (lines + groups - 1) / groups;
-      int64_t line = 0;
-      for (int64_t r = 0; r < block; r += kR) {
-        for (const int64_t end = next ? std::min(lines, line + slice) : 0; line < end; ++line) {
-          __builtin_prefetch(reinterpret_cast<const char*>(next[line / row_lines]) +
-                             (line % row_lines) * 64, 0, 2);
-        }
-        const int64_t count = std::min<int64_t>(kR, block - r);
-        dot_rows(wr, x + (rb + r) * x_stride, x_stride, count, n, res);
-        emit(t, rb + r, res, count);
-      }
-    }
+// The kW rows src[0..kW) of n elements, as fp32 rows ld apart in dst.
+template <typename T>
+inline void widen_rows(const T* const* src, int64_t n, float* dst, int64_t ld) {
+  for (int w = 0; w < kW; ++w) {
+    const T* from = src[w];
+    float* to = dst + w * ld;
+    for_each_vec(n, [&](int64_t j, int64_t c) { load_n(from + j, c).store(to + j, c); });
   }
 }
 
@@ -145,6 +150,8 @@ void for_tasks(int64_t n, const Body& body) {
 
 struct Plan {
   std::vector<int64_t> start;      // [E + 1] first sorted row of each expert
+  std::vector<int64_t> panel0;     // [E + 1] first token panel of each expert
+  std::vector<int64_t> left0;      // [E + 1] first leftover row of each expert
   std::vector<int64_t> row_of;     // [T * k] sorted row of each (token, slot) pair
   std::vector<int64_t> token_of;   // [T * k] token of each sorted row
   std::vector<int64_t> active;     // experts with rows
@@ -153,9 +160,14 @@ struct Plan {
 Plan make_plan(const int64_t* ids, int64_t pairs, int64_t top_k, int64_t experts) {
   Plan p;
   p.start.assign(experts + 1, 0);
+  p.panel0.assign(experts + 1, 0);
+  p.left0.assign(experts + 1, 0);
   for (int64_t i = 0; i < pairs; ++i) ++p.start[ids[i] + 1];
   for (int64_t e = 0; e < experts; ++e) {
-    if (p.start[e + 1]) p.active.push_back(e);
+    const int64_t n = p.start[e + 1];
+    if (n) p.active.push_back(e);
+    p.panel0[e + 1] = p.panel0[e] + (n / kF * kF + kP - 1) / kP;
+    p.left0[e + 1] = p.left0[e] + n % kF;
     p.start[e + 1] += p.start[e];
   }
   std::vector<int64_t> fill(p.start.begin(), p.start.end() - 1);
@@ -169,40 +181,97 @@ Plan make_plan(const int64_t* ids, int64_t pairs, int64_t top_k, int64_t experts
   return p;
 }
 
+// Runs a task's weight tiles (tile t's rows are src[t * kW .. t * kW + kW), n elements each)
+// over one expert's `rows` rows: its token panels (n * kP floats each), calling
+// emit(tile, panel, lanes, acc) per pair, then its leftover rows (left, ldl apart), calling
+// emit_rows(tile, row, res, count) per group of up to kR rows.
+template <typename T, typename Emit, typename EmitRows>
+void run_task(const T* const* src, int64_t tiles, int64_t n, const float* panels, int64_t rows,
+              const float* left, int64_t ldl, float* buf, const Emit& emit,
+              const EmitRows& emit_rows) {
+  const int64_t ld = padded(n);
+  const int64_t lanes_all = rows / kF * kF, nleft = rows - lanes_all;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const float* rp[kW];
+    if constexpr (std::is_same_v<T, float>) {
+      for (int w = 0; w < kW; ++w) rp[w] = src[t * kW + w];
+    } else {
+      widen_rows(src + t * kW, n, buf, ld);
+      for (int w = 0; w < kW; ++w) rp[w] = buf + w * ld;
+    }
+    const char* next[kW];
+    const bool pf = t + 1 < tiles;
+    if (pf) {
+      for (int w = 0; w < kW; ++w) next[w] = reinterpret_cast<const char*>(src[(t + 1) * kW + w]);
+    }
+    for (int64_t p = 0; p * kP < lanes_all; ++p) {
+      const int64_t lanes = std::min(kP, lanes_all - p * kP);
+      fVec acc[kW][2];
+      const char* const* nx = pf && p == 0 ? next : nullptr;
+      if (lanes > kF) {
+        tile_kernel<2>(rp, panels + p * n * kP, n, nx, 16 * sizeof(T), acc);
+      } else {
+        tile_kernel<1>(rp, panels + p * n * kP, n, nx, 16 * sizeof(T), acc);
+        for (int w = 0; w < kW; ++w) acc[w][1] = fVec(0.f);
+      }
+      emit(t, p, lanes, acc);
+    }
+    float res[kW][kR];
+    for (int64_t i = 0; i < nleft; i += kR) {
+      const int64_t count = std::min<int64_t>(kR, nleft - i);
+      dot_rows(rp, left + i * ldl, ldl, count, n, res);
+      emit_rows(t, i, res, count);
+    }
+  }
+}
+
 template <typename T>
 void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_w,
                 const int64_t* ids, int64_t tokens, int64_t top_k, int64_t experts, int64_t d,
                 int64_t inter) {
   const int64_t pairs = tokens * top_k;
   const Plan plan = make_plan(ids, pairs, top_k, experts);
+  const int64_t panels = plan.panel0[experts];
+  // token panels [panel][k][kP] and leftover rows, of the hidden rows (xp, xl) and of the
+  // activations (ap, al); y: the down projection's row per pair. Every element read is written
+  // first (an expert's last panel may hold only kF rows: its other lanes are never read), so
+  // none is initialized.
+  const int64_t lefts = plan.left0[experts];
   const int64_t ldx = padded(d), lda = padded(inter);
-  std::vector<float> xg(static_cast<size_t>(pairs * ldx));
-  std::vector<float> act(static_cast<size_t>(pairs * lda));
-  std::vector<float> y(static_cast<size_t>(pairs * d));
+  const auto alloc = [](int64_t n) { return std::unique_ptr<float[]>(new float[n]); };
+  const auto xp = alloc(panels * d * kP), ap = alloc(panels * inter * kP), y = alloc(pairs * d);
+  const auto xl = alloc(lefts * ldx), al = alloc(lefts * lda);
 
   // hidden rows in expert order, fp32
-  at::parallel_for(0, pairs, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
-                   [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const T* src = x + plan.token_of[row] * d;
-      float* dst = xg.data() + row * ldx;
-      for_each_vec(d, [&](int64_t j, int64_t c) { load_n(src + j, c).store(dst + j, c); });
+  at::parallel_for(0, experts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      for (int64_t r = plan.start[e]; r < plan.start[e + 1]; ++r) {
+        const int64_t local = r - plan.start[e];
+        const int64_t lanes = (plan.start[e + 1] - plan.start[e]) / kF * kF;
+        const T* src = x + plan.token_of[r] * d;
+        if (local < lanes) {
+          float* dst = xp.get() + (plan.panel0[e] + local / kP) * d * kP + local % kP;
+          for (int64_t k = 0; k < d; ++k) dst[k * kP] = static_cast<float>(src[k]);
+        } else {
+          float* dst = xl.get() + (plan.left0[e] + local - lanes) * ldx;
+          for_each_vec(d, [&](int64_t j, int64_t c) { load_n(src + j, c).store(dst + j, c); });
+        }
+      }
     }
   });
 
-  const int64_t n_active = static_cast<int64_t>(plan.active.size());
-  const int64_t buf_size = kTiles * kW * padded(std::max(d, inter));
+  const int64_t buf_size = kW * padded(std::max(d, inter));
   // gate and up: task = (expert, kTiles tiles); a tile holds the gate and up rows of kUnits
   // intermediate units (a tail shorter than kUnits repeats its last unit)
   const int64_t gate_tasks = (inter + kTiles * kUnits - 1) / (kTiles * kUnits);
-  for_tasks(n_active * gate_tasks, [&](int64_t task) {
+  for_tasks(static_cast<int64_t>(plan.active.size()) * gate_tasks, [&](int64_t task) {
     thread_local std::vector<float> buf;
     if (static_cast<int64_t>(buf.size()) < buf_size) buf.resize(buf_size);
     const int64_t e = plan.active[task / gate_tasks];
     const int64_t j0 = (task % gate_tasks) * kTiles * kUnits;
     const int64_t j1 = std::min(inter, j0 + kTiles * kUnits);
     const int64_t tiles = (j1 - j0 + kUnits - 1) / kUnits;
-    const int64_t r0 = plan.start[e], rows = plan.start[e + 1] - r0;
+    const int64_t rows = plan.start[e + 1] - plan.start[e];
     const T* we = w1 + e * 2 * inter * d;
     const T* src[kTiles * kW];
     for (int64_t t = 0; t < tiles; ++t) {
@@ -212,13 +281,26 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
         src[t * kW + kUnits + u] = we + (inter + j) * d;
       }
     }
-    run_tiles(src, tiles, d, xg.data() + r0 * ldx, ldx, rows, buf.data(),
-              [&](int64_t t, int64_t r, float (&res)[kW][kR], int64_t count) {
+    run_task(src, tiles, d, xp.get() + plan.panel0[e] * d * kP, rows,
+             xl.get() + plan.left0[e] * ldx, ldx, buf.data(),
+             [&](int64_t t, int64_t p, int64_t, fVec (&acc)[kW][2]) {
+      float g[kF], u[kF];
+      const int64_t panel = plan.panel0[e] + p;
+      for (int64_t q = 0; q < kUnits; ++q) {
+        const int64_t j = std::min(j0 + t * kUnits + q, j1 - 1);
+        float* a = ap.get() + (panel * inter + j) * kP;
+        for (int v = 0; v < 2; ++v) {
+          acc[q][v].store(g);
+          acc[kUnits + q][v].store(u);
+          for (int64_t l = 0; l < kF; ++l) a[v * kF + l] = silu(g[l]) * u[l];
+        }
+      }
+    }, [&](int64_t t, int64_t i0, float (&res)[kW][kR], int64_t count) {
       for (int64_t i = 0; i < count; ++i) {
-        float* a = act.data() + (r0 + r + i) * lda;
-        for (int64_t u = 0; u < kUnits; ++u) {
-          const int64_t j = std::min(j0 + t * kUnits + u, j1 - 1);
-          a[j] = silu(res[u][i]) * res[kUnits + u][i];
+        float* a = al.get() + (plan.left0[e] + i0 + i) * lda;
+        for (int64_t q = 0; q < kUnits; ++q) {
+          const int64_t j = std::min(j0 + t * kUnits + q, j1 - 1);
+          a[j] = silu(res[q][i]) * res[kUnits + q][i];
         }
       }
     });
@@ -226,7 +308,7 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
 
   // down: task = (expert, kTiles tiles of kW hidden units; a tail repeats its last unit)
   const int64_t down_tasks = (d + kTiles * kW - 1) / (kTiles * kW);
-  for_tasks(n_active * down_tasks, [&](int64_t task) {
+  for_tasks(static_cast<int64_t>(plan.active.size()) * down_tasks, [&](int64_t task) {
     thread_local std::vector<float> buf;
     if (static_cast<int64_t>(buf.size()) < buf_size) buf.resize(buf_size);
     const int64_t e = plan.active[task / down_tasks];
@@ -237,24 +319,32 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
     const T* we = w2 + e * d * inter;
     const T* src[kTiles * kW];
     for (int64_t i = 0; i < tiles * kW; ++i) src[i] = we + std::min(h0 + i, h1 - 1) * inter;
-    run_tiles(src, tiles, inter, act.data() + r0 * lda, lda, rows, buf.data(),
-              [&](int64_t t, int64_t r, float (&res)[kW][kR], int64_t count) {
+    run_task(src, tiles, inter, ap.get() + plan.panel0[e] * inter * kP, rows,
+             al.get() + plan.left0[e] * lda, lda, buf.data(),
+             [&](int64_t t, int64_t p, int64_t lanes, fVec (&acc)[kW][2]) {
       const int64_t h = h0 + t * kW, used = std::min<int64_t>(kW, h1 - h);
+      float tmp[kP];
+      for (int64_t w = 0; w < used; ++w) {
+        acc[w][0].store(tmp);
+        acc[w][1].store(tmp + kF);
+        for (int64_t l = 0; l < lanes; ++l) y[(r0 + p * kP + l) * d + h + w] = tmp[l];
+      }
+    }, [&](int64_t t, int64_t i0, float (&res)[kW][kR], int64_t count) {
+      const int64_t h = h0 + t * kW, used = std::min<int64_t>(kW, h1 - h);
+      const int64_t base = r0 + rows / kF * kF + i0;
       for (int64_t i = 0; i < count; ++i) {
-        float* yr = y.data() + (r0 + r + i) * d + h;
-        for (int64_t w = 0; w < used; ++w) yr[w] = res[w][i];
+        for (int64_t w = 0; w < used; ++w) y[(base + i) * d + h + w] = res[w][i];
       }
     });
   });
 
-  // each token's weighted sum over its k rows, in slot order
   at::parallel_for(0, tokens, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)),
                    [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for_each_vec(d, [&](int64_t j, int64_t c) {
         fVec acc(0.f);
         for (int64_t s = 0; s < top_k; ++s) {
-          const float* yr = y.data() + plan.row_of[t * top_k + s] * d;
+          const float* yr = y.get() + plan.row_of[t * top_k + s] * d;
           acc = at::vec::fmadd(fVec(topk_w[t * top_k + s]), fVec::loadu(yr + j, c), acc);
         }
         store_n(out + t * d + j, acc, c);

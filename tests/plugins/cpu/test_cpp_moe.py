@@ -41,7 +41,7 @@ _TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16
     (1, 16, 4, 8, 1),       # one row: the single-row tile
     (5, 24, 4, 7, 2),       # odd intermediate width: the last tile repeats a unit
     (9, 37, 3, 13, 2),      # widths that are not whole vectors: scalar tails
-    (70, 64, 2, 32, 2),     # 70 rows per expert: several row blocks, prefetch of next tiles
+    (70, 64, 2, 32, 2),     # 70 rows per expert: token panels, leftover rows, prefetch
     (33, 200, 8, 50, 3),    # tails of a task: 200 hidden and 50 intermediate units
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
@@ -55,6 +55,21 @@ def test_matches_native(k: Any, tokens: int, hidden: int, experts: int, inter: i
     assert got.dtype == dtype and got.shape == want.shape
     rtol, atol = _TOL[dtype]
     torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_rows_per_expert_cover_panels_and_leftover_rows(k: Any, dtype: torch.dtype) -> None:
+    # per expert, rows that fill whole token panels, a half panel, a panel plus leftover rows,
+    # and leftover rows only (panels hold 2 vectors of token lanes: 16 rows with AVX2)
+    counts = [8, 27, 5, 16, 0, 1, 33, 48]
+    ids = torch.cat([torch.full((n,), e) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(3))][:, None]
+    x, w1, w2, _, _ = _case("panels", tokens=len(ids), hidden=40, experts=len(counts), inter=13,
+                            topk=1, dtype=dtype)
+    weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(4))
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(k.fused_moe(x, w1, w2, weights, ids),
+                               fused_moe.native(x, w1, w2, weights, ids), rtol=rtol, atol=atol)
 
 
 def test_routing_corner_cases(k: Any) -> None:
