@@ -7,9 +7,10 @@ expert ids read once for the range check, then the out-variant kernel on contigu
 ``supports_args`` takes CPU tensors of fp32/bf16/fp16 and leaves one case to the next
 provider (``grouped``): float32 batches with more than :data:`FP32_MAX_ROWS_PER_EXPERT`
 (token, slot) rows per expert on average. There the expert matmuls are compute-bound, and
-BLAS (which ``grouped`` calls) runs them faster than this kernel's dot-product tiles; with
-fewer rows the call streams the expert weights, which this kernel reads once and ``grouped``'s
-matmuls do not read as fast (numbers in ``benchmarks/moe_cpu.py``'s README section).
+BLAS (which ``grouped`` calls) runs them faster than this kernel's tiles (measured slower
+here at 1024 rows per expert, faster at 256); with fewer rows the call streams the expert
+weights, which this kernel reads once and ``grouped``'s matmuls do not read as fast (numbers
+in ``benchmarks/moe_cpu.py``'s README section).
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
@@ -22,7 +23,7 @@ from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
 
 __all__ = ["FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
 
-FP32_MAX_ROWS_PER_EXPERT = 64
+FP32_MAX_ROWS_PER_EXPERT = 256
 """Mean (token, slot) rows per expert up to which float32 calls are served here."""
 
 
