@@ -20,13 +20,24 @@ lookup for the eager path) without an extra call per dispatch. The ``supports_ar
 predicates the built-in plugins derive from their checks (:func:`make_predicate`) are compiled
 the same way. The compiled variants are kept in ``$OPMUX_CACHE_DIR/chooser/`` (a damaged or
 unwritable copy only costs the compile).
+
+A torch kernel also has shorter bodies, :data:`_DIRECT`, :data:`_GUARD` and :data:`_SIZED`:
+once its registry has finished start-up, :meth:`_KeyChain.specialize` gives the kernel the body
+of its key's form (``kernel.__code__``), which skips the start-up test and the tests of the
+other forms. Each checks its own shortcut first and otherwise calls the full walk (``walk``, the
+same code as the general kernel, start-up test included), so a body that no longer matches the
+selection (a reader racing a change of priorities) is slower for a call, never wrong. The
+registry puts the general body back whenever it is no longer loaded (a reset for tests), so
+that the first call runs start-up again.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import marshal
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from types import CodeType
@@ -59,8 +70,8 @@ def bucket_of(numel: int) -> int:
 class _KeyChain:
     """The providers of one dispatch key, in priority order (mutable holder)."""
 
-    __slots__ = ("chain", "direct", "guard", "key", "pairs", "sized", "sized_chains",
-                 "unsized")
+    __slots__ = ("bodies", "chain", "direct", "guard", "kernel", "key", "loaded", "pairs",
+                 "sized", "sized_chains", "unsized")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -80,6 +91,11 @@ class _KeyChain:
         self.sized: tuple[Selector, ...] | None = None
         #: per size bucket chains (for ``dispatch`` / ``explain``), else ``None``
         self.sized_chains: tuple[tuple[OpImpl, ...], ...] | None = None
+        #: the torch kernel walking this holder, its bodies (general, direct, guard, sized)
+        #: and its registry's loaded flag; set by :func:`make_kernel`
+        self.kernel: Callable[..., Any] | None = None
+        self.bodies: tuple[CodeType, ...] | None = None
+        self.loaded: list[bool] = [False]
 
     def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
             sized: list[tuple[tuple[OpImpl, ...], tuple[Callable[..., Any], ...]]] | None
@@ -104,6 +120,25 @@ class _KeyChain:
             elif pairs is None:
                 assert pred is not None and fn is not None and other is not None
                 self.guard = (pred, fn, other)
+        self.specialize()
+
+    def specialize(self) -> None:
+        """Give the kernel the body of the current shortcut, or the general one while its
+        registry is not loaded (each body is correct for any selection; see the module
+        docstring)."""
+        kernel, bodies = self.kernel, self.bodies
+        if kernel is None or bodies is None:
+            return
+        body = bodies[0]
+        if self.loaded[0]:
+            if self.direct is not None:
+                body = bodies[1]
+            elif self.guard is not None:
+                body = bodies[2]
+            elif self.sized is not None:
+                body = bodies[3]
+        if kernel.__code__ is not body:
+            kernel.__code__ = body
 
     def chain_for(self, first: Any, is_tensor: bool) -> tuple[OpImpl, ...]:
         """The chain a call whose first argument is ``first`` walks (not the hot path)."""
@@ -171,6 +206,57 @@ def {name}({params}):
     return native({call})
 """
 
+# The kernel bodies of a loaded registry (see the module docstring): one shortcut, else the walk.
+_DIRECT: Final = """\
+def {name}({params}):
+    # HOT PATH (loaded, the key's first provider takes every call)
+    direct = holder.direct
+    if direct is not None:
+        return direct({call})
+    return walk({call})
+"""
+
+_GUARD: Final = """\
+def {name}({params}):
+    # HOT PATH (loaded, one test between the first provider and the next function)
+    guard = holder.guard
+    if guard is not None:
+        pred, chosen, other = guard
+        try:
+            ok = pred({call})
+        except Exception:  # a predicate that raises declines (see opmux.core.op)
+            ok = False
+        return chosen({call}) if ok else other({call})
+    return walk({call})
+"""
+
+_SIZED: Final = """\
+def {name}({params}):
+    # HOT PATH (loaded, a tuned table orders the providers per size bucket)
+    sized = holder.sized
+    if sized is not None:
+        pred, chosen, other, pairs = sized[{first}.numel().bit_length()]
+        if pairs is None:
+            if pred is None:
+                return chosen({call})
+            try:
+                ok = pred({call})
+            except Exception:  # a predicate that raises declines (see opmux.core.op)
+                ok = False
+            return chosen({call}) if ok else other({call})
+        for pred, fn in pairs:
+            if pred is None:
+                return fn({call})
+            try:
+                ok = pred({call})
+            except Exception:  # a predicate that raises declines (see opmux.core.op)
+                continue
+            if ok:
+                return fn({call})
+        return native({call})
+    return walk({call})
+"""
+
 _KERNEL_PROLOGUE: Final = """\
     # HOT PATH: the torch dispatcher calls this with every argument positional.
     if not loaded[0]:
@@ -212,7 +298,7 @@ def _disk_path() -> Path:
     # compiling the variants a catalog needs takes milliseconds of start-up; like Python's
     # own bytecode cache, keep the code objects, keyed by interpreter and template text
     digest = hashlib.sha256("\0".join((_SELECT, _KERNEL_PROLOGUE, _EAGER_PROLOGUE,
-                                        _PREDICATE)).encode())
+                                        _PREDICATE, _DIRECT, _GUARD, _SIZED)).encode())
     return config.cache_dir() / "chooser" / (
         f"{sys.implementation.cache_tag}-{digest.hexdigest()[:16]}.marshal")
 
@@ -233,10 +319,9 @@ def _write_disk() -> None:
     write_quietly(_disk_path(), marshal.dumps(dict(_CODE)))
 
 
-def _compile(variant: str, source: Callable[[], str], env: dict[str, Any],
-             name: str) -> Callable[..., Any]:
-    """Instantiate ``variant`` in ``env``; ``source`` gives its text, formatted only when
-    neither this process nor the on-disk copy has compiled it yet."""
+def _module_code(variant: str, source: Callable[[], str]) -> CodeType:
+    """The compiled text of ``variant``; ``source`` gives it, formatted only when neither this
+    process nor the on-disk copy has compiled it yet."""
     code = _CODE.get(variant)
     if code is None and not _DISK[0]:
         _read_disk()
@@ -244,6 +329,18 @@ def _compile(variant: str, source: Callable[[], str], env: dict[str, Any],
     if code is None:
         code = _CODE[variant] = compile(source(), f"<opmux chooser {variant}>", "exec")
         _write_disk()
+    return code
+
+
+def _body(variant: str, source: Callable[[], str]) -> CodeType:
+    """The code of the one function ``variant`` defines (no instance is made)."""
+    return next(c for c in _module_code(variant, source).co_consts if isinstance(c, CodeType))
+
+
+def _compile(variant: str, source: Callable[[], str], env: dict[str, Any],
+             name: str) -> Callable[..., Any]:
+    """Instantiate ``variant`` in ``env`` (see :func:`_module_code`)."""
+    code = _module_code(variant, source)
     namespace = dict(env)
     exec(code, namespace)  # defines the function; its body was compiled once
     fn: Callable[..., Any] = namespace[name]
@@ -252,7 +349,8 @@ def _compile(variant: str, source: Callable[[], str], env: dict[str, Any],
 
 def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded: list[bool],
                 ensure_loaded: Callable[[], None]) -> Callable[..., Any]:
-    """The torch kernel of one key: walks ``holder``, falls back to ``native``.
+    """The torch kernel of one key: walks ``holder``, falls back to ``native``; ``holder``
+    keeps it, to give it the body of its shortcut (:meth:`_KeyChain.specialize`).
 
     For a plain native function the kernel takes its parameters by position (``a0, a1,
     ...`` with native's defaults): passing them on is then a plain call, cheaper than
@@ -270,12 +368,21 @@ def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded
                               call=params, sized=f"holder.sized[{'a0' if fixed else 'args[0]'}"
                                                    f".numel().bit_length()]")
 
-    kernel = _compile(f"kernel/{params}", source, {
-        "holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded},
-        "kernel")
+    env = {"holder": holder, "native": native, "loaded": loaded, "ensure_loaded": ensure_loaded}
+    kernel = _compile(f"kernel/{params}", source, env, "kernel")
     if fixed:
         kernel.__defaults__ = getattr(native, "__defaults__", None)
     kernel.__name__ = kernel.__qualname__ = name
+    # what the shortcut bodies fall back to: the general body, as a function of its own
+    walk = types.FunctionType(kernel.__code__, kernel.__globals__, name, kernel.__defaults__)
+    kernel.__globals__["walk"] = walk
+    bodies = [kernel.__code__]
+    for kind, template in (("direct", _DIRECT), ("guard", _GUARD), ("sized", _SIZED)):
+        text = functools.partial(template.format, name="kernel", params=params, call=params,
+                                 first="a0" if fixed else "args[0]")
+        bodies.append(_body(f"kernel-{kind}/{params}", text))
+    holder.kernel, holder.loaded, holder.bodies = kernel, loaded, tuple(bodies)
+    holder.specialize()
     return kernel
 
 

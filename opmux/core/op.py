@@ -524,6 +524,7 @@ class Op:
             if holder is None:
                 holder = _KeyChain(impl.dispatch_key)
                 self._registry._impl_kernel(self, self._make_kernel(holder), impl.dispatch_key)
+                self._registry._holders.append(holder)
                 self._chains[impl.dispatch_key] = holder
             self._impls[provider] = impl
             self._registry._journal_impl(self, provider)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, overload
 
 import torch
 
+from opmux.core._chooser import _KeyChain
 from opmux.core.errors import RegistrationError, UnknownOpError
 from opmux.core.op import Op
 from opmux.core.torch_lib import infer_schema, register_fake, validate_name, validate_namespace
@@ -57,6 +58,8 @@ class OpRegistry:
         self._platform_key = platform_key or _current_platform_key
         #: one-element list read on the hot path: has the loader run?
         self._loaded: list[bool] = [loader is None]
+        #: every key's selection holder (each with its torch kernel), for _set_loaded
+        self._holders: list[_KeyChain] = []
         self._loading_thread: int | None = None
         self._journal: list[tuple[Op, str]] | None = None
         self._op_journal: list[Op] | None = None
@@ -175,9 +178,16 @@ class OpRegistry:
                 loader(self)
                 # only a start-up that succeeded counts: a fatal error is raised again on
                 # the next call, until the configuration is fixed (#11)
-                self._loaded[0] = True
+                self._set_loaded(True)
             finally:
                 self._loading_thread = None
+
+    def _set_loaded(self, loaded: bool) -> None:
+        """Mark start-up done (or to run again) and give every kernel the matching body: the
+        shortcut bodies skip the start-up test, so they serve only a loaded registry."""
+        self._loaded[0] = loaded
+        for holder in list(self._holders):
+            holder.specialize()
 
     def _journal_impl(self, op: Op, provider: str) -> None:
         if self._journal is not None:
@@ -217,7 +227,8 @@ class OpRegistry:
                 lib._destroy()
             self._libs.clear()
             self._ops.clear()
-            self._loaded[0] = self._loader is None
+            self._holders.clear()
+            self._set_loaded(self._loader is None)
 
 
 #: the process-wide registry, installed by :mod:`opmux.core.runtime` (which owns it)

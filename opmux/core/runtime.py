@@ -153,4 +153,4 @@ def _reset_global_registry() -> None:
         plugins._reset_for_tests()
         for op in list(_GLOBAL._ops.values()):
             op._reset_priorities()
-        _GLOBAL._loaded[0] = False
+        _GLOBAL._set_loaded(False)

@@ -93,6 +93,60 @@ def test_a_raising_predicate_declines_through_the_guard(registry: opmux.OpRegist
     assert ident(torch.zeros(1)).item() == 0.0
 
 
+def test_kernels_take_the_body_of_their_shortcut_once_loaded(ns: str) -> None:
+    starts: list[int] = []
+    registry = opmux.OpRegistry(loader=lambda reg: starts.append(1))
+    try:
+        op = _op(registry, ns)  # "wide" has a predicate, then native: the one-test shortcut
+        holder = op._chains["CPU"]
+        assert holder.kernel is not None and holder.bodies is not None
+        general, direct, guard, _ = holder.bodies
+        assert holder.kernel.__code__ is general  # not loaded: the start-up test comes first
+        assert op(torch.ones(2)).tolist() == [2.0, 2.0] and starts == [1]
+        assert holder.kernel.__code__ is guard
+        assert op(torch.ones(2, dtype=torch.float64)).tolist() == [102.0, 102.0]
+
+        @op.register_impl("plain", dispatch_key="CPU")
+        def plain(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
+            return x * k + 1
+
+        op.set_default_priority(["plain", "wide"])
+        assert holder.kernel.__code__ is direct
+        assert op(torch.ones(2)).tolist() == [3.0, 3.0]
+        registry._set_loaded(False)  # a reset: the next call must run start-up again
+        assert holder.kernel.__code__ is general
+        assert op(torch.ones(2)).tolist() == [3.0, 3.0] and starts == [1, 1]
+        assert holder.kernel.__code__ is direct
+    finally:
+        registry._reset_for_tests()
+
+
+def test_a_walk_keeps_the_general_body_and_stale_bodies_stay_correct(
+        registry: opmux.OpRegistry, ns: str) -> None:
+    op = _op(registry, ns)
+
+    def small(x: torch.Tensor, k: float = 2.0) -> bool:
+        return x.numel() < 3
+
+    @op.register_impl("narrow", dispatch_key="CPU", supports_args=small)
+    def narrow(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
+        return x * k + 200
+
+    op.set_default_priority(["wide", "narrow"])  # two predicates, then native: the walk
+    holder = op._chains["CPU"]
+    assert holder.kernel is not None and holder.bodies is not None
+    general = holder.bodies[0]
+    assert holder.direct is None and holder.guard is None
+    assert holder.kernel.__code__ is general
+    want = {(2, torch.float64): 102.0, (2, torch.float32): 202.0, (4, torch.float32): 2.0}
+    # a body that no longer matches the selection (a reader racing a change of priorities)
+    # takes the full walk: slower for that call, never wrong
+    for body in holder.bodies:
+        holder.kernel.__code__ = body
+        for (n, dtype), value in want.items():
+            assert op(torch.ones(n, dtype=dtype))[0].item() == value, (body, n, dtype)
+
+
 def test_size_buckets_take_the_same_shortcuts(registry: opmux.OpRegistry, ns: str) -> None:
     # a tuned table's buckets: a provider that takes every call is called directly, a
     # predicate followed by one that takes every call is one test (raising declines), and a
@@ -124,6 +178,8 @@ def test_size_buckets_take_the_same_shortcuts(registry: opmux.OpRegistry, ns: st
     assert holder.sized[_chooser.bucket_of(1)][3] is None  # a one-test selector
     assert holder.sized[_chooser.bucket_of(8)][0] is None  # a direct one
     assert holder.sized[_chooser.bucket_of(2)][3] is not None  # the walk
+    assert holder.kernel is not None and holder.bodies is not None
+    assert holder.kernel.__code__ is holder.bodies[3]  # the kernel's sized body
     want = {1: 20.0, 2: 30.0, 4: 0.0, 8: 20.0}
     for wrap in (True, False):
         with opmux.enable_torch_wrap(wrap):
