@@ -34,9 +34,10 @@ namespace opmux_cpu {
 namespace {
 
 // A tile is kW weight rows. Against a panel it holds kW x 2 vector accumulators (12 of the 16
-// AVX2 registers; measured faster than one vector of lanes per row, which leaves too few
-// independent FMAs in flight); against leftover rows, kW x kR dot products (kR = 2 on AVX2: each
-// token vector feeds six FMAs; AVX-512 has registers for a third row).
+// AVX2 registers: twelve independent FMA chains per step, where one vector of lanes per row
+// would give six, too few to cover the FMA latency); against leftover rows, kW x kR dot
+// products (kR = 2 on AVX2: each token vector feeds six FMAs; AVX-512 has registers for a third
+// row).
 constexpr int kW = 6;
 constexpr int64_t kUnits = kW / 2;  // intermediate units per gate/up tile
 constexpr int64_t kP = 2 * kF;      // token lanes per panel
