@@ -37,6 +37,7 @@ import functools
 import hashlib
 import marshal
 import sys
+import textwrap
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -167,44 +168,52 @@ def _selector(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
     return None, None, None, _pairs(chain, fns)
 
 
-# The one walk over a chain. ``{call}`` is how arguments are passed on; ``{sized}`` picks the
-# pairs of the first argument's size bucket (``pairs`` is None exactly when buckets are set).
-_SELECT: Final = """\
-def {name}({params}):
-{prologue}
-    direct = holder.direct
-    if direct is not None:
-        return direct({call})
-    guard = holder.guard
-    if guard is not None:
-        pred, chosen, other = guard
-        try:
-            ok = pred({call})
-        except Exception:  # a predicate that raises declines (see opmux.core.op)
-            ok = False
-        return chosen({call}) if ok else other({call})
-    pairs = holder.pairs
-    if pairs is None:
-        pred, chosen, other, pairs = {sized}
-        if pairs is None:
-            if pred is None:
-                return chosen({call})
-            try:
-                ok = pred({call})
-            except Exception:  # a predicate that raises declines (see opmux.core.op)
-                ok = False
-            return chosen({call}) if ok else other({call})
-    for pred, fn in pairs:
-        if pred is None:
-            return fn({call})
-        try:
-            ok = pred({call})
-        except Exception:  # a predicate that raises declines (see opmux.core.op)
-            continue
-        if ok:
-            return fn({call})
-    return native({call})
+def _block(text: str, spaces: int) -> str:
+    return textwrap.indent(text, " " * spaces)
+
+
+# Pieces of the selection functions below. ``{call}`` is how arguments are passed on.
+# One test between ``chosen`` and ``other``:
+_ONE_TEST: Final = """\
+try:
+    ok = pred({call})
+except Exception:  # a predicate that raises declines (see opmux.core.op)
+    ok = False
+return chosen({call}) if ok else other({call})
 """
+
+# A size bucket's selector (``{sized}``: the bucket of the first argument's size): its function
+# alone or one test; else its ``pairs`` are left for the walk.
+_BUCKET: Final = ("pred, chosen, other, pairs = {sized}\n"
+                  "if pairs is None:\n"
+                  "    if pred is None:\n"
+                  "        return chosen({call})\n" + _block(_ONE_TEST, 4))
+
+# The walk over ``pairs``, native last.
+_WALK: Final = """\
+for pred, fn in pairs:
+    if pred is None:
+        return fn({call})
+    try:
+        ok = pred({call})
+    except Exception:  # a predicate that raises declines (see opmux.core.op)
+        continue
+    if ok:
+        return fn({call})
+return native({call})
+"""
+
+# The one walk over a chain (``pairs`` is None exactly when size buckets are set).
+_SELECT: Final = ("def {name}({params}):\n"
+                  "{prologue}\n"
+                  "    direct = holder.direct\n"
+                  "    if direct is not None:\n"
+                  "        return direct({call})\n"
+                  "    guard = holder.guard\n"
+                  "    if guard is not None:\n"
+                  "        pred, chosen, other = guard\n" + _block(_ONE_TEST, 8)
+                  + "    pairs = holder.pairs\n"
+                  "    if pairs is None:\n" + _block(_BUCKET, 8) + _block(_WALK, 4))
 
 # The kernel bodies of a loaded registry (see the module docstring): one shortcut, else the walk.
 _DIRECT: Final = """\
@@ -216,46 +225,18 @@ def {name}({params}):
     return walk({call})
 """
 
-_GUARD: Final = """\
-def {name}({params}):
-    # HOT PATH (loaded, one test between the first provider and the next function)
-    guard = holder.guard
-    if guard is not None:
-        pred, chosen, other = guard
-        try:
-            ok = pred({call})
-        except Exception:  # a predicate that raises declines (see opmux.core.op)
-            ok = False
-        return chosen({call}) if ok else other({call})
-    return walk({call})
-"""
+_GUARD: Final = ("def {name}({params}):\n"
+                 "    # HOT PATH (loaded, one test between the first provider and the next one)\n"
+                 "    guard = holder.guard\n"
+                 "    if guard is not None:\n"
+                 "        pred, chosen, other = guard\n" + _block(_ONE_TEST, 8)
+                 + "    return walk({call})\n")
 
-_SIZED: Final = """\
-def {name}({params}):
-    # HOT PATH (loaded, a tuned table orders the providers per size bucket)
-    sized = holder.sized
-    if sized is not None:
-        pred, chosen, other, pairs = sized[{first}.numel().bit_length()]
-        if pairs is None:
-            if pred is None:
-                return chosen({call})
-            try:
-                ok = pred({call})
-            except Exception:  # a predicate that raises declines (see opmux.core.op)
-                ok = False
-            return chosen({call}) if ok else other({call})
-        for pred, fn in pairs:
-            if pred is None:
-                return fn({call})
-            try:
-                ok = pred({call})
-            except Exception:  # a predicate that raises declines (see opmux.core.op)
-                continue
-            if ok:
-                return fn({call})
-        return native({call})
-    return walk({call})
-"""
+_SIZED: Final = ("def {name}({params}):\n"
+                 "    # HOT PATH (loaded, a tuned table orders the providers per size bucket)\n"
+                 "    sized = holder.sized\n"
+                 "    if sized is not None:\n" + _block(_BUCKET, 8) + _block(_WALK, 8)
+                 + "    return walk({call})\n")
 
 _KERNEL_PROLOGUE: Final = """\
     # HOT PATH: the torch dispatcher calls this with every argument positional.
@@ -379,7 +360,8 @@ def make_kernel(name: str, holder: _KeyChain, native: Callable[..., Any], loaded
     bodies = [kernel.__code__]
     for kind, template in (("direct", _DIRECT), ("guard", _GUARD), ("sized", _SIZED)):
         text = functools.partial(template.format, name="kernel", params=params, call=params,
-                                 first="a0" if fixed else "args[0]")
+                                 sized=f"sized[{'a0' if fixed else 'args[0]'}"
+                                       f".numel().bit_length()]")
         bodies.append(_body(f"kernel-{kind}/{params}", text))
     holder.kernel, holder.loaded, holder.bodies = kernel, loaded, tuple(bodies)
     holder.specialize()
