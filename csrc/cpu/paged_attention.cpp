@@ -21,7 +21,9 @@
 // per kv head (fp32 with a head size that is a multiple of 16, bf16 with pairs) puts the
 // group's rows in vector lanes for the scores (qk_group). With AVX2 (16 registers of 8 lanes)
 // scores take up to three query rows against four keys per tile (qk_tile_r4: 12 accumulators,
-// one 8-vector transpose-reduce per two rows) and the value step four rows by three vectors.
+// one 8-vector transpose-reduce per two rows) and the value step four rows by three vectors;
+// with 8 query heads per kv head the group's rows go in the 8 lanes for the scores instead
+// (qk_rows8: one key element broadcast per FMA of the whole group, no reductions).
 #include "op_library.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
@@ -50,10 +52,17 @@ struct Scratch {
   float* ap[kMaxRows];
   const float* pp[kMaxRows];
   std::vector<uint32_t> qpack;  // GQA groups with rows in lanes (qk_group)
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  std::vector<float> qpack8;  // groups of 8 rows in lanes (qk_rows8)
+#endif
   explicit Scratch(int64_t padded)
       : q(kMaxRows * padded), acc(kMaxRows * padded), scores(kMaxRows * kTokenChunk),
         m(kMaxRows), l(kMaxRows), kbuf(kTokenChunk * padded), vbuf(kTokenChunk * padded),
-        zero(padded, 0.f), qpack(kMaxRows * padded) {}
+        zero(padded, 0.f), qpack(kMaxRows * padded) {
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+    qpack8.resize(kMaxRows * padded);
+#endif
+  }
 };
 
 template <typename T>
@@ -122,6 +131,17 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     }
   };
 #endif
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+  // 8 query heads per kv head (any dtype and head size): each group's scaled fp32 rows go
+  // in the 8 lanes for the scores (qk_rows8), against the fp32 key rows of the chunk
+  const bool grouped8 = G == 8;
+  float* qpack8 = s.qpack8.data();
+  for (int64_t r = 0; grouped8 && r < rows; r += 8) {
+    const float* gr[8];
+    for (int64_t g = 0; g < 8; ++g) gr[g] = s.q.data() + (r + g) * Dp;
+    pack_rows8(gr, qpack8 + r * D, D);
+  }
+#endif
   int64_t lo = row_lo[0];
   int64_t hi = row_pos[rows - 1];
   if (w.part >= 0) {  // split-KV: this item's share of the keys
@@ -183,6 +203,15 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
 #if defined(CPU_CAPABILITY_AVX512)
         if (grouped) {  // fp32: the packed rows are already scaled
           for (int64_t r = kh * G; r < rows; r += per_pos) group_scores(r, tg, s.krow, m, 1.f);
+          continue;
+        }
+#endif
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+        if (grouped8) {
+          for (int64_t r = kh * G; r < rows; r += per_pos) {
+            for (int64_t g = 0; g < 8; ++g) s.sp[g] = s.scores.data() + (r + g) * kTokenChunk + tg;
+            qk_rows8(qpack8 + r * D, s.sp, s.krow, m, D);
+          }
           continue;
         }
 #endif

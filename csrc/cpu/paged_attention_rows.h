@@ -185,6 +185,52 @@ inline void qk_tile_r4(const float* const* q, float* const* out, const float* co
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+// GQA 8 scores with the group's rows in the eight lanes (the AVX2 form of qk_group): qpack[8c +
+// g] is element c of row g (pack_rows8, once per item), each key element is broadcast to all
+// eight rows, so one FMA advances the whole group and a key is read once for it (the row tiles
+// read it once per three rows and reduce every sum across lanes). Lane g of acc[j] is row g's
+// score of key j; one 8 x 8 transpose per eight keys puts row g's scores in out[g][t0, t0 + 8).
+// k has 16 valid row pointers (n <= 16 real keys); d counts elements.
+inline void pack_rows8(const float* const* rows, float* qpack, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) {
+    for (int g = 0; g < 8; ++g) qpack[8 * c + g] = rows[g][c];
+  }
+}
+
+inline void qk_rows8(const float* qpack, float* const* out, const float* const* k, int64_t n,
+                     int64_t d) {
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const float* kt[8];
+    for (int j = 0; j < 8; ++j) kt[j] = k[t0 + j];
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; ++c) {
+      const __m256 qv = _mm256_loadu_ps(qpack + 8 * c);
+      for (int j = 0; j < 8; ++j) {
+        acc[j] = _mm256_fmadd_ps(qv, _mm256_broadcast_ss(kt[j] + c), acc[j]);
+      }
+    }
+    // 8 x 8 transpose: acc[j] lane g -> row g lane j
+    __m256 u[8], v[8];
+    for (int i = 0; i < 4; ++i) {
+      u[2 * i] = _mm256_unpacklo_ps(acc[2 * i], acc[2 * i + 1]);
+      u[2 * i + 1] = _mm256_unpackhi_ps(acc[2 * i], acc[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      v[4 * i + 0] = _mm256_shuffle_ps(u[4 * i], u[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      v[4 * i + 1] = _mm256_shuffle_ps(u[4 * i], u[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      v[4 * i + 2] = _mm256_shuffle_ps(u[4 * i + 1], u[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      v[4 * i + 3] = _mm256_shuffle_ps(u[4 * i + 1], u[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+      _mm256_storeu_ps(out[i] + t0, _mm256_permute2f128_ps(v[i], v[4 + i], 0x20));
+      _mm256_storeu_ps(out[4 + i] + t0, _mm256_permute2f128_ps(v[i], v[4 + i], 0x31));
+    }
+  }
+}
+#endif
+
 // out[i] = q . k[i] for i < n; every k[i] (and q) has `padded` elements; k[n..] may be read
 // and must point at valid rows (the caller pads with a zero row).
 inline void qk_row(const float* q, const float* const* k, int64_t n, int64_t padded,
