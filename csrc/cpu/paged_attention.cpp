@@ -23,7 +23,8 @@
 // scores take up to three query rows against four keys per tile (qk_tile_r4: 12 accumulators,
 // one 8-vector transpose-reduce per two rows) and the value step four rows by three vectors;
 // with 8 query heads per kv head the group's rows go in the 8 lanes for the scores instead
-// (qk_rows8: one key element broadcast per FMA of the whole group, no reductions).
+// (qk_rows8: one key element broadcast per FMA of the whole group, no reductions), with 4 in
+// pairs of lanes (qk_rows4: two key elements broadcast, one pairwise add per key).
 #include "op_library.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
@@ -132,14 +133,22 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   };
 #endif
 #if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
-  // 8 query heads per kv head (any dtype and head size): each group's scaled fp32 rows go
-  // in the 8 lanes for the scores (qk_rows8), against the fp32 key rows of the chunk
+  // 8 or 4 query heads per kv head (any dtype and head size): each group's scaled fp32 rows
+  // go in the 8 lanes (qk_rows8) or in pairs of lanes (qk_rows4) for the scores, against the
+  // fp32 key rows of the chunk
   const bool grouped8 = G == 8;
   float* qpack8 = s.qpack8.data();
   for (int64_t r = 0; grouped8 && r < rows; r += 8) {
     const float* gr[8];
     for (int64_t g = 0; g < 8; ++g) gr[g] = s.q.data() + (r + g) * Dp;
     pack_rows8(gr, qpack8 + r * D, D);
+  }
+  const bool grouped4 = G == 4;
+  const int64_t D2 = (D + 1) / 2 * 2;  // elements per packed row (even)
+  for (int64_t r = 0; grouped4 && r < rows; r += 4) {
+    const float* gr[4];
+    for (int64_t g = 0; g < 4; ++g) gr[g] = s.q.data() + (r + g) * Dp;
+    pack_rows4(gr, qpack8 + r * D2, D);
   }
 #endif
   int64_t lo = row_lo[0];
@@ -211,6 +220,13 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
           for (int64_t r = kh * G; r < rows; r += per_pos) {
             for (int64_t g = 0; g < 8; ++g) s.sp[g] = s.scores.data() + (r + g) * kTokenChunk + tg;
             qk_rows8(qpack8 + r * D, s.sp, s.krow, m, D);
+          }
+          continue;
+        }
+        if (grouped4) {
+          for (int64_t r = kh * G; r < rows; r += per_pos) {
+            for (int64_t g = 0; g < 4; ++g) s.sp[g] = s.scores.data() + (r + g) * kTokenChunk + tg;
+            qk_rows4(qpack8 + r * D2, s.sp, s.krow, m, D);
           }
           continue;
         }

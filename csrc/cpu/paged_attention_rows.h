@@ -229,6 +229,50 @@ inline void qk_rows8(const float* qpack, float* const* out, const float* const* 
     }
   }
 }
+
+// GQA 4 scores with the group's rows in pairs of lanes: lane 2g + j of qpack[8c .. 8c + 8) is
+// element 2c + j of row g (pack_rows4; an odd head size ends with a zero), the key's elements
+// 2c and 2c + 1 are broadcast to every pair, so one FMA advances four rows by two elements. A
+// pairwise add and a transpose per eight keys put row g's scores in out[g][t0, t0 + 8). The
+// key rows must hold an even number of elements (their zero padding covers an odd head size).
+inline void pack_rows4(const float* const* rows, float* qpack, int64_t d) {
+  for (int64_t c = 0; c < (d + 1) / 2; ++c) {
+    for (int g = 0; g < 4; ++g) {
+      qpack[8 * c + 2 * g] = rows[g][2 * c];
+      qpack[8 * c + 2 * g + 1] = 2 * c + 1 < d ? rows[g][2 * c + 1] : 0.f;
+    }
+  }
+}
+
+inline void qk_rows4(const float* qpack, float* const* out, const float* const* k, int64_t n,
+                     int64_t d) {
+  const int64_t pairs = (d + 1) / 2;
+  for (int64_t t0 = 0; t0 < n; t0 += 8) {
+    const double* kt[8];
+    for (int j = 0; j < 8; ++j) kt[j] = reinterpret_cast<const double*>(k[t0 + j]);
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < pairs; ++c) {
+      const __m256 qv = _mm256_loadu_ps(qpack + 8 * c);
+      for (int j = 0; j < 8; ++j) {
+        acc[j] = _mm256_fmadd_ps(qv, _mm256_castpd_ps(_mm256_broadcast_sd(kt[j] + c)), acc[j]);
+      }
+    }
+    // hadd(acc[j], acc[j + 1]): rows 0, 1 of keys j, j + 1 | rows 2, 3 of keys j, j + 1
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]);
+    const __m256 h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]);
+    const __m256 h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 a = _mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(2, 0, 2, 0));  // row 0 | row 2
+    const __m256 b = _mm256_shuffle_ps(h01, h23, _MM_SHUFFLE(3, 1, 3, 1));  // row 1 | row 3
+    const __m256 c = _mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m256 e = _mm256_shuffle_ps(h45, h67, _MM_SHUFFLE(3, 1, 3, 1));
+    _mm256_storeu_ps(out[0] + t0, _mm256_permute2f128_ps(a, c, 0x20));
+    _mm256_storeu_ps(out[1] + t0, _mm256_permute2f128_ps(b, e, 0x20));
+    _mm256_storeu_ps(out[2] + t0, _mm256_permute2f128_ps(a, c, 0x31));
+    _mm256_storeu_ps(out[3] + t0, _mm256_permute2f128_ps(b, e, 0x31));
+  }
+}
 #endif
 
 // out[i] = q . k[i] for i < n; every k[i] (and q) has `padded` elements; k[n..] may be read

@@ -199,14 +199,15 @@ def test_paged_attention_ragged(cpp: Any, dtype: torch.dtype, heads: int, kv_hea
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("d,bs", [(80, 16), (128, 128), (32, 5), (72, 16), (36, 16)])
+@pytest.mark.parametrize("d,bs", [(80, 16), (128, 128), (32, 5), (72, 16), (36, 16), (33, 16)])
 @pytest.mark.parametrize("heads", [8, 16])
 def test_paged_attention_head_and_block_sizes(cpp: Any, dtype: torch.dtype, d: int,
                                               bs: int, heads: int) -> None:
     # bf16: head sizes that are multiples of 32 take the pair-dot-product scores (where the
     # CPU has AVX512-BF16), the others widen keys to fp32; 72 (AVX-512) and 36 (AVX2) are not
     # multiples of the vector width (values through the zero-padded fp32 copy). 4 and 8 query
-    # heads per kv head: the groups with rows in vector lanes, at every head size
+    # heads per kv head: the groups with rows in vector lanes, at every head size (33: an odd
+    # one, whose last pair of a four-row group ends in padding)
     case = _paged_case(dtype, heads, 2, d, bs, q_lens=[1, 1, 17], kv_lens=[1, 300, 40])
     got = cpp.paged_attention(**case, sliding_window=None, soft_cap=None)
     close(got, ref.paged_attention(**case, sliding_window=None, soft_cap=None), dtype)
