@@ -54,7 +54,7 @@ struct Scratch {
   const float* pp[kMaxRows];
   std::vector<uint32_t> qpack;  // GQA groups with rows in lanes (qk_group)
 #if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
-  std::vector<float> qpack8;  // groups of 8 rows in lanes (qk_rows8)
+  std::vector<float> qpack8;  // groups of 8 (4) rows in lanes (pairs): qk_rows8, qk_rows4
 #endif
   explicit Scratch(int64_t padded)
       : q(kMaxRows * padded), acc(kMaxRows * padded), scores(kMaxRows * kTokenChunk),
