@@ -79,7 +79,8 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   //   r = (j - q_begin) * per_pos + (kh - kv_begin) * G + g,  query head = kh * G + g
   int64_t row_pos[kMaxRows];
   int64_t row_lo[kMaxRows];
-  const T* q_raw[kMaxRows];  // the query rows as given (unscaled), for the bf16 score path
+  [[maybe_unused]] const T* q_raw[kMaxRows];  // the query rows as given (unscaled), for the
+                                              // AVX-512 bf16 score paths
   // bf16 with a head size that is a multiple of 32: scores by pair dot products. (The same for
   // the value step, with bf16-rounded probabilities, measured 10% slower than widening the
   // values in registers.)
@@ -165,7 +166,6 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     return std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kTokenChunk});
   };
   auto chunk_ptr = [&](const T* cache, int64_t t0) {
-    const int64_t blk = t0 / p.block_size;
     return cache + ig.token_offset(p, t0) + static_cast<int64_t>(w.kv_begin) * D;
   };
 
