@@ -24,7 +24,8 @@
 // one 8-vector transpose-reduce per two rows) and the value step four rows by three vectors;
 // with 8 query heads per kv head the group's rows go in the 8 lanes for the scores instead
 // (qk_rows8: one key element broadcast per FMA of the whole group, no reductions), with 4 in
-// pairs of lanes (qk_rows4: two key elements broadcast, one pairwise add per key).
+// pairs of lanes (qk_rows4: two key elements broadcast, one pairwise add per key); their bf16
+// keys are widened 16 tokens at a time in address order, all of the item's heads together.
 #include "op_library.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
@@ -43,6 +44,9 @@
 namespace opmux_cpu {
 namespace {
 
+// most kv heads of a work item with 4 or more query heads per kv head
+constexpr int64_t kGroupHeads = kMaxRows / 4;
+
 struct Scratch {
   std::vector<float> q, acc, scores, m, l, kbuf, vbuf, zero;
   bool visible[kMaxRows];
@@ -55,6 +59,7 @@ struct Scratch {
   std::vector<uint32_t> qpack;  // GQA groups with rows in lanes (qk_group)
 #if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
   std::vector<float> qpack8;  // groups of 8 (4) rows in lanes (pairs): qk_rows8, qk_rows4
+  std::vector<float> kgroup;  // 16 tokens' widened key rows of each kv head: [head][token][Dp]
 #endif
   explicit Scratch(int64_t padded)
       : q(kMaxRows * padded), acc(kMaxRows * padded), scores(kMaxRows * kTokenChunk),
@@ -62,6 +67,7 @@ struct Scratch {
         zero(padded, 0.f), qpack(kMaxRows * padded) {
 #if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
     qpack8.resize(kMaxRows * padded);
+    kgroup.resize(kGroupHeads * 16 * padded);
 #endif
   }
 };
@@ -146,6 +152,12 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   }
   const bool grouped4 = G == 4;
   const int64_t D2 = (D + 1) / 2 * 2;  // elements per packed row (even)
+  // Narrow keys of a GQA 4/8 item are widened for 16 tokens at a time in address order (each
+  // token's [heads, D] row as one stream), not head by head: the head-by-head widening read
+  // D elements every Hkv * D and waited on memory there (bf16 decodes 10-13% faster). fp32
+  // keys stay in place (a copy in address order measured 10-16% slower for GQA 4).
+  const bool keys_first = !std::is_same_v<T, float> && (grouped8 || grouped4) &&
+                          nkh <= kGroupHeads;
   for (int64_t r = 0; grouped4 && r < rows; r += 4) {
     const float* gr[4];
     for (int64_t g = 0; g < 4; ++g) gr[g] = s.q.data() + (r + g) * Dp;
@@ -178,6 +190,14 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     // cache is read in address order: 16 tokens x the item's heads, then the next 16.
     for (int64_t tg = 0; tg < n; tg += 16) {
       const int64_t m = std::min<int64_t>(16, n - tg);
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+      for (int64_t i = 0; keys_first && i < m; ++i) {
+        const T* src = kbase + (tg + i) * ig.tok_stride;
+        for (int64_t kh = 0; kh < nkh; ++kh) {
+          widen_row(src + kh * D, s.kgroup.data() + (kh * 16 + i) * Dp, D, Dp);
+        }
+      }
+#endif
       for (int64_t kh = 0; kh < nkh; ++kh) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
         if constexpr (std::is_same_v<T, at::BFloat16>) {
@@ -203,6 +223,11 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
             continue;
           }
         }
+#endif
+#if defined(CPU_CAPABILITY_AVX2) && !defined(CPU_CAPABILITY_AVX512)
+        if (keys_first) {
+          for (int64_t i = 0; i < m; ++i) s.krow[i] = s.kgroup.data() + (kh * 16 + i) * Dp;
+        } else
 #endif
         for (int64_t i = 0; i < m; ++i) {
           s.krow[i] = as_float_row(kbase + (tg + i) * ig.tok_stride + kh * D,
