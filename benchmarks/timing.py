@@ -79,8 +79,10 @@ def load_vllm(path: str = "") -> str | None:
     """Load vLLM's CPU kernel library; returns its path, or None when there is none to load.
 
     ``path`` names the library; without it the installed ``vllm`` package's library for this
-    CPU is taken (``_C_AVX512`` only where torch reports AVX-512: loading it on an AVX2 CPU
-    kills the process with an illegal instruction, which no ``except`` can catch).
+    CPU is taken by vLLM's own rule (``vllm.platforms.cpu``): ``_C`` where torch reports
+    AVX-512 with bf16 (that build also carries the AMX kernels), ``_C_AVX512`` where it reports
+    AVX-512 only, ``_C_AVX2`` otherwise. A library built for more than the CPU has kills the
+    process with an illegal instruction, which no ``except`` can catch.
     """
     if path:
         candidates = [path]
@@ -89,9 +91,11 @@ def load_vllm(path: str = "") -> str | None:
         if spec is None or spec.origin is None:
             return None
         root = os.path.dirname(spec.origin)
-        names = ["_C_AVX2.abi3.so", "_C.abi3.so"]
-        if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-            names.insert(0, "_C_AVX512.abi3.so")
+        if torch.cpu._is_avx512_supported():
+            names = (["_C.abi3.so"] if torch.cpu._is_avx512_bf16_supported()
+                     else ["_C_AVX512.abi3.so"])
+        else:
+            names = ["_C_AVX2.abi3.so"]
         candidates = [os.path.join(root, name) for name in names]
     for candidate in candidates:
         if os.path.exists(candidate):
@@ -101,6 +105,29 @@ def load_vllm(path: str = "") -> str | None:
             except OSError:
                 continue
     return None
+
+
+def vllm_attn_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str:
+    """The ISA vLLM's CPU attention backend picks for a cache of this kind on this CPU.
+
+    vLLM 0.32's rule (``vllm.v1.attention.backends.cpu_attn``) for x86: ``vec16`` for head
+    sizes that are a multiple of 16 but not of 32, ``amx`` for bf16 caches with blocks of a
+    multiple of 32 where the CPU has AMX tiles, ``vec`` for other blocks of a multiple of 32,
+    else ``vec16``.
+    """
+    if head_size % 32 != 0 and head_size % 16 == 0:
+        return "vec16"
+    if block_size % 32 != 0:
+        return "vec16"
+    if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
+        return "amx"
+    return "vec"
+
+
+def vllm_moe_isa(dtype: torch.dtype) -> str:
+    """The ISA vLLM 0.32's unquantized CPU MoE experts use for this dtype on this CPU: ``amx``
+    for bf16 where the CPU has AMX tiles (``X86CPUUnquantizedExperts``), else ``vec``."""
+    return "amx" if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported() else "vec"
 
 
 def int_options(doc: str | None, **defaults: int) -> argparse.ArgumentParser:
