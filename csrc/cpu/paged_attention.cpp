@@ -26,7 +26,11 @@
 // (qk_rows8: one key element broadcast per FMA of the whole group, no reductions), with 4 in
 // pairs of lanes (qk_rows4: two key elements broadcast, one pairwise add per key); their bf16
 // keys are widened 16 tokens at a time in address order, all of the item's heads together.
+// On CPUs with AMX tiles, bf16 items with a head size that is a multiple of 32 and 8 or more
+// rows per kv head (GQA 8/16 decode groups, prefill items) take the tile path of
+// paged_attention_amx.h instead.
 #include "op_library.h"
+#include "paged_attention_amx.h"
 #include "paged_attention_rows.h"
 #include "paged_attention_tile.h"
 #include "vec_common.h"
@@ -574,6 +578,9 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   const Params params{H, Hkv, D, (D + kF - 1) / kF * kF, bs, M, query.stride(0), query.stride(1),
                       static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
                       sliding_window, bt, lens, qsl, partials, key_cache.stride(0)};
+#if defined(OPMUX_PA_AMX)
+  const bool use_amx = dtype == at::kBFloat16 && D % 32 == 0 && pa_amx::amx_on();
+#endif
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
   std::atomic<int64_t> next{0};
@@ -595,9 +602,25 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
         tile_cached = std::make_unique<pa_tile::TileScratch>(params.padded);
       }
 #endif
+#if defined(OPMUX_PA_AMX)
+      thread_local std::unique_ptr<pa_amx::AmxScratch> amx_cached;
+      if (use_amx && (!amx_cached || amx_cached->D != D)) {
+        amx_cached = std::make_unique<pa_amx::AmxScratch>(D);
+      }
+#endif
       for (int64_t wk = begin; wk < end; ++wk) {
         for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
           const WorkItem& w = items[it];
+#if defined(OPMUX_PA_AMX)
+          if (use_amx && pa_amx::takes(w, G)) {  // use_amx: bf16 only (the casts are no-ops)
+            using bf16 = at::BFloat16;
+            pa_amx::run_amx_item(w, params, reinterpret_cast<const bf16*>(q),
+                                 reinterpret_cast<const bf16*>(kc),
+                                 reinterpret_cast<const bf16*>(vc), reinterpret_cast<bf16*>(o),
+                                 *amx_cached);
+            continue;
+          }
+#endif
 #if defined(CPU_CAPABILITY_AVX512)
           // one kv head and more than 8 rows: rows in vector lanes (paged_attention_tile.h);
           // split-KV items (a GQA group over 8 decode rows) stay on run_item, which writes
@@ -624,8 +647,22 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   });
 }
 
+// Whether bf16 paged attention takes the AMX path (paged_attention_amx.h): mode 1 allows it,
+// 0 turns it off (tests of the other paths on an AMX machine), -1 only asks. Returns whether
+// it is in use now: allowed, built for this CPU, and the tile state granted.
+bool paged_attention_amx(int64_t mode) {
+#if defined(OPMUX_PA_AMX)
+  if (mode >= 0) pa_amx::amx_wanted().store(mode != 0);
+  return pa_amx::amx_on();
+#else
+  (void)mode;
+  return false;
+#endif
+}
+
 // This file's ops in torch.ops.opmux_cpu (op_library.h).
 TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def("paged_attention_amx(int mode) -> bool", &paged_attention_amx);
   // sliding_window <= 0 and soft_cap <= 0 mean "none".
   m.def(
       "paged_attention_out(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "

@@ -254,6 +254,39 @@ def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_h
           scale=2)
 
 
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
+@pytest.mark.parametrize("heads,kv_heads,d,bs,q_lens,kv_lens,window,cap", [
+    (32, 4, 128, 128, [1, 1, 1, 1], [512, 300, 7, 1000], None, None),   # GQA 8 decode
+    (32, 2, 128, 16, [1, 64, 1], [512, 600, 33], 256, 50.0),            # mixed, window, cap
+    (32, 2, 64, 16, [1, 5, 1], [40, 40, 3], None, None),                # GQA 16, short
+    (8, 1, 32, 5, [1, 17, 3], [300, 40, 3], 8, 3.0),                    # block 5, tails
+    (64, 4, 256, 32, [1, 40, 1], [900, 45, 77], None, None),            # head size 256
+    (12, 4, 96, 16, [1, 9], [50, 30], None, None),                      # GQA 3
+    (32, 2, 128, 128, [1], [9000], 1000, 20.0),                         # split-KV
+])
+def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv_heads: int,
+                                              d: int, bs: int, q_lens: list[int],
+                                              kv_lens: list[int], window: int | None,
+                                              cap: float | None) -> None:
+    # bf16 with head sizes that are multiples of 32 takes the AMX tile path where the CPU has
+    # AMX (GQA 8/16 decode groups, prefill items of one kv head), the vector paths otherwise;
+    # both are run here on an AMX machine, and the switch reports what torch detects
+    switch = torch.ops.opmux_cpu.paged_attention_amx
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        on = switch(1 if amx else 0)
+        assert on == (amx and torch.cpu._is_amx_tile_supported())
+        case = _paged_case(torch.bfloat16, heads, kv_heads, d, bs, q_lens, kv_lens)
+        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
+    finally:
+        switch(1)
+        torch.set_num_threads(threads)
+    want = ref.paged_attention(**case, sliding_window=window, soft_cap=cap)
+    assert torch.isfinite(got).all()
+    close(got, want, torch.bfloat16, scale=2)
+
+
 def test_paged_attention_errors(cpp: Any) -> None:
     case = _paged_case(torch.float32, 4, 2, 32, 16, q_lens=[2], kv_lens=[5])
     kernel = torch.ops.opmux_cpu.paged_attention_out

@@ -1,0 +1,453 @@
+// paged_attention, AMX path: bf16 caches with a head size that is a multiple of 32, on CPUs
+// with AMX tiles (built with -march=native where the compiler defines __AMX_TILE__ and
+// __AMX_BF16__), once Linux has granted this process the tile state. Included by
+// paged_attention.cpp only.
+//
+// An item's rows (query rows; the same numbering as run_item) go in lane tiles of 16. A row
+// group is the rows of one kv head that one tile product serves: for a decode item with
+// several kv heads, one head's G rows (16 / G groups share a lane tile); for an item of one kv
+// head, 16 rows (prefill positions x G, the last tile padded). Per chunk of keys (one block at
+// most, kTokenChunk tokens):
+//   scores  S^T = K . Q^T  per group and 16 tokens: K rows straight from the cache as the A
+//           tile (no copy, no widening), the group's query rows packed once per item in the
+//           pair-interleaved B layout; the 16 x R result lands in the group's lanes of a
+//           [token][16 lanes] buffer.
+//   softmax vectorised across the 16 lanes (one vector per token): scale, soft cap, mask,
+//           running max and sum per lane, the accumulators rescaled; the probabilities are
+//           transposed to rows and rounded to bf16 (the A tile of the next step).
+//   values  O += P . V  per group: the chunk's value rows of the head interleaved in pairs of
+//           tokens (the B layout) once, then up to three 16-column accumulator tiles at a
+//           time, loaded from and stored back to the fp32 accumulator rows.
+// The accumulators, running max and sum stay fp32; probabilities are rounded to bf16 for the
+// value products only (their sum is taken in fp32).
+#pragma once
+
+#include "paged_attention_rows.h"
+#include "vec_common.h"
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && \
+    defined(__AMX_BF16__) && defined(__linux__)
+#define OPMUX_PA_AMX 1
+
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace opmux_cpu {
+namespace {
+namespace pa_amx {
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kItemRows = 128;  // most rows of an item (the row-tile path's 4 x 32)
+
+// Linux hands a process the AMX tile state only when it asks for it (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA); without the grant the first tile instruction faults.
+inline bool tiles_granted() {
+  static const bool ok = [] {
+    constexpr int kReqPerm = 0x1023;
+    constexpr int kGetPerm = 0x1022;
+    constexpr int kXtileData = 18;
+    if (syscall(SYS_arch_prctl, kReqPerm, kXtileData) != 0) return false;
+    unsigned long mask = 0;
+    if (syscall(SYS_arch_prctl, kGetPerm, &mask) != 0) return false;
+    return (mask & (1UL << kXtileData)) != 0;
+  }();
+  return ok;
+}
+
+// The AMX path is on where the tiles are granted, unless turned off (tests of the other
+// paths on an AMX machine): paged_attention_amx(mode) in bindings below.
+inline std::atomic<bool>& amx_wanted() {
+  static std::atomic<bool> wanted{true};
+  return wanted;
+}
+
+inline bool amx_on() { return amx_wanted().load(std::memory_order_relaxed) && tiles_granted(); }
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles: 0 keys (A, 16 x 32), 1 packed query rows (B, 16 pairs x R), 2 scores (C, 16 x R),
+// 3 probabilities (A, R x 32 tokens), 4 value pairs (B, 16 pairs x 16), 5-7 accumulators
+// (C, R x 16).
+inline void configure(int64_t R) {
+  TileConfig c;
+  auto set = [&](int t, int64_t rows, int64_t bytes) {
+    c.rows[t] = static_cast<uint8_t>(rows);
+    c.colsb[t] = static_cast<uint16_t>(bytes);
+  };
+  set(0, 16, 64);
+  set(1, 16, R * 4);
+  set(2, 16, R * 4);
+  set(3, R, 64);
+  set(4, 16, 64);
+  for (int t = 5; t < 8; ++t) set(t, R, 64);
+  _tile_loadconfig(&c);
+}
+
+struct AmxScratch {
+  int64_t D;
+  std::vector<uint32_t> qT;     // per group and 32-wide slice of D: [16 pairs][R] 32-bit cells
+  std::vector<float> sT;        // per lane tile: [kTokenChunk][16 lanes]
+  std::vector<uint16_t> p;      // [rows][kTokenChunk] bf16 probabilities
+  std::vector<uint16_t> vpack;  // [kTokenChunk / 2][2 D] value rows interleaved in pairs
+  std::vector<uint16_t> kpad;   // [16][D] the key rows of a short group, zero-padded
+  std::vector<float> acc;       // [rows][D]
+  alignas(64) float m[kItemRows];
+  alignas(64) float l[kItemRows];
+  alignas(64) int32_t lo[kItemRows];   // first visible key of each row
+  alignas(64) int32_t pos[kItemRows];  // last visible key of each row
+  explicit AmxScratch(int64_t d)
+      : D(d), qT(kItemRows * d / 2), sT(kItemRows / kLanes * kTokenChunk * kLanes),
+        p(kItemRows * kTokenChunk), vpack(kTokenChunk * d), kpad(16 * d), acc(kItemRows * d) {}
+};
+
+// true when run_amx_item takes the item (T = bf16, D % 32 == 0 checked by the caller)
+inline bool takes(const WorkItem& w, int64_t G) {
+  const int64_t nkh = w.kv_end - w.kv_begin;
+  const int64_t rows = static_cast<int64_t>(w.q_end - w.q_begin) * nkh * G;
+  if (rows > kItemRows) return false;
+  // one kv head: prefill positions x G rows, or a decode group, 8 rows at least; several:
+  // decode rows only, 8 or 16 per head (each head's group inside one lane tile). Fewer rows
+  // per tile product leave it mostly empty: with 4 per head (GQA 4 decode) this path
+  // measured 10% slower than the vector path, which keeps those items.
+  if (nkh == 1) return rows >= 8;
+  return w.q_end - w.q_begin == 1 && G >= 8 && kLanes % G == 0;
+}
+
+// v[i] (16 tokens, lane = row) -> v[r] (16 rows, lane = token)
+inline void transpose16(__m512* v) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const __m512d x = _mm512_castps_pd(a[4 * i + j]);
+      const __m512d y = _mm512_castps_pd(a[4 * i + 2 + j]);
+      b[4 * i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+      b[4 * i + 2 + j] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+  }
+  // b[4i + k]: in 128-bit lane L, rows 4i..4i+3 of column 4L + kCol[k]
+  constexpr int kCol[4] = {0, 2, 1, 3};
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 4; ++k) {
+      // columns kCol[k] and 8 + kCol[k] (then 4 + and 12 + kCol[k]) of rows 8i..8i+7
+      a[8 * i + k] = _mm512_shuffle_f32x4(b[8 * i + k], b[8 * i + 4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+      a[8 * i + 4 + k] =
+          _mm512_shuffle_f32x4(b[8 * i + k], b[8 * i + 4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512 x = a[4 * h + k];      // rows 0..7
+      const __m512 y = a[8 + 4 * h + k];  // rows 8..15
+      v[kCol[k] + 4 * h] = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+      v[kCol[k] + 4 * h + 8] = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+}
+
+// tanh(x) = 1 - 2 / (exp(2|x|) + 1) with the sign of x, from the fast exp (Sleef's tanh took a
+// third of a soft-capped prefill's time here); |x| is clamped at 10, where tanh is 1 in fp32.
+// The absolute error stays near 1e-7, which the soft cap multiplies into the scores.
+inline __m512 fast_tanh(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 ax = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(10.f));
+  const __m512 e = fVec(_mm512_add_ps(ax, ax)).exp_u20();
+  const __m512 t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, one)));
+  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
+}
+
+// Asks for the n token rows from `rows` (stride elements apart), `bytes` each.
+inline void prefetch_rows(const at::BFloat16* rows, int64_t n, int64_t stride, int64_t bytes) {
+  for (int64_t i = 0; i < n; ++i) {
+    const char* r = reinterpret_cast<const char*>(rows + i * stride);
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
+  }
+}
+
+inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16* query,
+                         const at::BFloat16* kc, const at::BFloat16* vc, at::BFloat16* out,
+                         AmxScratch& s) {
+  const ItemGeom ig(w, p);
+  const int64_t G = ig.G, D = ig.D;
+  const int64_t nkh = w.kv_end - w.kv_begin;
+  const int64_t per_pos = nkh * G;
+  const int64_t rows = (w.q_end - w.q_begin) * per_pos;
+  const bool one_head = nkh == 1;
+  const int64_t R = one_head ? kLanes : G;  // rows per group
+  const int64_t n_groups = one_head ? (rows + kLanes - 1) / kLanes : nkh;
+  const int64_t n_tiles = (rows + kLanes - 1) / kLanes;
+  const int64_t lane_rows = n_tiles * kLanes;
+  const int64_t S32 = D / 32;
+  const int64_t words = D / 2;  // 32-bit cells of a row
+
+  // rows: visible key range, state, and the packed query rows of each group
+  for (int64_t r = 0; r < lane_rows; ++r) {
+    s.m[r] = -std::numeric_limits<float>::infinity();
+    s.l[r] = 0.f;
+    if (r < rows) {
+      const int64_t j = w.q_begin + r / per_pos;
+      const int64_t at_pos = ig.kv_len - ig.q_len + j;
+      s.pos[r] = static_cast<int32_t>(at_pos);
+      s.lo[r] = static_cast<int32_t>(
+          p.window > 0 ? std::max<int64_t>(0, at_pos - p.window + 1) : 0);
+    } else {  // padding lanes see no key
+      s.pos[r] = -1;
+      s.lo[r] = std::numeric_limits<int32_t>::max();
+    }
+  }
+  std::fill_n(s.acc.data(), lane_rows * D, 0.f);
+  for (int64_t gi = 0; gi < n_groups; ++gi) {
+    const int64_t r0 = gi * R;
+    uint32_t* dst = s.qT.data() + gi * S32 * 16 * R;
+    for (int64_t c = 0; c < R; ++c) {
+      const int64_t r = r0 + c;
+      if (r >= rows) {
+        for (int64_t i = 0; i < words; ++i) dst[i * R + c] = 0;
+        continue;
+      }
+      const int64_t j = w.q_begin + r / per_pos;
+      const int64_t h = w.kv_begin * G + r % per_pos;
+      const auto* q = reinterpret_cast<const uint32_t*>(query + (ig.q0 + j) * p.q_stride0 +
+                                                        h * p.q_stride1);
+      // cell (slice s, pair i, column c) at ((s * 16 + i) * R + c) = (word * R + c)
+      for (int64_t i = 0; i < words; ++i) dst[i * R + c] = q[i];
+    }
+  }
+
+  int64_t lo = s.lo[0];
+  int64_t hi = s.pos[rows - 1];
+  if (w.part >= 0) {  // split-KV: this item's share of the keys
+    lo = std::max<int64_t>(lo, w.t_begin);
+    hi = std::min<int64_t>(hi, w.t_end - 1);
+  }
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  const bool capped = p.soft_cap > 0.f;
+  const __m512 cap = _mm512_set1_ps(p.soft_cap);
+  const __m512 inv_cap = _mm512_set1_ps(capped ? 1.f / p.soft_cap : 0.f);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const int64_t kstride = ig.tok_stride * 2;  // bytes from one token's key row to the next
+  // permutation indices interleaving two rows of 32 bf16: pairs (a[i], b[i]) for i < 16 / >= 16
+  alignas(64) int16_t lo_idx[32], hi_idx[32];
+  for (int i = 0; i < 16; ++i) {
+    lo_idx[2 * i] = static_cast<int16_t>(i);
+    lo_idx[2 * i + 1] = static_cast<int16_t>(32 + i);
+    hi_idx[2 * i] = static_cast<int16_t>(16 + i);
+    hi_idx[2 * i + 1] = static_cast<int16_t>(48 + i);
+  }
+  const __m512i ilo = _mm512_load_si512(lo_idx);
+  const __m512i ihi = _mm512_load_si512(hi_idx);
+
+  configure(R);
+  auto chunk_end = [&](int64_t t) {
+    return std::min({hi + 1, (t / p.block_size + 1) * p.block_size, t + kTokenChunk});
+  };
+  auto chunk_base = [&](int64_t t) {
+    return ig.token_offset(p, t) + static_cast<int64_t>(w.kv_begin) * D;
+  };
+  // Tile loads wait for their rows: rows are asked for a fixed distance ahead (kAhead tokens)
+  // of the score and value steps, the next chunk's first ones before this chunk's softmax.
+  constexpr int64_t kAhead = 32;
+  const int64_t item_bytes = nkh * D * 2;
+  if (lo <= hi) {
+    prefetch_rows(kc + chunk_base(lo), std::min(kAhead, chunk_end(lo) - lo), ig.tok_stride,
+                  item_bytes);
+  }
+  for (int64_t t0 = lo; t0 <= hi;) {
+    const int64_t t1 = chunk_end(t0);
+    const int64_t n = t1 - t0;
+    const int64_t n32 = (n + 31) / 32 * 32;
+    const int64_t base = chunk_base(t0);
+    const at::BFloat16* kbase = kc + base;
+    const at::BFloat16* vbase = vc + base;
+    // scores, 16 tokens at a time with the groups inner (the cache read in address order)
+    for (int64_t tg = 0; tg < n; tg += 16) {
+      const int64_t m = std::min<int64_t>(16, n - tg);
+      if (tg + kAhead < n) {
+        prefetch_rows(kbase + (tg + kAhead) * ig.tok_stride,
+                      std::min<int64_t>(16, n - tg - kAhead), ig.tok_stride, item_bytes);
+      }
+      for (int64_t gi = 0; gi < n_groups; ++gi) {
+        const int64_t kh = one_head ? 0 : gi;
+        const at::BFloat16* krows = kbase + tg * ig.tok_stride + kh * D;
+        int64_t stride = kstride;
+        if (m < 16) {  // rows past the chunk may lie outside the cache: a padded copy
+          auto* pad = reinterpret_cast<at::BFloat16*>(s.kpad.data());
+          for (int64_t i = 0; i < 16; ++i) {
+            if (i < m) {
+              std::memcpy(pad + i * D, krows + i * ig.tok_stride, D * 2);
+            } else {
+              std::memset(pad + i * D, 0, D * 2);
+            }
+          }
+          krows = pad;
+          stride = D * 2;
+        }
+        const uint32_t* qg = s.qT.data() + gi * S32 * 16 * R;
+        _tile_zero(2);
+        for (int64_t sl = 0; sl < S32; ++sl) {
+          _tile_loadd(0, krows + sl * 32, stride);
+          _tile_loadd(1, qg + sl * 16 * R, R * 4);
+          _tile_dpbf16ps(2, 0, 1);
+        }
+        const int64_t r0 = gi * R;
+        _tile_stored(2, s.sT.data() + ((r0 / kLanes) * kTokenChunk + tg) * kLanes + r0 % kLanes,
+                     kLanes * 4);
+      }
+    }
+    prefetch_rows(vbase, std::min(kAhead, n), ig.tok_stride, item_bytes);
+    if (t1 <= hi) {
+      prefetch_rows(kc + chunk_base(t1), std::min(kAhead, chunk_end(t1) - t1), ig.tok_stride,
+                    item_bytes);
+    }
+    // softmax across the lanes of each tile; probabilities to bf16 rows
+    for (int64_t lt = 0; lt < n_tiles; ++lt) {
+      float* st = s.sT.data() + lt * kTokenChunk * kLanes;
+      const __m512i lo_v = _mm512_load_si512(s.lo + lt * kLanes);
+      const __m512i pos_v = _mm512_load_si512(s.pos + lt * kLanes);
+      __m512 mx = neg_inf;
+      for (int64_t t = 0; t < n; ++t) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(st + t * kLanes), scale);
+        if (capped) v = _mm512_mul_ps(cap, fast_tanh(_mm512_mul_ps(v, inv_cap)));
+        const __m512i tt = _mm512_set1_epi32(static_cast<int32_t>(t0 + t));
+        const __mmask16 vis = _mm512_cmpge_epi32_mask(tt, lo_v) & _mm512_cmple_epi32_mask(tt, pos_v);
+        const __m512 x = _mm512_mask_mov_ps(neg_inf, vis, v);
+        _mm512_storeu_ps(st + t * kLanes, x);
+        mx = _mm512_max_ps(mx, x);
+      }
+      const __m512 m_old = _mm512_load_ps(s.m + lt * kLanes);
+      const __m512 m_new = _mm512_max_ps(m_old, mx);
+      // lanes that have seen no key yet subtract 0 (their scores are -inf: probabilities 0)
+      const __m512 m_sub =
+          _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
+                             _mm512_setzero_ps());
+      const __m512 alpha = fVec(_mm512_sub_ps(m_old, m_sub)).exp_u20();
+      __m512 sum = _mm512_setzero_ps();
+      uint16_t* prow = s.p.data() + lt * kLanes * kTokenChunk;
+      for (int64_t tg = 0; tg < n32; tg += 16) {
+        __m512 e[16];
+        for (int64_t i = 0; i < 16; ++i) {
+          const int64_t t = tg + i;
+          e[i] = t < n ? static_cast<__m512>(
+                             fVec(_mm512_sub_ps(_mm512_loadu_ps(st + t * kLanes), m_sub)).exp_u20())
+                       : _mm512_setzero_ps();
+          sum = _mm512_add_ps(sum, e[i]);
+        }
+        transpose16(e);
+        for (int64_t r = 0; r < kLanes; ++r) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + r * kTokenChunk + tg),
+                              (__m256i)_mm512_cvtneps_pbh(e[r]));
+        }
+      }
+      _mm512_store_ps(s.l + lt * kLanes,
+                      _mm512_fmadd_ps(_mm512_load_ps(s.l + lt * kLanes), alpha, sum));
+      _mm512_store_ps(s.m + lt * kLanes, m_new);
+      const __mmask16 rescale = _mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.f), _CMP_NEQ_UQ);
+      if (rescale) {
+        alignas(64) float al[kLanes];
+        _mm512_store_ps(al, alpha);
+        for (int64_t i = 0; i < kLanes; ++i) {
+          if (!((rescale >> i) & 1)) continue;
+          float* ar = s.acc.data() + (lt * kLanes + i) * D;
+          const __m512 a = _mm512_set1_ps(al[i]);
+          for (int64_t c = 0; c < D; c += 16) {
+            _mm512_storeu_ps(ar + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), a));
+          }
+        }
+      }
+    }
+    // values: per kv head, its rows of the chunk interleaved in token pairs (zeros past n)
+    int64_t packed_head = -1;
+    for (int64_t gi = 0; gi < n_groups; ++gi) {
+      const int64_t kh = one_head ? 0 : gi;
+      if (kh != packed_head) {
+        for (int64_t i = 0; i < n32 / 2; ++i) {
+          const int64_t ta = 2 * i;
+          const int64_t tb = 2 * i + 1;
+          const at::BFloat16* va = vbase + ta * ig.tok_stride + kh * D;
+          const at::BFloat16* vb = vbase + tb * ig.tok_stride + kh * D;
+          uint16_t* dst = s.vpack.data() + i * 2 * D;
+          if (ta + kAhead < n) {
+            prefetch_rows(va + kAhead * ig.tok_stride, std::min<int64_t>(2, n - ta - kAhead),
+                          ig.tok_stride, D * 2);
+          }
+          for (int64_t c = 0; c < D; c += 32) {
+            const __m512i a = ta < n ? _mm512_loadu_si512(va + c) : _mm512_setzero_si512();
+            const __m512i b = tb < n ? _mm512_loadu_si512(vb + c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, ilo, b));
+            _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, ihi, b));
+          }
+        }
+        packed_head = kh;
+      }
+      const int64_t r0 = gi * R;
+      const uint16_t* pg = s.p.data() + r0 * kTokenChunk;
+      float* ag = s.acc.data() + r0 * D;
+      const int64_t slices = D / 16;
+      for (int64_t ds = 0; ds < slices; ds += 3) {
+        const int64_t k = std::min<int64_t>(3, slices - ds);
+        _tile_loadd(5, ag + ds * 16, D * 4);
+        if (k > 1) _tile_loadd(6, ag + (ds + 1) * 16, D * 4);
+        if (k > 2) _tile_loadd(7, ag + (ds + 2) * 16, D * 4);
+        for (int64_t sub = 0; sub < n32; sub += 32) {
+          _tile_loadd(3, pg + sub, kTokenChunk * 2);
+          const uint16_t* vp = s.vpack.data() + (sub / 2) * 2 * D + ds * 32;
+          _tile_loadd(4, vp, D * 4);
+          _tile_dpbf16ps(5, 3, 4);
+          if (k > 1) {
+            _tile_loadd(4, vp + 32, D * 4);
+            _tile_dpbf16ps(6, 3, 4);
+          }
+          if (k > 2) {
+            _tile_loadd(4, vp + 64, D * 4);
+            _tile_dpbf16ps(7, 3, 4);
+          }
+        }
+        _tile_stored(5, ag + ds * 16, D * 4);
+        if (k > 1) _tile_stored(6, ag + (ds + 1) * 16, D * 4);
+        if (k > 2) _tile_stored(7, ag + (ds + 2) * 16, D * 4);
+      }
+    }
+    t0 = t1;
+  }
+  _tile_release();
+  if (w.part >= 0) {  // unnormalised partial: the merge combines the item's siblings
+    const Partials& pt = p.partials;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t slot = w.part * pt.rows + r;
+      std::copy_n(s.acc.data() + r * D, D, pt.acc + slot * D);
+      pt.m[slot] = s.m[r];
+      pt.l[slot] = s.l[r];
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = w.q_begin + r / per_pos;
+    const int64_t h = w.kv_begin * G + r % per_pos;
+    at::BFloat16* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
+    const fVec inv(1.f / s.l[r]);
+    const float* ar = s.acc.data() + r * D;
+    for (int64_t c = 0; c < D; c += kF) store_f(orow + c, fVec::loadu(ar + c) * inv);
+  }
+}
+
+}  // namespace pa_amx
+}  // namespace
+}  // namespace opmux_cpu
+
+#endif
