@@ -172,14 +172,6 @@ inline __m512 fast_tanh(__m512 x) {
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
 }
 
-// Asks for the n token rows from `rows` (stride elements apart), `bytes` each.
-inline void prefetch_rows(const at::BFloat16* rows, int64_t n, int64_t stride, int64_t bytes) {
-  for (int64_t i = 0; i < n; ++i) {
-    const char* r = reinterpret_cast<const char*>(rows + i * stride);
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(r + b, _MM_HINT_T0);
-  }
-}
-
 inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16* query,
                          const at::BFloat16* kc, const at::BFloat16* vc, at::BFloat16* out,
                          AmxScratch& s) {
@@ -212,19 +204,33 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     }
   }
   std::fill_n(s.acc.data(), lane_rows * D, 0.f);
+  auto q_words = [&](int64_t r) {  // row r of the query as 32-bit cells (pairs of bf16)
+    const int64_t j = w.q_begin + r / per_pos;
+    const int64_t h = w.kv_begin * G + r % per_pos;
+    return reinterpret_cast<const uint32_t*>(query + (ig.q0 + j) * p.q_stride0 + h * p.q_stride1);
+  };
   for (int64_t gi = 0; gi < n_groups; ++gi) {
     const int64_t r0 = gi * R;
     uint32_t* dst = s.qT.data() + gi * S32 * 16 * R;
+    if (R == kLanes) {  // 16 x 16 blocks of cells, transposed in registers
+      for (int64_t b = 0; b < words; b += 16) {
+        __m512 v[16];
+        for (int64_t c = 0; c < 16; ++c) {
+          v[c] = r0 + c < rows ? _mm512_castsi512_ps(_mm512_loadu_si512(q_words(r0 + c) + b))
+                               : _mm512_setzero_ps();
+        }
+        transpose16(v);
+        for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (b + i) * 16, v[i]);
+      }
+      continue;
+    }
     for (int64_t c = 0; c < R; ++c) {
       const int64_t r = r0 + c;
       if (r >= rows) {
         for (int64_t i = 0; i < words; ++i) dst[i * R + c] = 0;
         continue;
       }
-      const int64_t j = w.q_begin + r / per_pos;
-      const int64_t h = w.kv_begin * G + r % per_pos;
-      const auto* q = reinterpret_cast<const uint32_t*>(query + (ig.q0 + j) * p.q_stride0 +
-                                                        h * p.q_stride1);
+      const uint32_t* q = q_words(r);
       // cell (slice s, pair i, column c) at ((s * 16 + i) * R + c) = (word * R + c)
       for (int64_t i = 0; i < words; ++i) dst[i * R + c] = q[i];
     }
@@ -260,14 +266,6 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   auto chunk_base = [&](int64_t t) {
     return ig.token_offset(p, t) + static_cast<int64_t>(w.kv_begin) * D;
   };
-  // Tile loads wait for their rows: rows are asked for a fixed distance ahead (kAhead tokens)
-  // of the score and value steps, the next chunk's first ones before this chunk's softmax.
-  constexpr int64_t kAhead = 32;
-  const int64_t item_bytes = nkh * D * 2;
-  if (lo <= hi) {
-    prefetch_rows(kc + chunk_base(lo), std::min(kAhead, chunk_end(lo) - lo), ig.tok_stride,
-                  item_bytes);
-  }
   for (int64_t t0 = lo; t0 <= hi;) {
     const int64_t t1 = chunk_end(t0);
     const int64_t n = t1 - t0;
@@ -278,10 +276,6 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     // scores, 16 tokens at a time with the groups inner (the cache read in address order)
     for (int64_t tg = 0; tg < n; tg += 16) {
       const int64_t m = std::min<int64_t>(16, n - tg);
-      if (tg + kAhead < n) {
-        prefetch_rows(kbase + (tg + kAhead) * ig.tok_stride,
-                      std::min<int64_t>(16, n - tg - kAhead), ig.tok_stride, item_bytes);
-      }
       for (int64_t gi = 0; gi < n_groups; ++gi) {
         const int64_t kh = one_head ? 0 : gi;
         const at::BFloat16* krows = kbase + tg * ig.tok_stride + kh * D;
@@ -309,11 +303,6 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         _tile_stored(2, s.sT.data() + ((r0 / kLanes) * kTokenChunk + tg) * kLanes + r0 % kLanes,
                      kLanes * 4);
       }
-    }
-    prefetch_rows(vbase, std::min(kAhead, n), ig.tok_stride, item_bytes);
-    if (t1 <= hi) {
-      prefetch_rows(kc + chunk_base(t1), std::min(kAhead, chunk_end(t1) - t1), ig.tok_stride,
-                    item_bytes);
     }
     // softmax across the lanes of each tile; probabilities to bf16 rows
     for (int64_t lt = 0; lt < n_tiles; ++lt) {
@@ -382,10 +371,6 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           const at::BFloat16* va = vbase + ta * ig.tok_stride + kh * D;
           const at::BFloat16* vb = vbase + tb * ig.tok_stride + kh * D;
           uint16_t* dst = s.vpack.data() + i * 2 * D;
-          if (ta + kAhead < n) {
-            prefetch_rows(va + kAhead * ig.tok_stride, std::min<int64_t>(2, n - ta - kAhead),
-                          ig.tok_stride, D * 2);
-          }
           for (int64_t c = 0; c < D; c += 32) {
             const __m512i a = ta < n ? _mm512_loadu_si512(va + c) : _mm512_setzero_si512();
             const __m512i b = tb < n ? _mm512_loadu_si512(vb + c) : _mm512_setzero_si512();
