@@ -257,6 +257,7 @@ def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_h
 @pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
 @pytest.mark.parametrize("heads,kv_heads,d,bs,q_lens,kv_lens,window,cap", [
     (32, 4, 128, 128, [1, 1, 1, 1], [512, 300, 7, 1000], None, None),   # GQA 8 decode
+    (32, 8, 128, 128, [1, 1, 1], [512, 2000, 7], None, 30.0),           # GQA 4 decode
     (32, 2, 128, 16, [1, 64, 1], [512, 600, 33], 256, 50.0),            # mixed, window, cap
     (32, 2, 64, 16, [1, 5, 1], [40, 40, 3], None, None),                # GQA 16, short
     (8, 1, 32, 5, [1, 17, 3], [300, 40, 3], 8, 3.0),                    # block 5, tails
@@ -269,7 +270,7 @@ def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv
                                               kv_lens: list[int], window: int | None,
                                               cap: float | None) -> None:
     # bf16 with head sizes that are multiples of 32 takes the AMX tile path where the CPU has
-    # AMX (GQA 8/16 decode groups, prefill items of one kv head), the vector paths otherwise;
+    # AMX (GQA 4/8/16 decode groups, prefill items of one kv head), the vector paths otherwise;
     # both are run here on an AMX machine, and the switch reports what torch detects
     switch = torch.ops.opmux_cpu.paged_attention_amx
     threads = torch.get_num_threads()
