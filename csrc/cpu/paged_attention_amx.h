@@ -15,9 +15,10 @@
 //   softmax vectorised across the 16 lanes (one vector per token): scale, soft cap, mask,
 //           running max and sum per lane, the accumulators rescaled; the probabilities are
 //           transposed to rows and rounded to bf16 (the A tile of the next step).
-//   values  O += P . V  per group: the chunk's value rows of the head interleaved in pairs of
-//           tokens (the B layout) once, then up to three 16-column accumulator tiles at a
-//           time, loaded from and stored back to the fp32 accumulator rows.
+//   values  O += P . V  per group: the chunk's value rows of all the item's heads interleaved
+//           in pairs of tokens (the B layout) in one pass in address order, then up to three
+//           16-column accumulator tiles at a time, loaded from and stored back to the fp32
+//           accumulator rows.
 // The accumulators, running max and sum stay fp32; probabilities are rounded to bf16 for the
 // value products only (their sum is taken in fp32).
 #pragma once
@@ -100,7 +101,7 @@ struct AmxScratch {
   std::vector<uint32_t> qT;     // per group and 32-wide slice of D: [16 pairs][R] 32-bit cells
   std::vector<float> sT;        // per lane tile: [kTokenChunk][16 lanes]
   std::vector<uint16_t> p;      // [rows][kTokenChunk] bf16 probabilities
-  std::vector<uint16_t> vpack;  // [kTokenChunk / 2][2 D] value rows interleaved in pairs
+  std::vector<uint16_t> vpack;  // per kv head: [kTokenChunk / 2][2 D] value rows in pairs
   std::vector<uint16_t> kpad;   // [16][D] the key rows of a short group, zero-padded
   std::vector<float> acc;       // [rows][D]
   alignas(64) float m[kItemRows];
@@ -109,7 +110,8 @@ struct AmxScratch {
   alignas(64) int32_t pos[kItemRows];  // last visible key of each row
   explicit AmxScratch(int64_t d)
       : D(d), qT(kItemRows * d / 2), sT(kItemRows / kLanes * kTokenChunk * kLanes),
-        p(kItemRows * kTokenChunk), vpack(kTokenChunk * d), kpad(16 * d), acc(kItemRows * d) {}
+        p(kItemRows * kTokenChunk), vpack(kMaxRows / 4 * kTokenChunk * d), kpad(16 * d),
+        acc(kItemRows * d) {}
 };
 
 // true when run_amx_item takes the item (T = bf16, D % 32 == 0 checked by the caller)
@@ -314,7 +316,8 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         __m512 v = _mm512_mul_ps(_mm512_loadu_ps(st + t * kLanes), scale);
         if (capped) v = _mm512_mul_ps(cap, fast_tanh(_mm512_mul_ps(v, inv_cap)));
         const __m512i tt = _mm512_set1_epi32(static_cast<int32_t>(t0 + t));
-        const __mmask16 vis = _mm512_cmpge_epi32_mask(tt, lo_v) & _mm512_cmple_epi32_mask(tt, pos_v);
+        const __mmask16 vis =
+            _mm512_cmpge_epi32_mask(tt, lo_v) & _mm512_cmple_epi32_mask(tt, pos_v);
         const __m512 x = _mm512_mask_mov_ps(neg_inf, vis, v);
         _mm512_storeu_ps(st + t * kLanes, x);
         mx = _mm512_max_ps(mx, x);
@@ -360,26 +363,26 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         }
       }
     }
-    // values: per kv head, its rows of the chunk interleaved in token pairs (zeros past n)
-    int64_t packed_head = -1;
+    // values: every head's rows of the chunk interleaved in token pairs, in address order
+    const int64_t vhead = (kTokenChunk / 2) * 2 * D;  // elements of one head's packed chunk
+    for (int64_t i = 0; i < n32 / 2; ++i) {
+      const int64_t ta = 2 * i;
+      const int64_t tb = 2 * i + 1;
+      const at::BFloat16* va = vbase + ta * ig.tok_stride;
+      const at::BFloat16* vb = vbase + tb * ig.tok_stride;
+      for (int64_t kh = 0; kh < nkh; ++kh) {
+        uint16_t* dst = s.vpack.data() + kh * vhead + i * 2 * D;
+        for (int64_t c = 0; c < D; c += 32) {
+          const __m512i a = ta < n ? _mm512_loadu_si512(va + kh * D + c) : _mm512_setzero_si512();
+          const __m512i b = tb < n ? _mm512_loadu_si512(vb + kh * D + c) : _mm512_setzero_si512();
+          _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, ilo, b));
+          _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, ihi, b));
+        }
+      }
+    }
     for (int64_t gi = 0; gi < n_groups; ++gi) {
       const int64_t kh = one_head ? 0 : gi;
-      if (kh != packed_head) {
-        for (int64_t i = 0; i < n32 / 2; ++i) {
-          const int64_t ta = 2 * i;
-          const int64_t tb = 2 * i + 1;
-          const at::BFloat16* va = vbase + ta * ig.tok_stride + kh * D;
-          const at::BFloat16* vb = vbase + tb * ig.tok_stride + kh * D;
-          uint16_t* dst = s.vpack.data() + i * 2 * D;
-          for (int64_t c = 0; c < D; c += 32) {
-            const __m512i a = ta < n ? _mm512_loadu_si512(va + c) : _mm512_setzero_si512();
-            const __m512i b = tb < n ? _mm512_loadu_si512(vb + c) : _mm512_setzero_si512();
-            _mm512_storeu_si512(dst + 2 * c, _mm512_permutex2var_epi16(a, ilo, b));
-            _mm512_storeu_si512(dst + 2 * c + 32, _mm512_permutex2var_epi16(a, ihi, b));
-          }
-        }
-        packed_head = kh;
-      }
+      const uint16_t* vhead_p = s.vpack.data() + kh * vhead;
       const int64_t r0 = gi * R;
       const uint16_t* pg = s.p.data() + r0 * kTokenChunk;
       float* ag = s.acc.data() + r0 * D;
@@ -391,7 +394,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         if (k > 2) _tile_loadd(7, ag + (ds + 2) * 16, D * 4);
         for (int64_t sub = 0; sub < n32; sub += 32) {
           _tile_loadd(3, pg + sub, kTokenChunk * 2);
-          const uint16_t* vp = s.vpack.data() + (sub / 2) * 2 * D + ds * 32;
+          const uint16_t* vp = vhead_p + (sub / 2) * 2 * D + ds * 32;
           _tile_loadd(4, vp, D * 4);
           _tile_dpbf16ps(5, 3, 4);
           if (k > 1) {
