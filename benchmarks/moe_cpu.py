@@ -8,9 +8,9 @@ of each, the provider the op chose and the op's speed-up over native, for float3
 bfloat16. Target: the op >= 3x native.
 Where vLLM's CPU kernel library loads (``--vllm-lib``, default the installed ``vllm``
 package's library for this CPU; never a dependency), its
-``_C::cpu_fused_moe`` (weights prepacked once with ``_C::prepack_moe_weight``, ISA
-``vec``) runs in the same loop; the ``vs vLLM`` column is vLLM's best time over the op's
-(above 1: opmux is faster).
+``_C::cpu_fused_moe`` (weights prepacked once with ``_C::prepack_moe_weight``, with the ISA
+vLLM picks: ``amx`` for bf16 on CPUs with AMX tiles, ``vec`` otherwise) runs in the same
+loop; the ``vs vLLM`` column is vLLM's best time over the op's (above 1: opmux is faster).
 Run: ``python benchmarks/moe_cpu.py [--dtype fp32] [--tokens 64] [--processes N]``.
 
 A kernel's speed here also depends on the process it runs in (where its buffers land

@@ -4,13 +4,19 @@ Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: the native checks first (name
 expert ids read once for the range check, then the out-variant kernel on contiguous inputs
 (routing weights in fp32, ids in int64, as the reference computes with them).
 
-``supports_args`` takes CPU tensors of fp32/bf16/fp16 and leaves one case to the next
-provider (``grouped``): float32 batches with more than :data:`FP32_MAX_ROWS_PER_EXPERT`
-(token, slot) rows per expert on average. There the expert matmuls are compute-bound, and
-BLAS (which ``grouped`` calls) runs them faster than this kernel's tiles (measured slower
-here at 1024 rows per expert, faster at 256); with fewer rows the call streams the expert
-weights, which this kernel reads once and ``grouped``'s matmuls do not read as fast (numbers
-in ``benchmarks/moe_cpu.py``'s README section).
+``supports_args`` takes CPU tensors of fp32/bf16/fp16 and leaves two cases to the next
+provider (``grouped``):
+
+* float32 batches with more than :data:`FP32_MAX_ROWS_PER_EXPERT` (token, slot) rows per
+  expert on average. There the expert matmuls are compute-bound, and BLAS (which ``grouped``
+  calls) runs them faster than this kernel's tiles (on AVX2: slower at 1024 rows per expert,
+  faster at 256; with AVX-512: slower from 64 rows per expert, faster at 16); with fewer rows
+  the call streams the expert weights, which this kernel reads once and ``grouped``'s matmuls
+  do not read as fast;
+* bfloat16 batches on CPUs with AMX tiles (:data:`BF16_ON_TILES`), where torch's bf16 matmuls
+  run on the tiles: ``grouped`` measured 1.9-3.9x faster than this kernel there.
+
+Numbers in ``benchmarks/moe_cpu.py``'s README section.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
@@ -21,10 +27,15 @@ from opmux.ops.moe import check_expert_ids, check_fused_moe_args
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
 
-__all__ = ["FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
+__all__ = ["BF16_ON_TILES", "FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
 
-FP32_MAX_ROWS_PER_EXPERT = 256
-"""Mean (token, slot) rows per expert up to which float32 calls are served here."""
+FP32_MAX_ROWS_PER_EXPERT = 32 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") \
+    else 256
+"""Mean (token, slot) rows per expert up to which float32 calls are served here (AVX-512 BLAS
+overtakes this kernel at fewer rows than AVX2's)."""
+
+BF16_ON_TILES = bool(torch.cpu._is_amx_tile_supported())
+"""Whether this CPU has AMX tiles: then bfloat16 calls go to ``grouped``."""
 
 
 def fused_moe(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
@@ -45,6 +56,8 @@ def _fused_moe_args_ok(hidden_states: Tensor, w1: Tensor, topk_ids: Tensor) -> b
     if not (cpu_float(hidden_states) and isinstance(w1, Tensor) and w1.dim() == 3
             and isinstance(topk_ids, Tensor)):
         return False
+    if hidden_states.dtype == torch.bfloat16:
+        return not BF16_ON_TILES
     return (hidden_states.dtype != torch.float32
             or topk_ids.numel() <= FP32_MAX_ROWS_PER_EXPERT * w1.shape[0])
 

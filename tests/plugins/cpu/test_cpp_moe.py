@@ -101,7 +101,10 @@ def test_thread_count_does_not_change_bits(k: Any) -> None:
 def test_conformance_cases(k: Any) -> None:
     report = conformance.check_provider("fused_moe", "cpp")
     assert report.ok, report.format()
-    assert all(c.status == "pass" for c in report.cases), report.format()
+    # on CPUs with AMX tiles cpp leaves bf16 to grouped (its kernel is tested directly above)
+    for c in report.cases:
+        declined = k.BF16_ON_TILES and c.name.startswith("bf16")
+        assert c.status == ("skip" if declined else "pass"), report.format()
 
 
 def test_large_fp32_batches_go_to_grouped(k: Any) -> None:
@@ -113,8 +116,15 @@ def test_large_fp32_batches_go_to_grouped(k: Any) -> None:
     large = _case("large", tokens=limit + 1, hidden=16, experts=experts, inter=8, topk=2)
     assert op.dispatch(*small).provider == "cpp"
     assert op.dispatch(*large).provider == "grouped"
-    large_bf16 = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in large)
-    assert op.dispatch(*large_bf16).provider == "cpp"
+    # bf16 stays on cpp at any size, except on CPUs with AMX tiles (torch's bf16 matmuls,
+    # which grouped calls, run on them there)
+    bf16_provider = "grouped" if torch.cpu._is_amx_tile_supported() else "cpp"
+    assert k.BF16_ON_TILES == torch.cpu._is_amx_tile_supported()
+    for case in (small, large):
+        as_bf16 = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in case)
+        assert op.dispatch(*as_bf16).provider == bf16_provider
+        half = tuple(t.half() if t.is_floating_point() else t for t in case)
+        assert op.dispatch(*half).provider == "cpp"
     torch.testing.assert_close(op(*small), fused_moe.native(*small))
 
 
