@@ -29,8 +29,7 @@ from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
 
 __all__ = ["BF16_ON_TILES", "FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
 
-FP32_MAX_ROWS_PER_EXPERT = 32 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") \
-    else 256
+FP32_MAX_ROWS_PER_EXPERT = 32 if torch.cpu._is_avx512_supported() else 256
 """Mean (token, slot) rows per expert up to which float32 calls are served here (AVX-512 BLAS
 overtakes this kernel at fewer rows than AVX2's)."""
 
