@@ -347,26 +347,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     }
     t0 = t1;
   }
-  if (w.part >= 0) {  // unnormalised partial: the merge combines the item's siblings
-    const Partials& pt = p.partials;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t slot = w.part * pt.rows + r;
-      std::copy_n(s.acc.data() + r * Dp, D, pt.acc + slot * D);
-      pt.m[slot] = s.m[r];
-      pt.l[slot] = s.l[r];
-    }
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t j = w.q_begin + r / per_pos;
-    const int64_t h = w.kv_begin * G + r % per_pos;
-    T* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
-    const fVec inv(1.f / s.l[r]);
-    const float* ar = s.acc.data() + r * Dp;
-    for_each_vec(D, [&](int64_t c, int64_t cnt) {
-      store_n(orow + c, fVec::loadu(ar + c) * inv, cnt);
-    });
-  }
+  finish_rows(w, p, ig, rows, s.acc.data(), Dp, s.m.data(), s.l.data(), out);
 }
 
 // Combines the split-KV partials of one (sequence, kv head range): per row, the partial

@@ -414,24 +414,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     t0 = t1;
   }
   _tile_release();
-  if (w.part >= 0) {  // unnormalised partial: the merge combines the item's siblings
-    const Partials& pt = p.partials;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t slot = w.part * pt.rows + r;
-      std::copy_n(s.acc.data() + r * D, D, pt.acc + slot * D);
-      pt.m[slot] = s.m[r];
-      pt.l[slot] = s.l[r];
-    }
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t j = w.q_begin + r / per_pos;
-    const int64_t h = w.kv_begin * G + r % per_pos;
-    at::BFloat16* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
-    const fVec inv(1.f / s.l[r]);
-    const float* ar = s.acc.data() + r * D;
-    for (int64_t c = 0; c < D; c += kF) store_f(orow + c, fVec::loadu(ar + c) * inv);
-  }
+  finish_rows(w, p, ig, rows, s.acc.data(), D, s.m, s.l, out);
 }
 
 }  // namespace pa_amx

@@ -92,6 +92,36 @@ struct ItemGeom {
   }
 };
 
+// The end of an item over rows numbered as run_item numbers them: a split-KV item writes its
+// unnormalised partials (accumulator, running max and sum) for the merge, any other item each
+// row's accumulator divided by its sum into out. Accumulator rows lie `stride` floats apart.
+template <typename T>
+void finish_rows(const WorkItem& w, const Params& p, const ItemGeom& ig, int64_t rows,
+                 const float* acc, int64_t stride, const float* m, const float* l, T* out) {
+  const int64_t D = ig.D;
+  if (w.part >= 0) {
+    const Partials& pt = p.partials;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t slot = w.part * pt.rows + r;
+      std::copy_n(acc + r * stride, D, pt.acc + slot * D);
+      pt.m[slot] = m[r];
+      pt.l[slot] = l[r];
+    }
+    return;
+  }
+  const int64_t per_pos = (w.kv_end - w.kv_begin) * ig.G;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = w.q_begin + r / per_pos;
+    const int64_t h = w.kv_begin * ig.G + r % per_pos;
+    T* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
+    const fVec inv(1.f / l[r]);
+    const float* ar = acc + r * stride;
+    for_each_vec(D, [&](int64_t c, int64_t cnt) {
+      store_n(orow + c, fVec::loadu(ar + c) * inv, cnt);
+    });
+  }
+}
+
 inline float dot(const float* a, const float* b, int64_t n) {
   fVec acc0(0.f);
   fVec acc1(0.f);
