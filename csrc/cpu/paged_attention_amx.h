@@ -278,19 +278,21 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     // scores, 16 tokens at a time with the groups inner (the cache read in address order)
     for (int64_t tg = 0; tg < n; tg += 16) {
       const int64_t m = std::min<int64_t>(16, n - tg);
+      int64_t padded_head = -1;  // the head whose short group kpad holds (one per head)
       for (int64_t gi = 0; gi < n_groups; ++gi) {
         const int64_t kh = one_head ? 0 : gi;
         const at::BFloat16* krows = kbase + tg * ig.tok_stride + kh * D;
         int64_t stride = kstride;
         if (m < 16) {  // rows past the chunk may lie outside the cache: a padded copy
           auto* pad = reinterpret_cast<at::BFloat16*>(s.kpad.data());
-          for (int64_t i = 0; i < 16; ++i) {
+          for (int64_t i = 0; kh != padded_head && i < 16; ++i) {
             if (i < m) {
               std::memcpy(pad + i * D, krows + i * ig.tok_stride, D * 2);
             } else {
               std::memset(pad + i * D, 0, D * 2);
             }
           }
+          padded_head = kh;
           krows = pad;
           stride = D * 2;
         }
