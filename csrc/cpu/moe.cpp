@@ -16,9 +16,13 @@
 // fp32 row per pair, and each token's weighted sum over its k rows is formed last, in fp32, in
 // slot order.
 //
+// On CPUs with AMX tiles, bf16 calls whose hidden and intermediate widths are multiples of 32
+// take the tile path instead (moe_amx below).
+//
 // Work is handed out dynamically (an atomic counter over (expert, block) tasks), so experts
 // with uneven token counts still keep every thread busy. Python (plugins/cpu/cpp_moe.py) runs
 // the shared native checks first; the checks here guard the memory accesses.
+#include "amx_common.h"
 #include "op_library.h"
 #include "vec_common.h"
 
@@ -182,6 +186,25 @@ Plan make_plan(const int64_t* ids, int64_t pairs, int64_t top_k, int64_t experts
   return p;
 }
 
+// out[t] = sum over slots s of topk_w[t, s] * y[row_of[t, s]], in fp32, in slot order.
+template <typename T>
+void weighted_sum(T* out, const float* y, const Plan& plan, const float* topk_w, int64_t tokens,
+                  int64_t top_k, int64_t d) {
+  at::parallel_for(0, tokens, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for_each_vec(d, [&](int64_t j, int64_t c) {
+        fVec acc(0.f);
+        for (int64_t s = 0; s < top_k; ++s) {
+          const float* yr = y + plan.row_of[t * top_k + s] * d;
+          acc = at::vec::fmadd(fVec(topk_w[t * top_k + s]), fVec::loadu(yr + j, c), acc);
+        }
+        store_n(out + t * d + j, acc, c);
+      });
+    }
+  });
+}
+
 // Runs a task's weight tiles (tile t's rows are src[t * kW .. t * kW + kW), n elements each)
 // over one expert's `rows` rows: its token panels (n * kP floats each), calling
 // emit(tile, panel, lanes, acc) per pair, then its leftover rows (left, ldl apart), calling
@@ -339,20 +362,208 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
     });
   });
 
-  at::parallel_for(0, tokens, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)),
-                   [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for_each_vec(d, [&](int64_t j, int64_t c) {
-        fVec acc(0.f);
-        for (int64_t s = 0; s < top_k; ++s) {
-          const float* yr = y.get() + plan.row_of[t * top_k + s] * d;
-          acc = at::vec::fmadd(fVec(topk_w[t * top_k + s]), fVec::loadu(yr + j, c), acc);
-        }
-        store_n(out + t * d + j, acc, c);
-      });
+  weighted_sum(out, y.get(), plan, topk_w, tokens, top_k, d);
+}
+
+#if defined(OPMUX_AMX)
+// bf16 on AMX tiles: where the CPU has them, the process is granted the tile state and both
+// reductions are whole tile steps (d and I multiples of 32). Both projections are computed
+// transposed, weight rows x token columns, so the weights go into the A tiles straight from
+// their [out, in] rows (no copy, no widening, no prepacked layout), and the tokens are the B
+// operand, in the pair-interleaved layout the tile product reads:
+//   pack   each expert's rows go in chunks of 16 (the last zero-padded); per chunk and step of
+//          32 hidden elements, one 16 x 16 block of 32-bit cells (two bf16 of a row) is
+//          transposed in registers, so B row p holds element pair p of the 16 tokens;
+//   gate   task = (expert, 16 intermediate units): the gate and up rows of the units are two
+//          A tiles, run against two chunks at a time (four accumulator tiles, 2 x 2); the
+//          SiLU-and-mul of the fp32 results is rounded to bf16 and written in the same B
+//          layout for the down projection (16 units fill half a step of 32);
+//   down   task = (expert, 32 hidden units): two A tiles of down rows against two chunks at a
+//          time; the 32 x 16 results are transposed back into the fp32 row of each pair.
+// The weighted sum per token is formed as on the vector path. Accumulation is fp32 throughout;
+// the activations are rounded to bf16 once, as the bf16 reference rounds them.
+namespace moe_amx {
+
+constexpr int64_t kChunk = 16;      // token columns per B tile
+constexpr int64_t kCells = 256;     // 32-bit cells of one B tile (16 pairs x 16 columns)
+
+inline std::atomic<bool>& wanted() {
+  static std::atomic<bool> w{true};
+  return w;
+}
+
+inline bool on() { return wanted().load(std::memory_order_relaxed) && amx::tiles_granted(); }
+
+// Tiles: 0-3 accumulators (C, 16 x 16 fp32), 4-5 weight rows (A, 16 x 32 bf16), 6-7 token
+// chunks (B, 16 pairs x 16 columns): all 16 rows of 64 bytes.
+inline void configure() {
+  amx::TileConfig c;
+  for (int t = 0; t < 8; ++t) c.set(t, 16, 64);
+  c.load();
+}
+
+// Runs body(task) for task in [0, n) over the thread pool as for_tasks does, with the tiles
+// configured on each thread for the tasks it runs and released after.
+template <typename Body>
+void for_tile_tasks(int64_t n, const Body& body) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    configure();
+    for (int64_t wk = begin; wk < end; ++wk) {
+      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) body(t);
     }
+    _tile_release();
   });
 }
+
+// a0 and a1: 16 weight rows each (lda bytes apart), `steps` steps of 32 elements; b: the B
+// tiles of chunk c at b + (c * steps + s) * kCells. For each chunk c in [c0, c1), calls
+// emit(c, r0, r1) with the fp32 results of a0 and a1 against it ([16 rows][16 columns]).
+template <typename Emit>
+inline void tile_pairs(const at::BFloat16* a0, const at::BFloat16* a1, int64_t lda,
+                       const uint32_t* b, int64_t steps, int64_t c0, int64_t c1,
+                       const Emit& emit) {
+  alignas(64) float res[4][kCells];
+  int64_t c = c0;
+  for (; c + 1 < c1; c += 2) {
+    const uint32_t* b0 = b + c * steps * kCells;
+    const uint32_t* b1 = b0 + steps * kCells;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t s = 0; s < steps; ++s) {
+      _tile_loadd(4, a0 + s * 32, lda);
+      _tile_loadd(6, b0 + s * kCells, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, a1 + s * 32, lda);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_loadd(7, b1 + s * kCells, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, res[0], 64);
+    _tile_stored(1, res[1], 64);
+    _tile_stored(2, res[2], 64);
+    _tile_stored(3, res[3], 64);
+    emit(c, res[0], res[1]);
+    emit(c + 1, res[2], res[3]);
+  }
+  if (c < c1) {
+    const uint32_t* b0 = b + c * steps * kCells;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t s = 0; s < steps; ++s) {
+      _tile_loadd(4, a0 + s * 32, lda);
+      _tile_loadd(6, b0 + s * kCells, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, a1 + s * 32, lda);
+      _tile_dpbf16ps(1, 5, 6);
+    }
+    _tile_stored(0, res[0], 64);
+    _tile_stored(1, res[1], 64);
+    emit(c, res[0], res[1]);
+  }
+}
+
+// Two rows of 16 fp32 as 16 cells of a B tile row: cell j = (bf16(lo[j]), bf16(hi[j])).
+inline __m512i pair_cells(__m512 lo, __m512 hi) {
+  alignas(64) static const int16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                               21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                               11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);  // lo in 0..15, hi in 16..31
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), both);
+}
+
+void moe_kernel(at::BFloat16* out, const at::BFloat16* x, const at::BFloat16* w1,
+                const at::BFloat16* w2, const float* topk_w, const int64_t* ids, int64_t tokens,
+                int64_t top_k, int64_t experts, int64_t d, int64_t inter) {
+  const int64_t pairs = tokens * top_k;
+  const Plan plan = make_plan(ids, pairs, top_k, experts);
+  std::vector<int64_t> chunk0(experts + 1, 0);  // first chunk of each expert
+  for (int64_t e = 0; e < experts; ++e) {
+    chunk0[e + 1] = chunk0[e] + (plan.start[e + 1] - plan.start[e] + kChunk - 1) / kChunk;
+  }
+  const int64_t chunks = chunk0[experts];
+  const int64_t s1 = d / 32, s2 = inter / 32;  // steps of the two projections
+  // B tiles of the hidden rows (xb) and of the activations (ab), per chunk and step; y: the
+  // down projection's fp32 row per pair. Every element read is written first.
+  const auto xb = std::unique_ptr<uint32_t[]>(new uint32_t[chunks * s1 * kCells]);
+  const auto ab = std::unique_ptr<uint32_t[]>(new uint32_t[chunks * s2 * kCells]);
+  const auto y = std::unique_ptr<float[]>(new float[pairs * d]);
+  std::vector<int64_t> expert_of(chunks);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t c = chunk0[e]; c < chunk0[e + 1]; ++c) expert_of[c] = e;
+  }
+
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t e = expert_of[c];
+      const int64_t r0 = plan.start[e] + (c - chunk0[e]) * kChunk;
+      const int64_t n = std::min(kChunk, plan.start[e + 1] - r0);
+      const at::BFloat16* src[kChunk];
+      for (int64_t m = 0; m < n; ++m) src[m] = x + plan.token_of[r0 + m] * d;
+      for (int64_t s = 0; s < s1; ++s) {
+        __m512 v[kChunk];
+        for (int64_t m = 0; m < kChunk; ++m) {
+          v[m] = m < n ? _mm512_loadu_ps(reinterpret_cast<const float*>(src[m] + s * 32))
+                        : _mm512_setzero_ps();
+        }
+        amx::transpose16(v);
+        uint32_t* dst = xb.get() + (c * s1 + s) * kCells;
+        for (int64_t p = 0; p < 16; ++p) _mm512_storeu_ps(dst + p * 16, v[p]);
+      }
+    }
+  });
+
+  const int64_t blocks1 = inter / 16;
+  for_tile_tasks(static_cast<int64_t>(plan.active.size()) * blocks1, [&](int64_t task) {
+    const int64_t e = plan.active[task / blocks1], ub = task % blocks1;
+    const at::BFloat16* gate = w1 + (e * 2 * inter + ub * 16) * d;
+    const at::BFloat16* up = gate + inter * d;
+    tile_pairs(gate, up, d * 2, xb.get(), s1, chunk0[e], chunk0[e + 1],
+               [&](int64_t c, const float* g, const float* u) {
+      // rows of g and u: units ub * 16 + i; cell row (ub % 2) * 8 + i / 2 of step ub / 2
+      uint32_t* dst = ab.get() + (c * s2 + ub / 2) * kCells + (ub % 2) * 8 * 16;
+      const fVec one(1.f);
+      for (int64_t i = 0; i < 16; i += 2) {
+        __m512 act[2];
+        for (int h = 0; h < 2; ++h) {
+          const fVec gv = fVec::loadu(g + (i + h) * 16);
+          act[h] = gv / (one + gv.neg().exp_u20()) * fVec::loadu(u + (i + h) * 16);
+        }
+        _mm512_storeu_si512(dst + (i / 2) * 16, pair_cells(act[0], act[1]));
+      }
+    });
+  });
+
+  const int64_t blocks2 = d / 32;
+  for_tile_tasks(static_cast<int64_t>(plan.active.size()) * blocks2, [&](int64_t task) {
+    const int64_t e = plan.active[task / blocks2], ob = task % blocks2;
+    const at::BFloat16* down = w2 + (e * d + ob * 32) * inter;
+    tile_pairs(down, down + 16 * inter, inter * 2, ab.get(), s2, chunk0[e], chunk0[e + 1],
+               [&](int64_t c, const float* lo, const float* hi) {
+      const int64_t r0 = plan.start[e] + (c - chunk0[e]) * kChunk;
+      const int64_t n = std::min(kChunk, plan.start[e + 1] - r0);
+      for (int h = 0; h < 2; ++h) {
+        const float* res = h ? hi : lo;
+        __m512 v[16];
+        for (int i = 0; i < 16; ++i) v[i] = _mm512_load_ps(res + i * 16);
+        amx::transpose16(v);  // v[m]: hidden units ob * 32 + h * 16 + 0..15 of column m
+        for (int64_t m = 0; m < n; ++m) {
+          _mm512_storeu_ps(y.get() + (r0 + m) * d + ob * 32 + h * 16, v[m]);
+        }
+      }
+    });
+  });
+
+  weighted_sum(out, y.get(), plan, topk_w, tokens, top_k, d);
+}
+
+}  // namespace moe_amx
+#endif
 
 }  // namespace
 
@@ -390,6 +601,16 @@ void fused_moe_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w1,
     out.zero_();
     return;
   }
+#if defined(OPMUX_AMX)
+  if (x.scalar_type() == at::kBFloat16 && d % 32 == 0 && inter % 32 == 0 && inter > 0 &&
+      moe_amx::on()) {
+    moe_amx::moe_kernel(out.data_ptr<at::BFloat16>(), x.const_data_ptr<at::BFloat16>(),
+                        w1.const_data_ptr<at::BFloat16>(), w2.const_data_ptr<at::BFloat16>(),
+                        topk_weights.const_data_ptr<float>(), ids, tokens, top_k, experts, d,
+                        inter);
+    return;
+  }
+#endif
   OPMUX_DISPATCH_FLOATS(x.scalar_type(), "fused_moe", [&] {
     moe_kernel<scalar_t>(out.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
                          w1.const_data_ptr<scalar_t>(), w2.const_data_ptr<scalar_t>(),
@@ -398,8 +619,22 @@ void fused_moe_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w1,
   });
 }
 
+// Whether bf16 fused_moe takes the AMX path (moe_amx above): mode 1 allows it, 0 turns it off
+// (tests of the vector path on an AMX machine), -1 only asks. Returns whether it is in use
+// now: allowed, built for this CPU, and the tile state granted.
+bool fused_moe_amx(int64_t mode) {
+#if defined(OPMUX_AMX)
+  if (mode >= 0) moe_amx::wanted().store(mode != 0);
+  return moe_amx::on();
+#else
+  (void)mode;
+  return false;
+#endif
+}
+
 // This file's ops in torch.ops.opmux_cpu (op_library.h).
 TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def("fused_moe_amx(int mode) -> bool", &fused_moe_amx);
   m.def(
       "fused_moe_out(Tensor(a!) out, Tensor hidden_states, Tensor w1, Tensor w2, "
       "Tensor topk_weights, Tensor topk_ids) -> ()",

@@ -23,16 +23,11 @@
 // value products only (their sum is taken in fp32).
 #pragma once
 
+#include "amx_common.h"
 #include "paged_attention_rows.h"
-#include "vec_common.h"
 
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && \
-    defined(__AMX_BF16__) && defined(__linux__)
+#if defined(OPMUX_AMX)
 #define OPMUX_PA_AMX 1
-
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -43,23 +38,12 @@ namespace opmux_cpu {
 namespace {
 namespace pa_amx {
 
+using amx::TileConfig;
+using amx::tiles_granted;
+using amx::transpose16;
+
 constexpr int64_t kLanes = 16;
 constexpr int64_t kItemRows = 128;  // most rows of an item (the row-tile path's 4 x 32)
-
-// Linux hands a process the AMX tile state only when it asks for it (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XTILEDATA); without the grant the first tile instruction faults.
-inline bool tiles_granted() {
-  static const bool ok = [] {
-    constexpr int kReqPerm = 0x1023;
-    constexpr int kGetPerm = 0x1022;
-    constexpr int kXtileData = 18;
-    if (syscall(SYS_arch_prctl, kReqPerm, kXtileData) != 0) return false;
-    unsigned long mask = 0;
-    if (syscall(SYS_arch_prctl, kGetPerm, &mask) != 0) return false;
-    return (mask & (1UL << kXtileData)) != 0;
-  }();
-  return ok;
-}
 
 // The AMX path is on where the tiles are granted, unless turned off (tests of the other
 // paths on an AMX machine): paged_attention_amx(mode) in bindings below.
@@ -70,30 +54,18 @@ inline std::atomic<bool>& amx_wanted() {
 
 inline bool amx_on() { return amx_wanted().load(std::memory_order_relaxed) && tiles_granted(); }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles: 0 keys (A, 16 x 32), 1 packed query rows (B, 16 pairs x R), 2 scores (C, 16 x R),
 // 3 probabilities (A, R x 32 tokens), 4 value pairs (B, 16 pairs x 16), 5-7 accumulators
 // (C, R x 16).
 inline void configure(int64_t R) {
   TileConfig c;
-  auto set = [&](int t, int64_t rows, int64_t bytes) {
-    c.rows[t] = static_cast<uint8_t>(rows);
-    c.colsb[t] = static_cast<uint16_t>(bytes);
-  };
-  set(0, 16, 64);
-  set(1, 16, R * 4);
-  set(2, 16, R * 4);
-  set(3, R, 64);
-  set(4, 16, 64);
-  for (int t = 5; t < 8; ++t) set(t, R, 64);
-  _tile_loadconfig(&c);
+  c.set(0, 16, 64);
+  c.set(1, 16, R * 4);
+  c.set(2, 16, R * 4);
+  c.set(3, R, 64);
+  c.set(4, 16, 64);
+  for (int t = 5; t < 8; ++t) c.set(t, R, 64);
+  c.load();
 }
 
 struct AmxScratch {
@@ -125,41 +97,6 @@ inline bool takes(const WorkItem& w, int64_t G) {
   // slower on this path than on the vector path, which keeps them.
   if (nkh == 1) return rows >= 4;
   return w.q_end - w.q_begin == 1 && G >= 4 && kLanes % G == 0;
-}
-
-// v[i] (16 tokens, lane = row) -> v[r] (16 rows, lane = token)
-inline void transpose16(__m512* v) {
-  __m512 a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    for (int j = 0; j < 2; ++j) {
-      const __m512d x = _mm512_castps_pd(a[4 * i + j]);
-      const __m512d y = _mm512_castps_pd(a[4 * i + 2 + j]);
-      b[4 * i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
-      b[4 * i + 2 + j] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
-    }
-  }
-  // b[4i + k]: in 128-bit lane L, rows 4i..4i+3 of column 4L + kCol[k]
-  constexpr int kCol[4] = {0, 2, 1, 3};
-  for (int i = 0; i < 2; ++i) {
-    for (int k = 0; k < 4; ++k) {
-      // columns kCol[k] and 8 + kCol[k] (then 4 + and 12 + kCol[k]) of rows 8i..8i+7
-      a[8 * i + k] = _mm512_shuffle_f32x4(b[8 * i + k], b[8 * i + 4 + k], _MM_SHUFFLE(2, 0, 2, 0));
-      a[8 * i + 4 + k] =
-          _mm512_shuffle_f32x4(b[8 * i + k], b[8 * i + 4 + k], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-  }
-  for (int k = 0; k < 4; ++k) {
-    for (int h = 0; h < 2; ++h) {
-      const __m512 x = a[4 * h + k];      // rows 0..7
-      const __m512 y = a[8 + 4 * h + k];  // rows 8..15
-      v[kCol[k] + 4 * h] = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0));
-      v[kCol[k] + 4 * h + 8] = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-  }
 }
 
 // tanh(x) = 1 - 2 / (exp(2|x|) + 1) with the sign of x, from the fast exp (Sleef's tanh took a

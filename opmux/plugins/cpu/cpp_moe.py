@@ -13,8 +13,11 @@ provider (``grouped``):
   faster at 256; with AVX-512: slower from 64 rows per expert, faster at 16); with fewer rows
   the call streams the expert weights, which this kernel reads once and ``grouped``'s matmuls
   do not read as fast;
-* bfloat16 batches on CPUs with AMX tiles (:data:`BF16_ON_TILES`), where torch's bf16 matmuls
-  run on the tiles: ``grouped`` measured 1.9-3.9x faster than this kernel there.
+* bfloat16 batches on CPUs with AMX tiles (:data:`BF16_ON_TILES`) whose hidden or
+  intermediate width is not a multiple of 32. Widths in whole tile steps run on the kernel's
+  AMX tile path (``moe_amx`` in the C++ file; 2.0-2.2x faster than ``grouped`` at 64-256
+  tokens); the others would take its vector path, which widens to fp32 and which torch's bf16
+  matmuls, run on the tiles by ``grouped``, outrun there (1.9-3.9x).
 
 Numbers in ``benchmarks/moe_cpu.py``'s README section.
 """
@@ -34,7 +37,8 @@ FP32_MAX_ROWS_PER_EXPERT = 32 if torch.cpu._is_avx512_supported() else 256
 overtakes this kernel at fewer rows than AVX2's)."""
 
 BF16_ON_TILES = bool(torch.cpu._is_amx_tile_supported())
-"""Whether this CPU has AMX tiles: then bfloat16 calls go to ``grouped``."""
+"""Whether this CPU has AMX tiles: then bfloat16 calls with widths that are not multiples of 32
+go to ``grouped``."""
 
 
 def fused_moe(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
@@ -56,7 +60,7 @@ def _fused_moe_args_ok(hidden_states: Tensor, w1: Tensor, topk_ids: Tensor) -> b
             and isinstance(topk_ids, Tensor)):
         return False
     if hidden_states.dtype == torch.bfloat16:
-        return not BF16_ON_TILES
+        return not BF16_ON_TILES or (w1.shape[1] % 64 == 0 and w1.shape[2] % 32 == 0)
     return (hidden_states.dtype != torch.float32
             or topk_ids.numel() <= FP32_MAX_ROWS_PER_EXPERT * w1.shape[0])
 

@@ -101,10 +101,9 @@ def test_thread_count_does_not_change_bits(k: Any) -> None:
 def test_conformance_cases(k: Any) -> None:
     report = conformance.check_provider("fused_moe", "cpp")
     assert report.ok, report.format()
-    # on CPUs with AMX tiles cpp leaves bf16 to grouped (its kernel is tested directly above)
-    for c in report.cases:
-        declined = k.BF16_ON_TILES and c.name.startswith("bf16")
-        assert c.status == ("skip" if declined else "pass"), report.format()
+    # the kit's widths (hidden 64, intermediate 32) are whole tile steps: cpp takes every case,
+    # bf16 included on CPUs with AMX tiles
+    assert all(c.status == "pass" for c in report.cases), report.format()
 
 
 def test_large_fp32_batches_go_to_grouped(k: Any) -> None:
@@ -126,6 +125,51 @@ def test_large_fp32_batches_go_to_grouped(k: Any) -> None:
         half = tuple(t.half() if t.is_floating_point() else t for t in case)
         assert op.dispatch(*half).provider == "cpp"
     torch.testing.assert_close(op(*small), fused_moe.native(*small))
+    # widths in whole tile steps (hidden and intermediate multiples of 32): bf16 on cpp
+    # everywhere, on the tile path where the CPU has AMX
+    tiled = _case("tiled", tokens=5, hidden=64, experts=experts, inter=32, topk=2,
+                  dtype=torch.bfloat16)
+    assert op.dispatch(*tiled).provider == "cpp"
+
+
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
+@pytest.mark.parametrize(("counts", "hidden", "inter", "topk"), [
+    ([1, 0, 2, 1], 32, 32, 1),                    # single rows, an unused expert
+    ([16, 17, 15, 31, 32, 33, 48, 0], 64, 32, 1),  # whole, odd and paired chunks of 16
+    ([40, 7, 70, 3], 96, 64, 2),                  # 3 hidden steps, 2 intermediate steps
+    ([20, 30, 10, 40, 25, 15], 1024, 512, 2),     # the benchmark's widths
+    ([9, 9, 9], 32, 96, 3),                       # a unit block that ends a step's first half
+])
+def test_bf16_amx_and_vector(k: Any, amx: bool, counts: list[int], hidden: int, inter: int,
+                             topk: int) -> None:
+    # bf16 with hidden and intermediate widths in whole steps of 32 takes the AMX tile path
+    # where the CPU has AMX (csrc/cpu/moe.cpp, moe_amx), the vector path otherwise; both are
+    # run on an AMX machine, and the switch reports what torch detects. `counts`: (token,
+    # slot) rows per expert; with top-k > 1 a token may send several slots to one expert.
+    switch = torch.ops.opmux_cpu.fused_moe_amx
+    g = torch.Generator().manual_seed(sum(counts) * hidden + inter)
+    ids = torch.cat([torch.full((n,), e) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=g)].reshape(-1, topk)
+    x, w1, w2, _, _ = _case(f"amx-{counts}", tokens=len(ids), hidden=hidden,
+                            experts=len(counts), inter=inter, topk=1, dtype=torch.bfloat16)
+    weights = torch.rand(ids.shape, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        assert switch(1 if amx else 0) == (amx and torch.cpu._is_amx_tile_supported())
+        torch.set_num_threads(1)
+        one = k.fused_moe(x, w1, w2, weights, ids)
+        torch.set_num_threads(max(2, threads))
+        got = k.fused_moe(x, w1, w2, weights, ids)
+    finally:
+        switch(1)
+        torch.set_num_threads(threads)
+    assert torch.equal(one, got)  # each output row is one task's work, whatever the threads
+    want = fused_moe.native(x, w1, w2, weights, ids)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    # against an fp32 computation of the same bf16 inputs, the error is the bf16 rounding of
+    # the activations and of the result (native rounds more often)
+    exact = fused_moe.native(*(t.float() for t in (x, w1, w2)), weights, ids)
+    torch.testing.assert_close(got.float(), exact, rtol=2e-2, atol=2e-2)
 
 
 def test_errors_name_cpp(k: Any) -> None:
