@@ -10,7 +10,7 @@ provider (``grouped``):
 * float32 batches with more than :data:`FP32_MAX_ROWS_PER_EXPERT` (token, slot) rows per
   expert on average. There the expert matmuls are compute-bound, and BLAS (which ``grouped``
   calls) runs them faster than this kernel's tiles (on AVX2: slower at 1024 rows per expert,
-  faster at 256; with AVX-512: slower from 64 rows per expert, faster at 16); with fewer rows
+  faster at 256; with AVX-512: slower at 128 rows per expert, faster at 64); with fewer rows
   the call streams the expert weights, which this kernel reads once and ``grouped``'s matmuls
   do not read as fast;
 * bfloat16 batches on CPUs with AMX tiles (:data:`BF16_ON_TILES`) whose hidden or
@@ -32,7 +32,7 @@ from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
 
 __all__ = ["BF16_ON_TILES", "FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
 
-FP32_MAX_ROWS_PER_EXPERT = 32 if torch.cpu._is_avx512_supported() else 256
+FP32_MAX_ROWS_PER_EXPERT = 64 if torch.cpu._is_avx512_supported() else 256
 """Mean (token, slot) rows per expert up to which float32 calls are served here (AVX-512 BLAS
 overtakes this kernel at fewer rows than AVX2's)."""
 
