@@ -99,18 +99,6 @@ inline bool takes(const WorkItem& w, int64_t G) {
   return w.q_end - w.q_begin == 1 && G >= 4 && kLanes % G == 0;
 }
 
-// tanh(x) = 1 - 2 / (exp(2|x|) + 1) with the sign of x, from the fast exp (Sleef's tanh took a
-// third of a soft-capped prefill's time here); |x| is clamped at 10, where tanh is 1 in fp32.
-// The absolute error stays near 1e-7, which the soft cap multiplies into the scores.
-inline __m512 fast_tanh(__m512 x) {
-  const __m512 one = _mm512_set1_ps(1.f);
-  const __m512 ax = _mm512_min_ps(_mm512_abs_ps(x), _mm512_set1_ps(10.f));
-  const __m512 e = fVec(_mm512_add_ps(ax, ax)).exp_u20();
-  const __m512 t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, one)));
-  const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(t), sign));
-}
-
 inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16* query,
                          const at::BFloat16* kc, const at::BFloat16* vc, at::BFloat16* out,
                          AmxScratch& s) {

@@ -48,31 +48,6 @@ struct TileScratch {
         kbuf(kChunk * padded), vbuf(kChunk * padded), zero(padded, 0.f) {}
 };
 
-// tanh as a rational function of x (odd 13th over even 6th degree, the Eigen fast_tanh_float
-// coefficients), x clamped to +-7.905: within 4e-7 of tanh in a dozen FMAs, where Sleef's tanh
-// cost a quarter of the whole capped prefill.
-inline __m512 fast_tanh(__m512 x) {
-  const __m512 lim = _mm512_set1_ps(7.90531110763549805f);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.00018790482477e-13f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-8.60467152213735e-11f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(5.12229709037114e-08f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.48572235717979e-05f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(6.37261928875436e-04f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(4.89352455891786e-03f));
-  p = _mm512_mul_ps(p, x);
-  __m512 q = _mm512_set1_ps(1.19825839466702e-06f);
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.18534705686654e-04f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.26843463243900e-03f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.89352518554385e-03f));
-  // p / q with a reciprocal estimate and one Newton step (a full-width division is ~10 cycles)
-  const __m512 r0 = _mm512_rcp14_ps(q);
-  const __m512 r = _mm512_mul_ps(r0, _mm512_fnmadd_ps(q, r0, _mm512_set1_ps(2.f)));
-  return _mm512_mul_ps(p, r);
-}
-
 // rows[i] = fp32 view of the cache row base + i * stride (i < n): the row itself when
 // in_place (fp32, unpadded), else its zero-padded copy in buf.
 template <typename T>
