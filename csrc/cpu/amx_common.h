@@ -48,7 +48,12 @@ struct alignas(64) TileConfig {
     rows[t] = static_cast<uint8_t>(nrows);
     colsb[t] = static_cast<uint16_t>(bytes);
   }
-  void load() const { _tile_loadconfig(this); }
+  void load() const {
+    // GCC's _tile_loadconfig declares a read of 8 bytes only, so stores to the other 56 may be
+    // dropped as dead: a compiler barrier makes all of them reach memory first
+    asm volatile("" : : "r"(this) : "memory");
+    _tile_loadconfig(this);
+  }
 };
 
 // v[i] (16 tokens, lane = row) -> v[r] (16 rows, lane = token)

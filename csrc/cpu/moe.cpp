@@ -150,16 +150,23 @@ inline void widen_rows(const T* const* src, int64_t n, float* dst, int64_t ld) {
 
 inline float silu(float g) { return g / (1.f + std::exp(-g)); }
 
-// Runs body(task) for task in [0, n) over the thread pool, handed out one at a time.
-template <typename Body>
-void for_tasks(int64_t n, const Body& body) {
+struct NoHook {
+  void operator()() const {}
+};
+
+// Runs body(task) for task in [0, n) over the thread pool, handed out one at a time; each
+// thread calls enter() before its first task and leave() after its last.
+template <typename Body, typename Enter = NoHook, typename Leave = NoHook>
+void for_tasks(int64_t n, const Body& body, const Enter& enter = {}, const Leave& leave = {}) {
   if (n <= 0) return;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    enter();
     for (int64_t wk = begin; wk < end; ++wk) {
       for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) body(t);
     }
+    leave();
   });
 }
 
@@ -391,12 +398,15 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
 //   down   task = (expert, 32 hidden units): two A tiles of down rows against two chunks at a
 //          time; the 32 x 16 results are transposed back into the fp32 row of each pair.
 // The weighted sum per token is formed as on the vector path. Accumulation is fp32 throughout;
-// the activations are rounded to bf16 once, as the bf16 reference rounds them.
+// the activations are rounded to bf16 once, for the down projection's tile products (the bf16
+// reference rounds after every step).
 namespace moe_amx {
 
 constexpr int64_t kChunk = 16;      // token columns per B tile
 constexpr int64_t kCells = 256;     // 32-bit cells of one B tile (16 pairs x 16 columns)
 
+// The tile path is on where the tiles are granted, unless turned off (tests of the vector path
+// on an AMX machine): fused_moe_amx(mode) below.
 inline std::atomic<bool>& wanted() {
   static std::atomic<bool> w{true};
   return w;
@@ -412,20 +422,10 @@ inline void configure() {
   c.load();
 }
 
-// Runs body(task) for task in [0, n) over the thread pool as for_tasks does, with the tiles
-// configured on each thread for the tasks it runs and released after.
+// for_tasks with the tiles configured on each thread for the tasks it runs, released after.
 template <typename Body>
 void for_tile_tasks(int64_t n, const Body& body) {
-  if (n <= 0) return;
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), n);
-  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
-    configure();
-    for (int64_t wk = begin; wk < end; ++wk) {
-      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) body(t);
-    }
-    _tile_release();
-  });
+  for_tasks(n, body, configure, [] { _tile_release(); });
 }
 
 // a0 and a1: 16 weight rows each (lda bytes apart), `steps` steps of 32 elements; b: the B
