@@ -15,6 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace opmux_cpu {
@@ -35,6 +36,21 @@ inline bool tiles_granted() {
   }();
   return ok;
 }
+
+// A kernel's tile path: on where the tiles are granted, unless turned off (tests of the other
+// paths on an AMX machine).
+class PathSwitch {
+ public:
+  bool on() const { return wanted_.load(std::memory_order_relaxed) && tiles_granted(); }
+  // mode 1 allows the path, 0 turns it off, -1 only asks; returns on()
+  bool set(int64_t mode) {
+    if (mode >= 0) wanted_.store(mode != 0);
+    return on();
+  }
+
+ private:
+  std::atomic<bool> wanted_{true};
+};
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;

@@ -405,14 +405,11 @@ namespace moe_amx {
 constexpr int64_t kChunk = 16;      // token columns per B tile
 constexpr int64_t kCells = 256;     // 32-bit cells of one B tile (16 pairs x 16 columns)
 
-// The tile path is on where the tiles are granted, unless turned off (tests of the vector path
-// on an AMX machine): fused_moe_amx(mode) below.
-inline std::atomic<bool>& wanted() {
-  static std::atomic<bool> w{true};
-  return w;
+// The tile path's switch: fused_moe_amx(mode) below.
+inline amx::PathSwitch& path() {
+  static amx::PathSwitch s;
+  return s;
 }
-
-inline bool on() { return wanted().load(std::memory_order_relaxed) && amx::tiles_granted(); }
 
 // Tiles: 0-3 accumulators (C, 16 x 16 fp32), 4-5 weight rows (A, 16 x 32 bf16), 6-7 token
 // chunks (B, 16 pairs x 16 columns): all 16 rows of 64 bytes.
@@ -436,45 +433,36 @@ inline void tile_pairs(const at::BFloat16* a0, const at::BFloat16* a1, int64_t l
                        const uint32_t* b, int64_t steps, int64_t c0, int64_t c1,
                        const Emit& emit) {
   alignas(64) float res[4][kCells];
-  int64_t c = c0;
-  for (; c + 1 < c1; c += 2) {
+  for (int64_t c = c0; c < c1; c += 2) {
+    const bool two = c + 1 < c1;  // a second chunk (accumulators 2 and 3)
     const uint32_t* b0 = b + c * steps * kCells;
     const uint32_t* b1 = b0 + steps * kCells;
     _tile_zero(0);
     _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
     for (int64_t s = 0; s < steps; ++s) {
       _tile_loadd(4, a0 + s * 32, lda);
       _tile_loadd(6, b0 + s * kCells, 64);
       _tile_dpbf16ps(0, 4, 6);
       _tile_loadd(5, a1 + s * 32, lda);
       _tile_dpbf16ps(1, 5, 6);
-      _tile_loadd(7, b1 + s * kCells, 64);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, res[0], 64);
-    _tile_stored(1, res[1], 64);
-    _tile_stored(2, res[2], 64);
-    _tile_stored(3, res[3], 64);
-    emit(c, res[0], res[1]);
-    emit(c + 1, res[2], res[3]);
-  }
-  if (c < c1) {
-    const uint32_t* b0 = b + c * steps * kCells;
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t s = 0; s < steps; ++s) {
-      _tile_loadd(4, a0 + s * 32, lda);
-      _tile_loadd(6, b0 + s * kCells, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(5, a1 + s * 32, lda);
-      _tile_dpbf16ps(1, 5, 6);
+      if (two) {
+        _tile_loadd(7, b1 + s * kCells, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+      }
     }
     _tile_stored(0, res[0], 64);
     _tile_stored(1, res[1], 64);
     emit(c, res[0], res[1]);
+    if (two) {
+      _tile_stored(2, res[2], 64);
+      _tile_stored(3, res[3], 64);
+      emit(c + 1, res[2], res[3]);
+    }
   }
 }
 
@@ -613,7 +601,7 @@ void fused_moe_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w1,
   }
 #if defined(OPMUX_AMX)
   if (x.scalar_type() == at::kBFloat16 && d % 32 == 0 && inter % 32 == 0 && inter > 0 &&
-      moe_amx::on()) {
+      moe_amx::path().on()) {
     moe_amx::moe_kernel(out.data_ptr<at::BFloat16>(), x.const_data_ptr<at::BFloat16>(),
                         w1.const_data_ptr<at::BFloat16>(), w2.const_data_ptr<at::BFloat16>(),
                         topk_weights.const_data_ptr<float>(), ids, tokens, top_k, experts, d,
@@ -634,8 +622,7 @@ void fused_moe_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w1,
 // now: allowed, built for this CPU, and the tile state granted.
 bool fused_moe_amx(int64_t mode) {
 #if defined(OPMUX_AMX)
-  if (mode >= 0) moe_amx::wanted().store(mode != 0);
-  return moe_amx::on();
+  return moe_amx::path().set(mode);
 #else
   (void)mode;
   return false;

@@ -560,7 +560,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
                       static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
                       sliding_window, bt, lens, qsl, partials, key_cache.stride(0)};
 #if defined(OPMUX_PA_AMX)
-  const bool use_amx = dtype == at::kBFloat16 && D % 32 == 0 && pa_amx::amx_on();
+  const bool use_amx = dtype == at::kBFloat16 && D % 32 == 0 && pa_amx::path().on();
 #endif
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
@@ -633,8 +633,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
 // it is in use now: allowed, built for this CPU, and the tile state granted.
 bool paged_attention_amx(int64_t mode) {
 #if defined(OPMUX_PA_AMX)
-  if (mode >= 0) pa_amx::amx_wanted().store(mode != 0);
-  return pa_amx::amx_on();
+  return pa_amx::path().set(mode);
 #else
   (void)mode;
   return false;

@@ -29,7 +29,6 @@
 #if defined(OPMUX_AMX)
 #define OPMUX_PA_AMX 1
 
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -45,14 +44,11 @@ using amx::transpose16;
 constexpr int64_t kLanes = 16;
 constexpr int64_t kItemRows = 128;  // most rows of an item (the row-tile path's 4 x 32)
 
-// The AMX path is on where the tiles are granted, unless turned off (tests of the other
-// paths on an AMX machine): paged_attention_amx(mode) in bindings below.
-inline std::atomic<bool>& amx_wanted() {
-  static std::atomic<bool> wanted{true};
-  return wanted;
+// The AMX path's switch: paged_attention_amx(mode) in paged_attention.cpp.
+inline amx::PathSwitch& path() {
+  static amx::PathSwitch s;
+  return s;
 }
-
-inline bool amx_on() { return amx_wanted().load(std::memory_order_relaxed) && tiles_granted(); }
 
 // Tiles: 0 keys (A, 16 x 32), 1 packed query rows (B, 16 pairs x R), 2 scores (C, 16 x R),
 // 3 probabilities (A, R x 32 tokens), 4 value pairs (B, 16 pairs x 16), 5-7 accumulators
