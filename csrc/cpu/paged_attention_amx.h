@@ -6,8 +6,8 @@
 // An item's rows (query rows; the same numbering as run_item) go in lane tiles of 16. A row
 // group is the rows of one kv head that one tile product serves: for a decode item with
 // several kv heads, one head's G rows (16 / G groups share a lane tile); for an item of one kv
-// head, 16 rows (prefill positions x G, the last tile padded). Per chunk of keys (one block at
-// most, kTokenChunk tokens):
+// head, its rows rounded up to 1, 2, 4 or 8, or groups of 16 (prefill positions x G, the last
+// padded). Per chunk of keys (one block at most, kTokenChunk tokens):
 //   scores  S^T = K . Q^T  per group and 16 tokens: K rows straight from the cache as the A
 //           tile (no copy, no widening), the group's query rows packed once per item in the
 //           pair-interleaved B layout; the 16 x R result lands in the group's lanes of a
@@ -15,10 +15,19 @@
 //   softmax vectorised across the 16 lanes (one vector per token): scale, soft cap, mask,
 //           running max and sum per lane, the accumulators rescaled; the probabilities are
 //           transposed to rows and rounded to bf16 (the A tile of the next step).
-//   values  O += P . V  per group: the chunk's value rows of all the item's heads interleaved
-//           in pairs of tokens (the B layout) in one pass in address order, then up to three
-//           16-column accumulator tiles at a time, loaded from and stored back to the fp32
-//           accumulator rows.
+//   values  O += P . V  per group, in one of two forms, with up to four 16-column
+//           accumulator tiles at a time, loaded from and stored back to fp32 accumulators:
+//     parity (groups of 8 rows at most): the B tile is 16 value rows x 32 columns straight
+//           from the cache, which the product reads as 16 tokens x 16 pairs of adjacent
+//           columns. The A tile holds each row's probabilities twice, 2 R rows: rows
+//           [0, R) with every probability in the low half of a 32-bit cell (the even column
+//           of each pair), rows [R, 2 R) in the high half (the odd column), the other half
+//           zero. The accumulators hold even and odd columns apart, [2 R][D / 2] per group,
+//           and are interleaved back into rows once, at the end of the item.
+//     pairs (16-row groups): the chunk's value rows of the head interleaved in pairs of
+//           tokens (the B layout) in one pass in address order, 32 tokens per product.
+//   The parity form costs no copy of the values; its products serve 16 keys instead of 32,
+//   which groups of 8 rows or fewer leave room for in the A tile's 16 rows.
 // The accumulators, running max and sum stay fp32; probabilities are rounded to bf16 for the
 // value products only (their sum is taken in fp32).
 #pragma once
@@ -50,18 +59,51 @@ inline amx::PathSwitch& path() {
   return s;
 }
 
-// Tiles: 0 keys (A, 16 x 32), 1 packed query rows (B, 16 pairs x R), 2 scores (C, 16 x R),
-// 3 probabilities (A, R x 32 tokens), 4 value pairs (B, 16 pairs x 16), 5-7 accumulators
-// (C, R x 16).
-inline void configure(int64_t R) {
+// Tiles: 1 packed query rows (B, 16 pairs x R), 2 scores (C, 16 x R), 3 probabilities (A,
+// R or 2 R rows of 32 bf16), 4 keys (A, 16 x 32 bf16), then value rows or pairs (B, 16 x 32
+// bf16); 5, 6, 7 and 0 accumulators (C, R or 2 R rows of 16 fp32).
+inline void configure(int64_t R, bool parity) {
+  const int64_t pr = parity ? 2 * R : R;  // rows of the probability and accumulator tiles
   TileConfig c;
-  c.set(0, 16, 64);
+  c.set(0, pr, 64);
   c.set(1, 16, R * 4);
   c.set(2, 16, R * 4);
-  c.set(3, R, 64);
+  c.set(3, pr, 64);
   c.set(4, 16, 64);
-  for (int t = 5; t < 8; ++t) c.set(t, R, 64);
+  for (int t = 5; t < 8; ++t) c.set(t, pr, 64);
   c.load();
+}
+
+// The value products accumulate in k (1 to 4) tiles of 16 fp32 columns: 5, 6, 7 and 0 (the
+// last free once the scores are done) hold columns [16 j, 16 j + 16) of a0 for j < k.
+inline void load_acc(const float* a0, int64_t stride, int64_t k) {
+  _tile_loadd(5, a0, stride);
+  if (k > 1) _tile_loadd(6, a0 + 16, stride);
+  if (k > 2) _tile_loadd(7, a0 + 32, stride);
+  if (k > 3) _tile_loadd(0, a0 + 48, stride);
+}
+inline void store_acc(float* a0, int64_t stride, int64_t k) {
+  _tile_stored(5, a0, stride);
+  if (k > 1) _tile_stored(6, a0 + 16, stride);
+  if (k > 2) _tile_stored(7, a0 + 32, stride);
+  if (k > 3) _tile_stored(0, a0 + 48, stride);
+}
+// accumulator j += tile 3 (A) . the B tile of 16 rows at b + 32 j bf16 (rows `stride` bytes apart)
+inline void acc_products(const uint16_t* b, int64_t stride, int64_t k) {
+  _tile_loadd(4, b, stride);
+  _tile_dpbf16ps(5, 3, 4);
+  if (k > 1) {
+    _tile_loadd(4, b + 32, stride);
+    _tile_dpbf16ps(6, 3, 4);
+  }
+  if (k > 2) {
+    _tile_loadd(4, b + 64, stride);
+    _tile_dpbf16ps(7, 3, 4);
+  }
+  if (k > 3) {
+    _tile_loadd(4, b + 96, stride);
+    _tile_dpbf16ps(0, 3, 4);
+  }
 }
 
 struct AmxScratch {
@@ -69,17 +111,20 @@ struct AmxScratch {
   std::vector<uint32_t> qT;     // per group and 32-wide slice of D: [16 pairs][R] 32-bit cells
   std::vector<float> sT;        // per lane tile: [kTokenChunk][16 lanes]
   std::vector<uint16_t> p;      // [rows][kTokenChunk] bf16 probabilities
+  std::vector<uint32_t> pp;     // parity form: per group [2 R][kTokenChunk] probability cells
   std::vector<uint16_t> vpack;  // per kv head: [kTokenChunk / 2][2 D] value rows in pairs
-  std::vector<uint16_t> kpad;   // [16][D] the key rows of a short group, zero-padded
-  std::vector<float> acc;       // [rows][D]
+  std::vector<uint16_t> kpad;   // [16][D] the key or value rows of a short group, zero-padded
+  std::vector<float> acc;       // [rows][D]; parity form: per group [2 R][D / 2]
+  std::vector<float> acc2;      // parity form: the accumulators back in [rows][D]
   alignas(64) float m[kItemRows];
   alignas(64) float l[kItemRows];
   alignas(64) int32_t lo[kItemRows];   // first visible key of each row
   alignas(64) int32_t pos[kItemRows];  // last visible key of each row
   explicit AmxScratch(int64_t d)
       : D(d), qT(kItemRows * d / 2), sT(kItemRows / kLanes * kTokenChunk * kLanes),
-        p(kItemRows * kTokenChunk), vpack(kMaxRows / 4 * kTokenChunk * d), kpad(16 * d),
-        acc(kItemRows * d) {}
+        p(kItemRows * kTokenChunk), pp(2 * kItemRows * kTokenChunk),
+        vpack(kMaxRows / 4 * kTokenChunk * d), kpad(16 * d),
+        acc(kItemRows * d), acc2(kItemRows * d) {}
 };
 
 // true when run_amx_item takes the item (T = bf16, D % 32 == 0 checked by the caller)
@@ -87,12 +132,13 @@ inline bool takes(const WorkItem& w, int64_t G) {
   const int64_t nkh = w.kv_end - w.kv_begin;
   const int64_t rows = static_cast<int64_t>(w.q_end - w.q_begin) * nkh * G;
   if (rows > kItemRows) return false;
-  // one kv head: prefill positions x G rows, or a decode group, 4 rows at least; several:
-  // decode rows only, 4, 8 or 16 per head (each head's group inside one lane tile). With 1 or
-  // 2 rows per head the tile products are mostly empty: GQA 1/2 decodes measured 24-45%
-  // slower on this path than on the vector path, which keeps them.
-  if (nkh == 1) return rows >= 4;
-  return w.q_end - w.q_begin == 1 && G >= 4 && kLanes % G == 0;
+  // one kv head: prefill positions x G rows, or a decode group; several: decode rows only, 1,
+  // 2, 4, 8 or 16 per head (each head's group inside one lane tile). Groups of 8 rows at most
+  // take the parity form of the value products, which reads the value rows from the cache
+  // as they are: GQA 1/2 decodes, which the interleaving form left 24-45% slower than the
+  // vector path, measured 0-20% faster than it at 1 and 2 threads.
+  if (nkh == 1) return true;
+  return w.q_end - w.q_begin == 1 && kLanes % G == 0;
 }
 
 inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16* query,
@@ -104,8 +150,14 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   const int64_t per_pos = nkh * G;
   const int64_t rows = (w.q_end - w.q_begin) * per_pos;
   const bool one_head = nkh == 1;
-  const int64_t R = one_head ? kLanes : G;  // rows per group
-  const int64_t n_groups = one_head ? (rows + kLanes - 1) / kLanes : nkh;
+  // rows per group: a decode item's G, or one kv head's rows rounded up to 1, 2, 4 or 8, or 16
+  int64_t R = one_head ? kLanes : G;
+  if (one_head && rows <= 8) {
+    R = 1;
+    while (R < rows) R *= 2;
+  }
+  const bool parity = R <= 8;  // the parity form of the value products (top of this file)
+  const int64_t n_groups = one_head ? (rows + R - 1) / R : nkh;
   const int64_t n_tiles = (rows + kLanes - 1) / kLanes;
   const int64_t lane_rows = n_tiles * kLanes;
   const int64_t S32 = D / 32;
@@ -182,7 +234,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   const __m512i ilo = _mm512_load_si512(lo_idx);
   const __m512i ihi = _mm512_load_si512(hi_idx);
 
-  configure(R);
+  configure(R, parity);
   auto chunk_end = [&](int64_t t) {
     return std::min({hi + 1, (t / p.block_size + 1) * p.block_size, t + kTokenChunk});
   };
@@ -220,9 +272,9 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         const uint32_t* qg = s.qT.data() + gi * S32 * 16 * R;
         _tile_zero(2);
         for (int64_t sl = 0; sl < S32; ++sl) {
-          _tile_loadd(0, krows + sl * 32, stride);
+          _tile_loadd(4, krows + sl * 32, stride);
           _tile_loadd(1, qg + sl * 16 * R, R * 4);
-          _tile_dpbf16ps(2, 0, 1);
+          _tile_dpbf16ps(2, 4, 1);
         }
         const int64_t r0 = gi * R;
         _tile_stored(2, s.sT.data() + ((r0 / kLanes) * kTokenChunk + tg) * kLanes + r0 % kLanes,
@@ -264,6 +316,17 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           sum = _mm512_add_ps(sum, e[i]);
         }
         transpose16(e);
+        if (parity) {
+          for (int64_t r = 0; r < kLanes; ++r) {
+            const int64_t gr = lt * kLanes + r;
+            uint32_t* pe = s.pp.data() + ((gr / R) * 2 * R + gr % R) * kTokenChunk + tg;
+            const __m512i hi = _mm512_slli_epi32(
+                _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e[r])), 16);
+            _mm512_storeu_si512(pe, _mm512_srli_epi32(hi, 16));
+            _mm512_storeu_si512(pe + R * kTokenChunk, hi);
+          }
+          continue;
+        }
         for (int64_t r = 0; r < kLanes; ++r) {
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + r * kTokenChunk + tg),
                               (__m256i)_mm512_cvtneps_pbh(e[r]));
@@ -278,13 +341,60 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         _mm512_store_ps(al, alpha);
         for (int64_t i = 0; i < kLanes; ++i) {
           if (!((rescale >> i) & 1)) continue;
-          float* ar = s.acc.data() + (lt * kLanes + i) * D;
           const __m512 a = _mm512_set1_ps(al[i]);
+          const int64_t gr = lt * kLanes + i;
+          if (parity) {
+            float* ae = s.acc.data() + (gr / R) * R * D + (gr % R) * (D / 2);
+            float* ao = ae + R * (D / 2);
+            for (int64_t c = 0; c < D / 2; c += 16) {
+              _mm512_storeu_ps(ae + c, _mm512_mul_ps(_mm512_loadu_ps(ae + c), a));
+              _mm512_storeu_ps(ao + c, _mm512_mul_ps(_mm512_loadu_ps(ao + c), a));
+            }
+            continue;
+          }
+          float* ar = s.acc.data() + gr * D;
           for (int64_t c = 0; c < D; c += 16) {
             _mm512_storeu_ps(ar + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), a));
           }
         }
       }
+    }
+    if (parity) {
+      // values: per group, 16 tokens x 32 columns of the head's value rows as the B tile,
+      // straight from the cache (a zero-padded copy for the chunk's last short step)
+      const int64_t half = D / 2;
+      for (int64_t gi = 0; gi < n_groups; ++gi) {
+        const int64_t kh = one_head ? 0 : gi;
+        const auto* vrows = reinterpret_cast<const uint16_t*>(vbase + kh * D);
+        const uint32_t* pg = s.pp.data() + gi * 2 * R * kTokenChunk;
+        float* ag = s.acc.data() + gi * R * D;
+        const int64_t full = n / 16 * 16;
+        if (full < n) {
+          uint16_t* pad = s.kpad.data();
+          for (int64_t i = 0; i < 16; ++i) {
+            if (full + i < n) {
+              std::memcpy(pad + i * D, vrows + (full + i) * ig.tok_stride, D * 2);
+            } else {
+              std::memset(pad + i * D, 0, D * 2);
+            }
+          }
+        }
+        for (int64_t ds = 0; ds < D / 32; ds += 4) {
+          const int64_t k = std::min<int64_t>(4, D / 32 - ds);
+          load_acc(ag + ds * 16, half * 4, k);
+          for (int64_t tg = 0; tg < n; tg += 16) {
+            _tile_loadd(3, pg + tg, kTokenChunk * 4);
+            if (tg == full) {
+              acc_products(s.kpad.data() + ds * 32, D * 2, k);
+            } else {
+              acc_products(vrows + tg * ig.tok_stride + ds * 32, kstride, k);
+            }
+          }
+          store_acc(ag + ds * 16, half * 4, k);
+        }
+      }
+      t0 = t1;
+      continue;
     }
     // values: every head's rows of the chunk interleaved in token pairs, in address order
     const int64_t vhead = (kTokenChunk / 2) * 2 * D;  // elements of one head's packed chunk
@@ -309,35 +419,46 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       const int64_t r0 = gi * R;
       const uint16_t* pg = s.p.data() + r0 * kTokenChunk;
       float* ag = s.acc.data() + r0 * D;
-      const int64_t slices = D / 16;
-      for (int64_t ds = 0; ds < slices; ds += 3) {
-        const int64_t k = std::min<int64_t>(3, slices - ds);
-        _tile_loadd(5, ag + ds * 16, D * 4);
-        if (k > 1) _tile_loadd(6, ag + (ds + 1) * 16, D * 4);
-        if (k > 2) _tile_loadd(7, ag + (ds + 2) * 16, D * 4);
+      for (int64_t ds = 0; ds < D / 16; ds += 4) {
+        const int64_t k = std::min<int64_t>(4, D / 16 - ds);
+        load_acc(ag + ds * 16, D * 4, k);
         for (int64_t sub = 0; sub < n32; sub += 32) {
           _tile_loadd(3, pg + sub, kTokenChunk * 2);
-          const uint16_t* vp = vhead_p + (sub / 2) * 2 * D + ds * 32;
-          _tile_loadd(4, vp, D * 4);
-          _tile_dpbf16ps(5, 3, 4);
-          if (k > 1) {
-            _tile_loadd(4, vp + 32, D * 4);
-            _tile_dpbf16ps(6, 3, 4);
-          }
-          if (k > 2) {
-            _tile_loadd(4, vp + 64, D * 4);
-            _tile_dpbf16ps(7, 3, 4);
-          }
+          acc_products(vhead_p + (sub / 2) * 2 * D + ds * 32, D * 4, k);
         }
-        _tile_stored(5, ag + ds * 16, D * 4);
-        if (k > 1) _tile_stored(6, ag + (ds + 1) * 16, D * 4);
-        if (k > 2) _tile_stored(7, ag + (ds + 2) * 16, D * 4);
+        store_acc(ag + ds * 16, D * 4, k);
       }
     }
     t0 = t1;
   }
   _tile_release();
-  finish_rows(w, p, ig, rows, s.acc.data(), D, s.m, s.l, out);
+  if (!parity) {
+    finish_rows(w, p, ig, rows, s.acc.data(), D, s.m, s.l, out);
+    return;
+  }
+  // parity form back to rows: column 2j + b of a row is cell j of its half b
+  alignas(64) int32_t lo_cols[16], hi_cols[16];
+  for (int i = 0; i < 8; ++i) {
+    lo_cols[2 * i] = i;
+    lo_cols[2 * i + 1] = 16 + i;
+    hi_cols[2 * i] = 8 + i;
+    hi_cols[2 * i + 1] = 24 + i;
+  }
+  const __m512i clo = _mm512_load_si512(lo_cols);
+  const __m512i chi = _mm512_load_si512(hi_cols);
+  const int64_t half = D / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ae = s.acc.data() + (r / R) * R * D + (r % R) * half;
+    const float* ao = ae + R * half;
+    float* dst = s.acc2.data() + r * D;
+    for (int64_t c = 0; c < half; c += 16) {
+      const __m512 e = _mm512_loadu_ps(ae + c);
+      const __m512 o = _mm512_loadu_ps(ao + c);
+      _mm512_storeu_ps(dst + 2 * c, _mm512_permutex2var_ps(e, clo, o));
+      _mm512_storeu_ps(dst + 2 * c + 16, _mm512_permutex2var_ps(e, chi, o));
+    }
+  }
+  finish_rows(w, p, ig, rows, s.acc2.data(), D, s.m, s.l, out);
 }
 
 }  // namespace pa_amx

@@ -264,14 +264,20 @@ def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_h
     (64, 4, 256, 32, [1, 40, 1], [900, 45, 77], None, None),            # head size 256
     (12, 4, 96, 16, [1, 9], [50, 30], None, None),                      # GQA 3
     (32, 2, 128, 128, [1], [9000], 1000, 20.0),                         # split-KV
+    (32, 32, 128, 128, [1, 1, 1], [300, 1000, 17], None, None),         # GQA 1 decode
+    (32, 16, 64, 16, [1, 1], [250, 9], 100, 10.0),                      # GQA 2 decode
+    (2, 1, 96, 32, [1, 3, 2, 4, 9], [70, 50, 20, 33, 40], None, None),  # 2 to 18 rows
+    (1, 1, 32, 16, [1, 5], [47, 5], None, 4.0),                         # 1 and 5 rows
 ])
 def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv_heads: int,
                                               d: int, bs: int, q_lens: list[int],
                                               kv_lens: list[int], window: int | None,
                                               cap: float | None) -> None:
     # bf16 with head sizes that are multiples of 32 takes the AMX tile path where the CPU has
-    # AMX (GQA 4/8/16 decode groups, prefill items of one kv head), the vector paths otherwise;
-    # both are run here on an AMX machine, and the switch reports what torch detects
+    # AMX (decode groups of 1 to 16 rows per kv head, items of one kv head), the vector paths
+    # otherwise; both are run here on an AMX machine, and the switch reports what torch
+    # detects. Cache rows no sequence owns hold NaN: tiles read straight from the cache must
+    # stop at each sequence's last key.
     switch = torch.ops.opmux_cpu.paged_attention_amx
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
@@ -279,6 +285,12 @@ def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv
         on = switch(1 if amx else 0)
         assert on == (amx and torch.cpu._is_amx_tile_supported())
         case = _paged_case(torch.bfloat16, heads, kv_heads, d, bs, q_lens, kv_lens)
+        owned = torch.zeros(case["key_cache"].shape[:2], dtype=torch.bool)
+        for i, kv_len in enumerate(kv_lens):
+            t = torch.arange(kv_len)
+            owned[case["block_tables"][i, t // bs].long(), t % bs] = True
+        for cache in (case["key_cache"], case["value_cache"]):
+            cache[~owned] = float("nan")
         got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
     finally:
         switch(1)
