@@ -268,6 +268,7 @@ def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_h
     (32, 16, 64, 16, [1, 1], [250, 9], 100, 10.0),                      # GQA 2 decode
     (2, 1, 96, 32, [1, 3, 2, 4, 9], [70, 50, 20, 33, 40], None, None),  # 2 to 18 rows
     (1, 1, 32, 16, [1, 5], [47, 5], None, 4.0),                         # 1 and 5 rows
+    (16, 2, 64, 16, [1, 1, 7], [700, 333, 300], 123, None),             # unaligned windows
 ])
 def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv_heads: int,
                                               d: int, bs: int, q_lens: list[int],
