@@ -51,10 +51,9 @@ using amx::tiles_granted;
 using amx::transpose16;
 
 constexpr int64_t kLanes = 16;
-// keys per chunk (across blocks where every 16-key step lies inside one block): fewer
-// accumulator loads, stores and rescales than one 128-key block per chunk, 2-8% faster on
-// GQA 4/8 decodes and mixed batches; 512 keys measured 9-20% slower on mixed batches
-// (interleaved in one process, both orders)
+// most keys per chunk (across blocks where every 16-key step lies inside one block): fewer
+// accumulator loads, stores and rescales than one 128-key block, 1-4% faster on GQA 4/8
+// decodes and mixed batches (separate processes); 512 was within 2% of 256.
 constexpr int64_t kChunk = 256;
 constexpr int64_t kItemRows = 128;  // most rows of an item (the row-tile path's 4 x 32)
 
@@ -111,25 +110,53 @@ inline void acc_products(const uint16_t* b, int64_t stride, int64_t k) {
   }
 }
 
+// The scratch buffers live in one allocation, each starting on a different 64-byte line of a
+// 4 KiB page. As separate vectors the large ones were each page-aligned (and 16 bytes on), so
+// their rows met in the same L1 sets: mixed batches measured 12-16% slower.
 struct AmxScratch {
   int64_t D;
-  std::vector<uint32_t> qT;     // per group and 32-wide slice of D: [16 pairs][R] 32-bit cells
-  std::vector<float> sT;        // per lane tile: [kChunk][16 lanes]
-  std::vector<uint16_t> p;      // [rows][kChunk] bf16 probabilities
-  std::vector<uint32_t> pp;     // parity form: per group [2 R][kChunk] probability cells
-  std::vector<uint16_t> vpack;  // per kv head: [kChunk / 2][2 D] value rows in pairs
-  std::vector<uint16_t> kpad;   // [16][D] the key or value rows of a short group, zero-padded
-  std::vector<float> acc;       // [rows][D]; parity form: per group [2 R][D / 2]
-  std::vector<float> acc2;      // parity form: the accumulators back in [rows][D]
+  uint32_t* qT;    // per group and 32-wide slice of D: [16 pairs][R] 32-bit cells
+  // [keys]: kChunk
+  float* sT;       // per lane tile: [keys][16 lanes]
+  uint16_t* p;     // [rows][keys] bf16 probabilities
+  uint32_t* pp;    // parity form: per group [2 R][keys] probability cells
+  uint16_t* vpack; // per kv head: [keys / 2][2 D] value rows in pairs
+  uint16_t* kpad;  // [16][D] the key or value rows of a short group, zero-padded
+  float* acc;      // [rows][D]; parity form: per group [2 R][D / 2]
+  float* acc2;     // parity form: the accumulators back in [rows][D]
   alignas(64) float m[kItemRows];
   alignas(64) float l[kItemRows];
   alignas(64) int32_t lo[kItemRows];   // first visible key of each row
   alignas(64) int32_t pos[kItemRows];  // last visible key of each row
-  explicit AmxScratch(int64_t d)
-      : D(d), qT(kItemRows * d / 2), sT(kItemRows / kLanes * kChunk * kLanes),
-        p(kItemRows * kChunk), pp(2 * kItemRows * kChunk),
-        vpack(kMaxRows / 4 * kChunk * d), kpad(16 * d),
-        acc(kItemRows * d), acc2(kItemRows * d) {}
+
+  explicit AmxScratch(int64_t d) : D(d) {
+    const size_t n = static_cast<size_t>(d);
+    const size_t bytes[8] = {kItemRows * n / 2 * 4,        kItemRows * kChunk * 4,
+                             kItemRows * kChunk * 2,       2 * kItemRows * kChunk * 4,
+                             kMaxRows / 4 * kChunk * n * 2, 16 * n * 2,
+                             kItemRows * n * 4,            kItemRows * n * 4};
+    size_t at[8];
+    size_t end = 0;
+    for (int i = 0; i < 8; ++i) {
+      at[i] = (end + 4095) / 4096 * 4096 + 64 * ((5 * i) % 64);
+      end = at[i] + bytes[i];
+    }
+    store_.assign(end + 64, 0);
+    char* base = store_.data() + (64 - reinterpret_cast<uintptr_t>(store_.data()) % 64) % 64;
+    qT = reinterpret_cast<uint32_t*>(base + at[0]);
+    sT = reinterpret_cast<float*>(base + at[1]);
+    p = reinterpret_cast<uint16_t*>(base + at[2]);
+    pp = reinterpret_cast<uint32_t*>(base + at[3]);
+    vpack = reinterpret_cast<uint16_t*>(base + at[4]);
+    kpad = reinterpret_cast<uint16_t*>(base + at[5]);
+    acc = reinterpret_cast<float*>(base + at[6]);
+    acc2 = reinterpret_cast<float*>(base + at[7]);
+  }
+  AmxScratch(const AmxScratch&) = delete;
+  AmxScratch& operator=(const AmxScratch&) = delete;
+
+ private:
+  std::vector<char> store_;
 };
 
 // true when run_amx_item takes the item (T = bf16, D % 32 == 0 checked by the caller)
@@ -183,7 +210,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       s.lo[r] = std::numeric_limits<int32_t>::max();
     }
   }
-  std::fill_n(s.acc.data(), lane_rows * D, 0.f);
+  std::fill_n(s.acc, lane_rows * D, 0.f);
   auto q_words = [&](int64_t r) {  // row r of the query as 32-bit cells (pairs of bf16)
     const int64_t j = w.q_begin + r / per_pos;
     const int64_t h = w.kv_begin * G + r % per_pos;
@@ -191,7 +218,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   };
   for (int64_t gi = 0; gi < n_groups; ++gi) {
     const int64_t r0 = gi * R;
-    uint32_t* dst = s.qT.data() + gi * S32 * 16 * R;
+    uint32_t* dst = s.qT + gi * S32 * 16 * R;
     if (R == kLanes) {  // 16 x 16 blocks of cells, transposed in registers
       for (int64_t b = 0; b < words; b += 16) {
         __m512 v[16];
@@ -266,7 +293,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         const at::BFloat16* krows = kc + step_at[tg / 16] + kh * D;
         int64_t stride = kstride;
         if (m < 16) {  // rows past the chunk may lie outside the cache: a padded copy
-          auto* pad = reinterpret_cast<at::BFloat16*>(s.kpad.data());
+          auto* pad = reinterpret_cast<at::BFloat16*>(s.kpad);
           for (int64_t i = 0; kh != padded_head && i < 16; ++i) {
             if (i < m) {
               std::memcpy(pad + i * D, krows + i * ig.tok_stride, D * 2);
@@ -278,7 +305,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           krows = pad;
           stride = D * 2;
         }
-        const uint32_t* qg = s.qT.data() + gi * S32 * 16 * R;
+        const uint32_t* qg = s.qT + gi * S32 * 16 * R;
         _tile_zero(2);
         for (int64_t sl = 0; sl < S32; ++sl) {
           _tile_loadd(4, krows + sl * 32, stride);
@@ -286,13 +313,13 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           _tile_dpbf16ps(2, 4, 1);
         }
         const int64_t r0 = gi * R;
-        _tile_stored(2, s.sT.data() + ((r0 / kLanes) * kChunk + tg) * kLanes + r0 % kLanes,
+        _tile_stored(2, s.sT + ((r0 / kLanes) * kChunk + tg) * kLanes + r0 % kLanes,
                      kLanes * 4);
       }
     }
     // softmax across the lanes of each tile; probabilities to bf16 rows
     for (int64_t lt = 0; lt < n_tiles; ++lt) {
-      float* st = s.sT.data() + lt * kChunk * kLanes;
+      float* st = s.sT + lt * kChunk * kLanes;
       const __m512i lo_v = _mm512_load_si512(s.lo + lt * kLanes);
       const __m512i pos_v = _mm512_load_si512(s.pos + lt * kLanes);
       __m512 mx = neg_inf;
@@ -314,7 +341,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
                              _mm512_setzero_ps());
       const __m512 alpha = fVec(_mm512_sub_ps(m_old, m_sub)).exp_u20();
       __m512 sum = _mm512_setzero_ps();
-      uint16_t* prow = s.p.data() + lt * kLanes * kChunk;
+      uint16_t* prow = s.p + lt * kLanes * kChunk;
       for (int64_t tg = 0; tg < n32; tg += 16) {
         __m512 e[16];
         for (int64_t i = 0; i < 16; ++i) {
@@ -328,7 +355,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         if (parity) {
           for (int64_t r = 0; r < kLanes; ++r) {
             const int64_t gr = lt * kLanes + r;
-            uint32_t* pe = s.pp.data() + ((gr / R) * 2 * R + gr % R) * kChunk + tg;
+            uint32_t* pe = s.pp + ((gr / R) * 2 * R + gr % R) * kChunk + tg;
             const __m512i hi = _mm512_slli_epi32(
                 _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e[r])), 16);
             _mm512_storeu_si512(pe, _mm512_srli_epi32(hi, 16));
@@ -353,7 +380,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           const __m512 a = _mm512_set1_ps(al[i]);
           const int64_t gr = lt * kLanes + i;
           if (parity) {
-            float* ae = s.acc.data() + (gr / R) * R * D + (gr % R) * (D / 2);
+            float* ae = s.acc + (gr / R) * R * D + (gr % R) * (D / 2);
             float* ao = ae + R * (D / 2);
             for (int64_t c = 0; c < D / 2; c += 16) {
               _mm512_storeu_ps(ae + c, _mm512_mul_ps(_mm512_loadu_ps(ae + c), a));
@@ -361,7 +388,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
             }
             continue;
           }
-          float* ar = s.acc.data() + gr * D;
+          float* ar = s.acc + gr * D;
           for (int64_t c = 0; c < D; c += 16) {
             _mm512_storeu_ps(ar + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), a));
           }
@@ -375,11 +402,11 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       for (int64_t gi = 0; gi < n_groups; ++gi) {
         const int64_t kh = one_head ? 0 : gi;
         const auto* vhead_c = reinterpret_cast<const uint16_t*>(vc + kh * D);
-        const uint32_t* pg = s.pp.data() + gi * 2 * R * kChunk;
-        float* ag = s.acc.data() + gi * R * D;
+        const uint32_t* pg = s.pp + gi * 2 * R * kChunk;
+        float* ag = s.acc + gi * R * D;
         const int64_t full = n / 16 * 16;
         if (full < n) {
-          uint16_t* pad = s.kpad.data();
+          uint16_t* pad = s.kpad;
           for (int64_t i = 0; i < 16; ++i) {
             if (full + i < n) {
               std::memcpy(pad + i * D, vhead_c + row_at(full + i), D * 2);
@@ -394,7 +421,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           for (int64_t tg = 0; tg < n; tg += 16) {
             _tile_loadd(3, pg + tg, kChunk * 4);
             if (tg == full) {
-              acc_products(s.kpad.data() + ds * 32, D * 2, k);
+              acc_products(s.kpad + ds * 32, D * 2, k);
             } else {
               acc_products(vhead_c + step_at[tg / 16] + ds * 32, kstride, k);
             }
@@ -413,7 +440,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       const at::BFloat16* va = ta < n ? vc + row_at(ta) : nullptr;
       const at::BFloat16* vb = tb < n ? vc + row_at(tb) : nullptr;
       for (int64_t kh = 0; kh < nkh; ++kh) {
-        uint16_t* dst = s.vpack.data() + kh * vhead + i * 2 * D;
+        uint16_t* dst = s.vpack + kh * vhead + i * 2 * D;
         for (int64_t c = 0; c < D; c += 32) {
           const __m512i a = ta < n ? _mm512_loadu_si512(va + kh * D + c) : _mm512_setzero_si512();
           const __m512i b = tb < n ? _mm512_loadu_si512(vb + kh * D + c) : _mm512_setzero_si512();
@@ -424,10 +451,10 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     }
     for (int64_t gi = 0; gi < n_groups; ++gi) {
       const int64_t kh = one_head ? 0 : gi;
-      const uint16_t* vhead_p = s.vpack.data() + kh * vhead;
+      const uint16_t* vhead_p = s.vpack + kh * vhead;
       const int64_t r0 = gi * R;
-      const uint16_t* pg = s.p.data() + r0 * kChunk;
-      float* ag = s.acc.data() + r0 * D;
+      const uint16_t* pg = s.p + r0 * kChunk;
+      float* ag = s.acc + r0 * D;
       for (int64_t ds = 0; ds < D / 16; ds += 4) {
         const int64_t k = std::min<int64_t>(4, D / 16 - ds);
         load_acc(ag + ds * 16, D * 4, k);
@@ -442,7 +469,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   }
   _tile_release();
   if (!parity) {
-    finish_rows(w, p, ig, rows, s.acc.data(), D, s.m, s.l, out);
+    finish_rows(w, p, ig, rows, s.acc, D, s.m, s.l, out);
     return;
   }
   // parity form back to rows: column 2j + b of a row is cell j of its half b
@@ -457,9 +484,9 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   const __m512i chi = _mm512_load_si512(hi_cols);
   const int64_t half = D / 2;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* ae = s.acc.data() + (r / R) * R * D + (r % R) * half;
+    const float* ae = s.acc + (r / R) * R * D + (r % R) * half;
     const float* ao = ae + R * half;
-    float* dst = s.acc2.data() + r * D;
+    float* dst = s.acc2 + r * D;
     for (int64_t c = 0; c < half; c += 16) {
       const __m512 e = _mm512_loadu_ps(ae + c);
       const __m512 o = _mm512_loadu_ps(ao + c);
@@ -467,7 +494,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       _mm512_storeu_ps(dst + 2 * c + 16, _mm512_permutex2var_ps(e, chi, o));
     }
   }
-  finish_rows(w, p, ig, rows, s.acc2.data(), D, s.m, s.l, out);
+  finish_rows(w, p, ig, rows, s.acc2, D, s.m, s.l, out);
 }
 
 }  // namespace pa_amx
