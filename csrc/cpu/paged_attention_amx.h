@@ -333,6 +333,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
         _mm512_storeu_ps(st + t * kLanes, x);
         mx = _mm512_max_ps(mx, x);
       }
+      for (int64_t t = n; t < n32; ++t) _mm512_storeu_ps(st + t * kLanes, neg_inf);
       const __m512 m_old = _mm512_load_ps(s.m + lt * kLanes);
       const __m512 m_new = _mm512_max_ps(m_old, mx);
       // lanes that have seen no key yet subtract 0 (their scores are -inf: probabilities 0)
@@ -344,11 +345,9 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       uint16_t* prow = s.p + lt * kLanes * kChunk;
       for (int64_t tg = 0; tg < n32; tg += 16) {
         __m512 e[16];
+#pragma GCC unroll 16
         for (int64_t i = 0; i < 16; ++i) {
-          const int64_t t = tg + i;
-          e[i] = t < n ? static_cast<__m512>(
-                             fVec(_mm512_sub_ps(_mm512_loadu_ps(st + t * kLanes), m_sub)).exp_u20())
-                       : _mm512_setzero_ps();
+          e[i] = fVec(_mm512_sub_ps(_mm512_loadu_ps(st + (tg + i) * kLanes), m_sub)).exp_u20();
           sum = _mm512_add_ps(sum, e[i]);
         }
         transpose16(e);
