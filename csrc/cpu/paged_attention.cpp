@@ -26,8 +26,8 @@
 // (qk_rows8: one key element broadcast per FMA of the whole group, no reductions), with 4 in
 // pairs of lanes (qk_rows4: two key elements broadcast, one pairwise add per key); their bf16
 // keys are widened 16 tokens at a time in address order, all of the item's heads together.
-// On CPUs with AMX tiles, bf16 items with a head size that is a multiple of 32 and 4 or more
-// rows per kv head (GQA 4/8/16 decode groups, prefill items) take the tile path of
+// On CPUs with AMX tiles, bf16 items with a head size that is a multiple of 32 (decode groups
+// of 1, 2, 4, 8 or 16 rows per kv head, items of one kv head) take the tile path of
 // paged_attention_amx.h instead.
 #include "op_library.h"
 #include "paged_attention_amx.h"
