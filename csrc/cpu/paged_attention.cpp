@@ -593,12 +593,14 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
         for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
           const WorkItem& w = items[it];
 #if defined(OPMUX_PA_AMX)
-          if (use_amx && pa_amx::takes(w, G)) {  // use_amx: bf16 only (the casts are no-ops)
-            using bf16 = at::BFloat16;
-            pa_amx::run_amx_item(w, params, reinterpret_cast<const bf16*>(q),
-                                 reinterpret_cast<const bf16*>(kc),
-                                 reinterpret_cast<const bf16*>(vc), reinterpret_cast<bf16*>(o),
-                                 *amx_cached);
+          // use_amx: bf16 only (the casts are no-ops); an item the tile path hands back (false)
+          // runs on the paths below
+          using bf16 = at::BFloat16;
+          if (use_amx && pa_amx::takes(w, G) &&
+              pa_amx::run_amx_item(w, params, reinterpret_cast<const bf16*>(q),
+                                   reinterpret_cast<const bf16*>(kc),
+                                   reinterpret_cast<const bf16*>(vc), reinterpret_cast<bf16*>(o),
+                                   *amx_cached)) {
             continue;
           }
 #endif
