@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -382,6 +383,87 @@ void merge_group(const SplitGroup& g, const Params& p, T* out) {
   }
 }
 
+// Whether n values hold an inf or NaN (all exponent bits set), read as integers: a max
+// reduction the compiler vectorises, since the check runs over every output row of a call.
+template <typename T>
+bool nonfinite_row(const T* row, int64_t n) {
+  using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>;
+  constexpr Bits kExp = sizeof(T) == 4                       ? Bits(0x7F800000u)
+                        : std::is_same_v<T, at::BFloat16> ? Bits(0x7F80u)
+                                                            : Bits(0x7C00u);
+  const Bits* w = reinterpret_cast<const Bits*>(row);
+  Bits most = 0;  // the largest exponent field: kExp exactly when one is all ones
+  for (int64_t i = 0; i < n; ++i) most = std::max<Bits>(most, w[i] & kExp);
+  return most == kExp;
+}
+
+// Whether a finished item's (not split-KV) or a merged group's output rows hold inf or NaN.
+template <typename T>
+bool item_nonfinite(const WorkItem& w, const Params& p, const T* out) {
+  const int64_t G = p.num_heads / p.num_kv_heads, D = p.head_size;
+  const int64_t per_pos = (w.kv_end - w.kv_begin) * G;
+  const int64_t q0 = p.query_start_loc[w.seq];
+  for (int64_t j = w.q_begin; j < w.q_end; ++j) {
+    const T* rows = out + ((q0 + j) * p.num_heads + w.kv_begin * G) * D;
+    if (nonfinite_row(rows, per_pos * D)) return true;
+  }
+  return false;
+}
+template <typename T>
+bool group_nonfinite(const SplitGroup& g, const Params& p, const T* out) {
+  const int64_t G = p.num_heads / p.num_kv_heads, D = p.head_size;
+  const int64_t q0 = p.query_start_loc[g.seq];
+  return nonfinite_row(out + (q0 * p.num_heads + g.kv_begin * G) * D,
+                       (g.kv_end - g.kv_begin) * G * D);
+}
+
+// The item kernels give every row of an item the same keys, with zero probabilities for the
+// keys a row does not see; an inf or NaN value cell at such a key reaches the row anyway
+// (0 x inf) when another row of the item sees it. Native's rows take the keys they see only,
+// so a row that comes out non-finite is computed again here, in fp32 over exactly its keys,
+// the way native computes it (only caches with non-finite cells get here).
+template <typename T>
+void redo_nonfinite_rows(const Params& p, int64_t S, const T* query, const T* kc, const T* vc,
+                         T* out) {
+  const int64_t H = p.num_heads, D = p.head_size, G = H / p.num_kv_heads;
+  std::vector<float> e;
+  std::vector<float> acc;
+  for (int64_t i = 0; i < S; ++i) {
+    WorkItem w{};
+    w.seq = static_cast<int32_t>(i);
+    const ItemGeom ig(w, p);
+    for (int64_t j = 0; j < ig.q_len; ++j) {
+      for (int64_t h = 0; h < H; ++h) {
+        T* orow = out + ((ig.q0 + j) * H + h) * D;
+        if (!nonfinite_row(orow, D)) continue;
+        const int64_t pos = ig.kv_len - ig.q_len + j;
+        const int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+        const T* q = query + (ig.q0 + j) * p.q_stride0 + h * p.q_stride1;
+        const int64_t kv = (h / G) * D;
+        e.assign(static_cast<size_t>(pos - lo + 1), 0.f);
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t t = lo; t <= pos; ++t) {
+          const T* k = kc + ig.token_offset(p, t) + kv;
+          float dot = 0.f;
+          for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(q[d]) * static_cast<float>(k[d]);
+          dot *= p.scale;
+          if (p.soft_cap > 0.f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
+          e[t - lo] = dot;
+          if (dot > mx || std::isnan(dot)) mx = std::isnan(mx) ? mx : dot;
+        }
+        float l = 0.f;
+        for (float& x : e) l += (x = std::exp(x - mx));
+        acc.assign(static_cast<size_t>(D), 0.f);
+        for (int64_t t = lo; t <= pos; ++t) {
+          const T* v = vc + ig.token_offset(p, t) + kv;
+          for (int64_t d = 0; d < D; ++d) acc[d] += e[t - lo] * static_cast<float>(v[d]);
+        }
+        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<T>(acc[d] / l);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
@@ -565,6 +647,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
   std::atomic<int64_t> next{0};
+  std::atomic<bool> any_nonfinite{false};  // an output row holds inf or NaN (see below)
   OPMUX_DISPATCH_FLOATS(dtype, "paged_attention", [&] {
     const scalar_t* q = query.const_data_ptr<scalar_t>();
     const scalar_t* kc = key_cache.const_data_ptr<scalar_t>();
@@ -590,18 +673,15 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
       }
 #endif
       for (int64_t wk = begin; wk < end; ++wk) {
-        for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
-          const WorkItem& w = items[it];
+        auto run = [&](const WorkItem& w) {
 #if defined(OPMUX_PA_AMX)
-          // use_amx: bf16 only (the casts are no-ops); an item the tile path hands back (false)
-          // runs on the paths below
-          using bf16 = at::BFloat16;
-          if (use_amx && pa_amx::takes(w, G) &&
-              pa_amx::run_amx_item(w, params, reinterpret_cast<const bf16*>(q),
-                                   reinterpret_cast<const bf16*>(kc),
-                                   reinterpret_cast<const bf16*>(vc), reinterpret_cast<bf16*>(o),
-                                   *amx_cached)) {
-            continue;
+          if (use_amx && pa_amx::takes(w, G)) {  // use_amx: bf16 only (the casts are no-ops)
+            using bf16 = at::BFloat16;
+            pa_amx::run_amx_item(w, params, reinterpret_cast<const bf16*>(q),
+                                 reinterpret_cast<const bf16*>(kc),
+                                 reinterpret_cast<const bf16*>(vc), reinterpret_cast<bf16*>(o),
+                                 *amx_cached);
+            return;
           }
 #endif
 #if defined(CPU_CAPABILITY_AVX512)
@@ -615,18 +695,33 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
             } else {
               pa_tile::run_tile_item<1>(w, params, q, kc, vc, o, *tile_cached);
             }
-            continue;
+            return;
           }
 #endif
           run_item<scalar_t>(w, params, q, kc, vc, o, scratch);
+        };
+        for (int64_t it = next.fetch_add(1); it < n_items; it = next.fetch_add(1)) {
+          const WorkItem& w = items[it];
+          run(w);
+          // the item's rows, still in cache (split-KV items: after their merge)
+          if (w.part < 0 && !any_nonfinite.load(std::memory_order_relaxed) &&
+              item_nonfinite(w, params, o)) {
+            any_nonfinite.store(true, std::memory_order_relaxed);
+          }
         }
       }
     });
     if (!groups.empty()) {
       at::parallel_for(0, static_cast<int64_t>(groups.size()), 1, [&](int64_t b, int64_t e) {
-        for (int64_t g = b; g < e; ++g) merge_group(groups[g], params, o);
+        for (int64_t g = b; g < e; ++g) {
+          merge_group(groups[g], params, o);
+          if (group_nonfinite(groups[g], params, o)) {
+            any_nonfinite.store(true, std::memory_order_relaxed);
+          }
+        }
       });
     }
+    if (any_nonfinite.load()) redo_nonfinite_rows(params, S, q, kc, vc, o);
   });
 }
 

@@ -173,9 +173,7 @@ inline bool takes(const WorkItem& w, int64_t G) {
   return w.q_end - w.q_begin == 1 && kLanes % G == 0;
 }
 
-// Runs the item and returns true, or returns false having written nothing (the parity form
-// with a non-finite accumulator; see the end).
-inline bool run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16* query,
+inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16* query,
                          const at::BFloat16* kc, const at::BFloat16* vc, at::BFloat16* out,
                          AmxScratch& s) {
   const ItemGeom ig(w, p);
@@ -471,7 +469,7 @@ inline bool run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   _tile_release();
   if (!parity) {
     finish_rows(w, p, ig, rows, s.acc, D, s.m, s.l, out);
-    return true;
+    return;
   }
   // parity form back to rows: column 2j + b of a row is cell j of its half b
   alignas(64) int32_t lo_cols[16], hi_cols[16];
@@ -484,8 +482,6 @@ inline bool run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   const __m512i clo = _mm512_load_si512(lo_cols);
   const __m512i chi = _mm512_load_si512(hi_cols);
   const int64_t half = D / 2;
-  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  __mmask16 finite = 0xFFFF;
   for (int64_t r = 0; r < rows; ++r) {
     const float* ae = s.acc + (r / R) * R * D + (r % R) * half;
     const float* ao = ae + R * half;
@@ -493,18 +489,14 @@ inline bool run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     for (int64_t c = 0; c < half; c += 16) {
       const __m512 e = _mm512_loadu_ps(ae + c);
       const __m512 o = _mm512_loadu_ps(ao + c);
-      finite &= _mm512_cmp_ps_mask(_mm512_abs_ps(e), inf, _CMP_LT_OQ) &
-                _mm512_cmp_ps_mask(_mm512_abs_ps(o), inf, _CMP_LT_OQ);
       _mm512_storeu_ps(dst + 2 * c, _mm512_permutex2var_ps(e, clo, o));
       _mm512_storeu_ps(dst + 2 * c + 16, _mm512_permutex2var_ps(e, chi, o));
     }
   }
-  // A value cell that is inf or NaN reaches its pair's other column too (0 x inf in the cell
-  // that holds the other half's zero), where native keeps it in its own column: such an item
-  // is left to the vector path, which the caller runs instead.
-  if (finite != 0xFFFF) return false;
+  // (a value cell that is inf or NaN reaches its pair's other column too, 0 x inf in the cell
+  // that holds the other half's zero: such rows come out non-finite, and paged_attention_out
+  // computes them again the way native does)
   finish_rows(w, p, ig, rows, s.acc2, D, s.m, s.l, out);
-  return true;
 }
 
 }  // namespace pa_amx

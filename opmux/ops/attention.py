@@ -30,6 +30,13 @@ def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     scores = scores.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, vh)                  # [Hkv, G, q_len, D]
+    if not bool(torch.isfinite(vh).all()):
+        # a key a row does not see must not reach it: 0 * inf in the product above would
+        # (rare, damaged caches only: each row again over the keys it sees)
+        for j in range(q_len):
+            seen = visible[j].nonzero().squeeze(1)
+            out[:, :, j] = torch.matmul(probs[:, :, j, seen].unsqueeze(2),
+                                        vh[:, :, seen]).squeeze(2)
     return out.permute(2, 0, 1, 3)                 # [q_len, Hkv, G, D]
 
 
@@ -45,7 +52,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     ``block_tables[i, :ceil(kv_len / block_size)]``. Query row ``j`` sits at position
     ``p = kv_len - q_len + j`` and sees key ``t`` iff ``t <= p`` and, with a window,
     ``t > p - sliding_window``. Scores are ``(q . k) * scale``, soft-capped as
-    ``soft_cap * tanh(s / soft_cap)`` when given, then a masked softmax in fp32. Query head
+    ``soft_cap * tanh(s / soft_cap)`` when given, then a masked softmax in fp32 (a key a row
+    does not see never reaches it, not even through an inf or NaN value). Query head
     ``h`` reads kv head ``h // (H // Hkv)``. Rows at or past ``query_start_loc[S]`` are
     padding and come out as zeros.
 

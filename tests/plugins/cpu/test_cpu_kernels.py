@@ -301,33 +301,37 @@ def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv
     close(got, want, torch.bfloat16, scale=2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
 @pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
-@pytest.mark.parametrize("kv_heads,kv_lens", [(4, [300, 700, 50]), (4, [9000])],
-                         ids=["decode", "split-kv"])
-def test_paged_attention_bf16_nonfinite_value(cpp: Any, amx: bool, bad: float, kv_heads: int,
-                                              kv_lens: list[int]) -> None:
-    # A non-finite value cell that decode rows attend to is in its own column of their output,
-    # as native has it. The AMX path's parity form would spread it to the other column of its
-    # pair (0 x inf): such items go back to the vector path.
+@pytest.mark.parametrize("kv_heads,q_lens,kv_lens,window,t,row", [
+    (4, [1, 1, 1], [300, 700, 50], None, 123, 0),  # decode
+    (4, [1], [9000], None, 8823, 0),               # split-KV
+    (2, [40], [300], 10, 265, 5),                  # prefill: rows 5..14 see key 265
+], ids=["decode", "split-kv", "window"])
+def test_paged_attention_nonfinite_value(cpp: Any, dtype: torch.dtype, bad: float, amx: bool,
+                                         kv_heads: int, q_lens: list[int], kv_lens: list[int],
+                                         window: int | None, t: int, row: int) -> None:
+    # An inf or NaN value cell reaches the rows that see its key, in its own column, as native
+    # has it: not the rows of the same item that do not see it (0 x inf), nor (AMX parity
+    # form) the other column of its pair. Such rows are computed again over their own keys.
     switch = torch.ops.opmux_cpu.paged_attention_amx
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
     try:
         switch(1 if amx else 0)
-        case = _paged_case(torch.bfloat16, 32, kv_heads, 128, 128, [1] * len(kv_lens), kv_lens)
-        t = kv_lens[0] - 177
-        case["value_cache"][case["block_tables"][0, t // 128].long(), t % 128, 1, 7] = bad
-        got = cpp.paged_attention(**case, sliding_window=None, soft_cap=None)
+        case = _paged_case(dtype, 32, kv_heads, 128, 16, q_lens, kv_lens)
+        case["value_cache"][case["block_tables"][0, t // 16].long(), t % 16, 1, 7] = bad
+        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=None)
     finally:
         switch(1)
         torch.set_num_threads(threads)
-    want = native("paged_attention")(*case.values(), None, None)
+    want = native("paged_attention")(*case.values(), window, None)
     group = 32 // kv_heads  # the query heads of kv head 1
-    assert not torch.isfinite(want[0, group:2 * group, 7]).any()
-    assert torch.isfinite(want[0, :, 6]).all()
+    assert not torch.isfinite(want[row, group:2 * group, 7]).any()
+    assert torch.isfinite(want[:, :, 6]).all() and torch.isfinite(want[:, :group]).all()
     assert torch.equal(torch.isfinite(got), torch.isfinite(want))
-    rtol, atol = TOL[torch.bfloat16]
+    rtol, atol = TOL[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=2 * rtol, atol=2 * atol,
                                equal_nan=True)
 
