@@ -445,11 +445,13 @@ void redo_nonfinite_rows(const Params& p, int64_t S, const T* query, const T* kc
         for (int64_t t = lo; t <= pos; ++t) {
           const T* k = kc + ig.token_offset(p, t) + kv;
           float dot = 0.f;
-          for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(q[d]) * static_cast<float>(k[d]);
+          for (int64_t d = 0; d < D; ++d) {
+            dot += static_cast<float>(q[d]) * static_cast<float>(k[d]);
+          }
           dot *= p.scale;
           if (p.soft_cap > 0.f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
           e[t - lo] = dot;
-          if (dot > mx || std::isnan(dot)) mx = std::isnan(mx) ? mx : dot;
+          if (std::isnan(dot) || dot > mx) mx = dot;  // a NaN stays (dot > NaN is false)
         }
         float l = 0.f;
         for (float& x : e) l += (x = std::exp(x - mx));
