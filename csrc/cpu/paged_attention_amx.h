@@ -128,6 +128,8 @@ struct AmxScratch {
   alignas(64) float l[kItemRows];
   alignas(64) int32_t lo[kItemRows];   // first visible key of each row
   alignas(64) int32_t pos[kItemRows];  // last visible key of each row
+  int32_t lo_max[kItemRows / kLanes];   // per lane tile: the latest first key of its rows
+  int32_t pos_min[kItemRows / kLanes];  // per lane tile: the earliest last key of its rows
 
   explicit AmxScratch(int64_t d) : D(d) {
     const size_t n = static_cast<size_t>(d);
@@ -210,6 +212,14 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       s.lo[r] = std::numeric_limits<int32_t>::max();
     }
   }
+  for (int64_t lt = 0; lt < n_tiles; ++lt) {
+    s.lo_max[lt] = std::numeric_limits<int32_t>::min();
+    s.pos_min[lt] = std::numeric_limits<int32_t>::max();
+    for (int64_t r = lt * kLanes; r < std::min(rows, (lt + 1) * kLanes); ++r) {
+      s.lo_max[lt] = std::max(s.lo_max[lt], s.lo[r]);
+      s.pos_min[lt] = std::min(s.pos_min[lt], s.pos[r]);
+    }
+  }
   std::fill_n(s.acc, lane_rows * D, 0.f);
   auto q_words = [&](int64_t r) {  // row r of the query as 32-bit cells (pairs of bf16)
     const int64_t j = w.q_begin + r / per_pos;
@@ -251,6 +261,7 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
   }
   const __m512 scale = _mm512_set1_ps(p.scale);
   const bool capped = p.soft_cap > 0.f;
+  const bool plain = !capped && p.scale > 0.f;  // raw scores order as the scaled ones do
   const __m512 cap = _mm512_set1_ps(p.soft_cap);
   const __m512 inv_cap = _mm512_set1_ps(capped ? 1.f / p.soft_cap : 0.f);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -323,7 +334,14 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       const __m512i lo_v = _mm512_load_si512(s.lo + lt * kLanes);
       const __m512i pos_v = _mm512_load_si512(s.pos + lt * kLanes);
       __m512 mx = neg_inf;
-      for (int64_t t = 0; t < n; ++t) {
+      // every real lane of the tile sees every key of the chunk, no cap: the raw scores stay
+      // as they are, their max is scaled once and the exp loop scales each score in its FMA
+      const bool raw = plain && t0 >= s.lo_max[lt] && t1 - 1 <= s.pos_min[lt];
+      if (raw) {
+        for (int64_t t = 0; t < n; ++t) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + t * kLanes));
+        mx = _mm512_mul_ps(mx, scale);
+      }
+      for (int64_t t = 0; !raw && t < n; ++t) {
         __m512 v = _mm512_mul_ps(_mm512_loadu_ps(st + t * kLanes), scale);
         if (capped) v = _mm512_mul_ps(cap, fast_tanh(_mm512_mul_ps(v, inv_cap)));
         const __m512i tt = _mm512_set1_epi32(static_cast<int32_t>(t0 + t));
@@ -340,14 +358,15 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       const __m512 m_sub =
           _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
                              _mm512_setzero_ps());
-      const __m512 alpha = fVec(_mm512_sub_ps(m_old, m_sub)).exp_u20();
+      const __m512 alpha = exp512(_mm512_sub_ps(m_old, m_sub));
       __m512 sum = _mm512_setzero_ps();
       uint16_t* prow = s.p + lt * kLanes * kChunk;
       for (int64_t tg = 0; tg < n32; tg += 16) {
         __m512 e[16];
 #pragma GCC unroll 16
         for (int64_t i = 0; i < 16; ++i) {
-          e[i] = fVec(_mm512_sub_ps(_mm512_loadu_ps(st + (tg + i) * kLanes), m_sub)).exp_u20();
+          const __m512 sc = _mm512_loadu_ps(st + (tg + i) * kLanes);
+          e[i] = exp512(raw ? _mm512_fmsub_ps(sc, scale, m_sub) : _mm512_sub_ps(sc, m_sub));
           sum = _mm512_add_ps(sum, e[i]);
         }
         transpose16(e);
@@ -355,10 +374,9 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
           for (int64_t r = 0; r < kLanes; ++r) {
             const int64_t gr = lt * kLanes + r;
             uint32_t* pe = s.pp + ((gr / R) * 2 * R + gr % R) * kChunk + tg;
-            const __m512i hi = _mm512_slli_epi32(
-                _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e[r])), 16);
-            _mm512_storeu_si512(pe, _mm512_srli_epi32(hi, 16));
-            _mm512_storeu_si512(pe + R * kChunk, hi);
+            const __m512i lo16 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(e[r]));
+            _mm512_storeu_si512(pe, lo16);
+            _mm512_storeu_si512(pe + R * kChunk, _mm512_slli_epi32(lo16, 16));
           }
           continue;
         }

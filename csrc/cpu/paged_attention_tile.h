@@ -242,7 +242,7 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
         // rows with nothing visible yet keep -inf; subtract 0 there so no inf - inf appears
         m_use[v] = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ),
                                       _mm512_setzero_ps());
-        alpha[v] = fVec(_mm512_sub_ps(st.m[v], m_use[v])).exp_u20();
+        alpha[v] = exp512(_mm512_sub_ps(st.m[v], m_use[v]));
         st.m[v] = m_new;
       }
       __m512 sum[NV];
@@ -250,7 +250,7 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
       for (int64_t t = 0; t < n; ++t) {
         for (int v = 0; v < NV; ++v) {
           float* sp = sT + t * kStride + v * kLanes;
-          const __m512 e = fVec(_mm512_sub_ps(_mm512_loadu_ps(sp), m_use[v])).exp_u20();
+          const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sp), m_use[v]));
           _mm512_storeu_ps(sp, e);
           sum[v] = _mm512_add_ps(sum[v], e);
         }

@@ -121,6 +121,30 @@ inline void store_nt(T* p, const fVec& v, int64_t n) {
   store_n(p, v, n);
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// e^x to 3.5e-7 relative error (ATen's exp_u20: 20 ulp) in 11 operations instead of its 17:
+// n = round(x log2(e)), r = x - n ln 2 in two steps (n times ln 2's 15-bit high part is
+// exact), e^r by a degree-5 polynomial fitted on [-ln 2 / 2, ln 2 / 2], then VSCALEFPS
+// multiplies by 2^n. Below x = -87 (e^x under 1.7e-38) the result is 0, so no denormal ever
+// comes out (an operation on one costs a microcode assist: a first version that let them
+// through made windowed batches 25% slower); inf above 88.7; NaN for a NaN x and for x = +inf
+// (the softmax loops pass x - max <= 0).
+inline __m512 exp512(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_NLT_UQ);  // NaN too
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(0.00807215180248022f), r,
+                             _mm512_set1_ps(0.041885022073984146f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.16670504212379456f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.4999919831752777f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.9999989867210388f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f));
+  return _mm512_maskz_scalef_ps(keep, q, n);
+}
+#endif
+
 inline void stream_fence() {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   _mm_sfence();

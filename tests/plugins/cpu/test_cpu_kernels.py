@@ -302,6 +302,35 @@ def test_paged_attention_bf16_amx_and_vector(cpp: Any, amx: bool, heads: int, kv
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
+@pytest.mark.parametrize("window,cap", [(None, None), (50, None), (None, 400.0)])
+@pytest.mark.parametrize("scale", [8.0, -8.0])
+def test_paged_attention_sharp_scores(cpp: Any, dtype: torch.dtype, amx: bool,
+                                      window: int | None, cap: float | None,
+                                      scale: float) -> None:
+    # Scores spread over hundreds: the softmax's exponents run from 0 down past fp32's range
+    # (the kernels' exp gives 0 below -87, never a denormal), a row's probabilities are nearly
+    # one-hot, and a negative scale reverses the order of the raw scores.
+    switch = torch.ops.opmux_cpu.paged_attention_amx
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        switch(1 if amx else 0)
+        case = _paged_case(dtype, 16, 2, 128, 16, [1, 1, 9], [300, 33, 400])
+        case["scale"] = scale
+        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
+    finally:
+        switch(1)
+        torch.set_num_threads(threads)
+    want = native("paged_attention")(*case.values(), window, cap)
+    assert torch.isfinite(got).all()
+    # fp32: a scaled score of a few hundred carries an absolute rounding error of about
+    # |s| x 6e-8 x sqrt(d) (1e-4) whatever the order of its sum, and so does each probability
+    # relatively (up to 7.6e-5 here)
+    close(got, want, dtype, scale=2 if dtype == torch.bfloat16 else 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
 @pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
 @pytest.mark.parametrize("kv_heads,q_lens,kv_lens,window,t,row", [
