@@ -13,8 +13,10 @@
 //           pair-interleaved B layout; the 16 x R result lands in the group's lanes of a
 //           [token][16 lanes] buffer.
 //   softmax vectorised across the 16 lanes (one vector per token): scale, soft cap, mask,
-//           running max and sum per lane, the accumulators rescaled; the probabilities are
-//           transposed to rows and rounded to bf16 (the A tile of the next step).
+//           running max and sum per lane (a chunk every row of the lane tile sees whole, with
+//           no cap: the raw scores' max, the scale applied in the exp's FMA), the accumulators
+//           rescaled; the probabilities are transposed to rows and rounded to bf16 (the A
+//           tile of the next step).
 //   values  O += P . V  per group, in one of two forms, with up to four 16-column
 //           accumulator tiles at a time, loaded from and stored back to fp32 accumulators:
 //     parity (groups of 8 rows at most): the B tile is 16 value rows x 32 columns straight
