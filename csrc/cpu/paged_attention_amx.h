@@ -130,8 +130,6 @@ struct AmxScratch {
   alignas(64) float l[kItemRows];
   alignas(64) int32_t lo[kItemRows];   // first visible key of each row
   alignas(64) int32_t pos[kItemRows];  // last visible key of each row
-  int32_t lo_max[kItemRows / kLanes];   // per lane tile: the latest first key of its rows
-  int32_t pos_min[kItemRows / kLanes];  // per lane tile: the earliest last key of its rows
 
   explicit AmxScratch(int64_t d) : D(d) {
     const size_t n = static_cast<size_t>(d);
@@ -212,14 +210,6 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
     } else {  // padding lanes see no key
       s.pos[r] = -1;
       s.lo[r] = std::numeric_limits<int32_t>::max();
-    }
-  }
-  for (int64_t lt = 0; lt < n_tiles; ++lt) {
-    s.lo_max[lt] = std::numeric_limits<int32_t>::min();
-    s.pos_min[lt] = std::numeric_limits<int32_t>::max();
-    for (int64_t r = lt * kLanes; r < std::min(rows, (lt + 1) * kLanes); ++r) {
-      s.lo_max[lt] = std::max(s.lo_max[lt], s.lo[r]);
-      s.pos_min[lt] = std::min(s.pos_min[lt], s.pos[r]);
     }
   }
   std::fill_n(s.acc, lane_rows * D, 0.f);
@@ -337,8 +327,11 @@ inline void run_amx_item(const WorkItem& w, const Params& p, const at::BFloat16*
       const __m512i pos_v = _mm512_load_si512(s.pos + lt * kLanes);
       __m512 mx = neg_inf;
       // every real lane of the tile sees every key of the chunk, no cap: the raw scores stay
-      // as they are, their max is scaled once and the exp loop scales each score in its FMA
-      const bool raw = plain && t0 >= s.lo_max[lt] && t1 - 1 <= s.pos_min[lt];
+      // as they are, their max is scaled once and the exp loop scales each score in its FMA.
+      // Rows go by query position, so the tile's first row has the earliest last key and its
+      // last real row the latest first key.
+      const int64_t last = std::min(rows, (lt + 1) * kLanes) - 1;
+      const bool raw = plain && t0 >= s.lo[last] && t1 - 1 <= s.pos[lt * kLanes];
       if (raw) {
         for (int64_t t = 0; t < n; ++t) mx = _mm512_max_ps(mx, _mm512_loadu_ps(st + t * kLanes));
         mx = _mm512_mul_ps(mx, scale);
