@@ -162,9 +162,12 @@ inline __m512 reduce16(const __m512* v) {
 // tanh as a rational function of x (odd 13th over even 6th degree, the Eigen fast_tanh_float
 // coefficients), x clamped to +-7.905: within 4e-7 of tanh in a dozen FMAs, where Sleef's tanh
 // cost a quarter of the whole capped prefill. The soft cap of the row-tile and AMX paths.
+// NaN stays NaN: VMAXPS / VMINPS return their second operand when either is NaN, so x goes
+// second in the clamp (with x first, a NaN score became -1, and a NaN key gave a finite
+// capped softmax where native gives NaN).
 inline __m512 fast_tanh(__m512 x) {
   const __m512 lim = _mm512_set1_ps(7.90531110763549805f);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
+  x = _mm512_min_ps(lim, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), x));
   const __m512 x2 = _mm512_mul_ps(x, x);
   __m512 p = _mm512_set1_ps(-2.76076847742355e-16f);
   p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.00018790482477e-13f));

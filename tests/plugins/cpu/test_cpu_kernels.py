@@ -365,6 +365,45 @@ def test_paged_attention_nonfinite_value(cpp: Any, dtype: torch.dtype, bad: floa
                                equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype,amx", [(torch.float32, True), (torch.float16, True),
+                                       (torch.bfloat16, True), (torch.bfloat16, False)],
+                         ids=["fp32", "fp16", "bf16-amx", "bf16-vector"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("cap", [None, 30.0], ids=["nocap", "cap"])
+@pytest.mark.parametrize("kv_heads,q_lens,kv_lens,window,t,row", [
+    (4, [1, 1, 1], [300, 700, 50], None, 123, 0),  # decode
+    (4, [1], [9000], None, 8823, 0),               # split-KV
+    (2, [40], [300], 10, 265, 5),                  # prefill: rows 5..14 see key 265
+], ids=["decode", "split-kv", "window"])
+def test_paged_attention_nonfinite_key(cpp: Any, dtype: torch.dtype, amx: bool, bad: float,
+                                       cap: float | None, kv_heads: int, q_lens: list[int],
+                                       kv_lens: list[int], window: int | None, t: int,
+                                       row: int) -> None:
+    # An inf or NaN key cell gives the rows that see it what native gives them: NaN for a NaN
+    # key (with a soft cap too: the cap's tanh must keep NaN), NaN or a one-hot row for an
+    # infinite score, and with a soft cap an infinite score becomes +-cap, a finite one.
+    switch = torch.ops.opmux_cpu.paged_attention_amx
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        switch(1 if amx else 0)
+        case = _paged_case(dtype, 32, kv_heads, 128, 16, q_lens, kv_lens)
+        case["key_cache"][case["block_tables"][0, t // 16].long(), t % 16, 1, 7] = bad
+        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
+    finally:
+        switch(1)
+        torch.set_num_threads(threads)
+    want = native("paged_attention")(*case.values(), window, cap)
+    group = 32 // kv_heads  # the query heads of kv head 1
+    assert torch.isfinite(want[:, :group]).all()
+    if bad != bad:  # NaN: every row that sees the key, every column
+        assert torch.isnan(want[row, group:2 * group]).all()
+    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 * rtol, atol=2 * atol,
+                               equal_nan=True)
+
+
 def test_paged_attention_errors(cpp: Any) -> None:
     case = _paged_case(torch.float32, 4, 2, 32, 16, q_lens=[2], kv_lens=[5])
     kernel = torch.ops.opmux_cpu.paged_attention_out
