@@ -7,7 +7,9 @@ exit at once. A program owns ``BLOCK_Q`` query tokens of its sequence times all
 ``G = H / Hkv`` query heads that share kv head ``kvh`` (GQA): its ``BLOCK_M = BLOCK_Q * G_PAD``
 rows share every K/V tile it loads. It walks the KV positions its rows can see (causal end,
 sliding-window start) in tiles of ``BLOCK_N`` tokens gathered through the block table, with
-an online softmax in fp32 (scores scaled, soft-capped, masked, then exponentiated).
+an online softmax in fp32 (scores scaled, soft-capped, masked, then exponentiated). A
+program whose accumulators come out inf or NaN (a damaged cache) walks its keys a second time
+with the value products taken key by key, so a value a row does not see never reaches it.
 """
 
 from typing import Optional
@@ -44,6 +46,72 @@ _BF16_DOT_IN_FP32 = interpreting()
 """The interpreter (Triton 3.9) multiplies bf16 ``tl.dot`` operands as their raw uint16 bits
 (triton-lang/triton#11584, "we just don't support it yet"), so under it bf16 tiles are upcast
 and multiplied in fp32; on a GPU bf16 dots stay bf16."""
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _attend(  # type: ignore[no-untyped-def]
+    q, pos, kv_begin, kv_end, bt_row, k_head, v_head, scale, soft_cap, window, block_size,
+    k_sb, k_so, k_sd, v_sb, v_so, v_sd, dims, d_ok,
+    BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
+    EXACT: tl.constexpr,
+):
+    """One program's rows over keys [kv_begin, kv_end) with an online softmax in fp32: the
+    unnormalised accumulator and the softmax sum. EXACT takes the value products key by key,
+    each only for the rows that see the key, instead of one tile product."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    for start in range(kv_begin, kv_end, BLOCK_N):
+        t = start + tl.arange(0, BLOCK_N)
+        t_ok = t < kv_end
+        blk = tl.load(bt_row + t // block_size, mask=t_ok, other=0).to(tl.int64)
+        off = (t % block_size).to(tl.int64)
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_head + blk[:, None] * k_sb + off[:, None] * k_so + dims[None, :] * k_sd,
+                    mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * scale
+        if USE_SOFTCAP:
+            # tanh from exp(-2|x|): never overflows
+            e = tl.exp(-2.0 * tl.abs(s / soft_cap))
+            th = (1.0 - e) / (1.0 + e)
+            s = soft_cap * tl.where(s < 0.0, -th, th)
+        visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (t[None, :] > pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if EXACT:
+            acc = acc * alpha[:, None]
+            cols = tl.arange(0, BLOCK_N)
+            for j in range(BLOCK_N):
+                t_j = start + j
+                if t_j < kv_end:
+                    blk_j = tl.load(bt_row + t_j // block_size).to(tl.int64)
+                    v_j = tl.load(v_head + blk_j * v_sb + (t_j % block_size) * v_so
+                                  + dims * v_sd, mask=d_ok, other=0.0).to(tl.float32)
+                    p_j = tl.sum(tl.where(cols[None, :] == j, p, 0.0), axis=1)
+                    sees = t_j <= pos
+                    if USE_WINDOW:
+                        sees = sees & (t_j > pos - window)
+                    acc += tl.where(sees[:, None], p_j[:, None] * v_j[None, :], 0.0)
+        else:
+            v = tl.load(v_head + blk[:, None] * v_sb + off[:, None] * v_so
+                        + dims[None, :] * v_sd, mask=kv_mask, other=0.0)
+            if FP32_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i
 
 
 @triton.autotune(  # type: ignore[untyped-decorator]
@@ -96,46 +164,23 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
             first_pos = kv_len - q_len + q_tile * BLOCK_Q
             kv_begin = tl.maximum(first_pos - window + 1, 0)
             kv_begin = (kv_begin // BLOCK_N) * BLOCK_N
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
         bt_row = bt_ptr + seq * bt_s
         k_head = k_ptr + kvh.to(tl.int64) * k_sh
         v_head = v_ptr + kvh.to(tl.int64) * v_sh
-        for start in range(kv_begin, kv_end, BLOCK_N):
-            t = start + tl.arange(0, BLOCK_N)
-            t_ok = t < kv_end
-            blk = tl.load(bt_row + t // block_size, mask=t_ok, other=0).to(tl.int64)
-            off = (t % block_size).to(tl.int64)
-            kv_mask = t_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_head + blk[:, None] * k_sb + off[:, None] * k_so + dims[None, :] * k_sd,
-                        mask=kv_mask, other=0.0)
-            if FP32_DOT:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale
-            if USE_SOFTCAP:
-                # tanh from exp(-2|x|): never overflows
-                e = tl.exp(-2.0 * tl.abs(s / soft_cap))
-                th = (1.0 - e) / (1.0 + e)
-                s = soft_cap * tl.where(s < 0.0, -th, th)
-            visible = t_ok[None, :] & (t[None, :] <= pos[:, None])
-            if USE_WINDOW:
-                visible = visible & (t[None, :] > pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(s - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_head + blk[:, None] * v_sb + off[:, None] * v_so + dims[None, :] * v_sd,
-                        mask=kv_mask, other=0.0)
-            if FP32_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+        # A value cell that is inf or NaN reaches, through the tile products, the rows that do
+        # not see its key too (0 * inf is NaN), which native never lets happen. The products
+        # are exact whenever every value read is finite, and then so is every accumulator; so
+        # a program whose accumulators end non-finite walks its keys again with the products
+        # taken key by key, each kept only for the rows that see the key (damaged caches only).
+        acc, l_i = _attend(q, pos, kv_begin, kv_end, bt_row, k_head, v_head, scale, soft_cap,
+                           window, block_size, k_sb, k_so, k_sd, v_sb, v_so, v_sd, dims, d_ok,
+                           BLOCK_M, D_PAD, USE_WINDOW, USE_SOFTCAP, FP32_DOT, BLOCK_N, False)
+        bad = ((acc != acc) | (tl.abs(acc) == float("inf"))) & row_ok[:, None] & d_ok[None, :]
+        if tl.sum(tl.where(bad, 1, 0)) > 0:
+            acc, l_i = _attend(q, pos, kv_begin, kv_end, bt_row, k_head, v_head, scale,
+                               soft_cap, window, block_size, k_sb, k_so, k_sd, v_sb, v_so, v_sd,
+                               dims, d_ok, BLOCK_M, D_PAD, USE_WINDOW, USE_SOFTCAP, FP32_DOT,
+                               BLOCK_N, True)
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(o_ptr + q_rows[:, None] * o_st + head[:, None] * o_sh + dims[None, :] * o_sd,
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from cuda_refs import DTYPES, close, paged_case
+from cuda_refs import DTYPES, TOL, close, paged_case
 
 import opmux.ops
 from opmux.core.errors import OpInputError
@@ -290,6 +290,40 @@ def test_paged_attention_int64_indices_and_empty(k: Any, device: torch.device) -
           native("paged_attention")(**case, scale=0.25), torch.float16)
     empty = paged_case([0, 0], [3, 0], 4, 2, 16, 4, torch.float32, device)
     assert k.attn.paged_attention(**empty, scale=1.0).shape == (0, 4, 16)
+
+
+# the interpreter runs tiles through numpy, which warns on the inf and NaN fed in on purpose
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("cell", ["key", "value"])
+@pytest.mark.parametrize(("window", "soft_cap"), [(None, None), (3, None), (None, 4.0)])
+def test_paged_attention_nonfinite_cells(k: Any, device: torch.device, dtype: torch.dtype,
+                                         bad: float, cell: str, window: int | None,
+                                         soft_cap: float | None) -> None:
+    # Cache rows no sequence owns hold NaN, and one cell of key 8 of the 9-row prefill is inf
+    # or NaN: rows 0..4 (positions 3..7) do not see that key and must come out as native has
+    # them, untouched by it (a value cell reaches the rows of its tile through the tile
+    # product unless they are taken key by key).
+    case = paged_case([1, 9], [20, 12], 8, 2, 16, 4, dtype, device)
+    owned = torch.zeros(case["key_cache"].shape[:2], dtype=torch.bool, device=device)
+    for i, kv_len in enumerate([20, 12]):
+        t = torch.arange(kv_len, device=device)
+        owned[case["block_tables"][i, t // 4].long(), t % 4] = True
+    for cache in (case["key_cache"], case["value_cache"]):
+        cache[~owned] = float("nan")
+    case[f"{cell}_cache"][case["block_tables"][1, 8 // 4].long(), 8 % 4, 1, 5] = bad
+    got = k.attn.paged_attention(**case, scale=0.3, sliding_window=window, soft_cap=soft_cap)
+    want = native("paged_attention")(**case, scale=0.3, sliding_window=window,
+                                     soft_cap=soft_cap)
+    assert torch.isfinite(want[:6]).all()  # the decode row and the rows before key 8
+    assert not torch.isfinite(want).all() or (cell == "key" and bad > 0)
+    assert torch.equal(torch.isfinite(got.cpu()), torch.isfinite(want.cpu()))
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=atol, rtol=rtol,
+                               equal_nan=True)
 
 
 def test_paged_attention_errors(k: Any, device: torch.device) -> None:
