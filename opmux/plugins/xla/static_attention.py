@@ -143,7 +143,9 @@ def static_paged_attention(
     Every query row gathers its sequence's whole block-table row (``max_blocks *
     block_size`` keys) and masks keys by position, so the work per row is fixed by shapes.
     Block ids are clamped into ``[0, num_blocks)``: entries past a sequence's length
-    (often stale or -1 padding) are gathered but masked, never read out of bounds.
+    (often stale or -1 padding) are gathered but masked, never read out of bounds, and a
+    value a row does not see is zeroed before the product, so not even an inf or NaN one
+    reaches it.
 
     :returns: ``[T, H, D]`` in ``query.dtype``; padding rows are zero.
     """
@@ -174,6 +176,8 @@ def static_paged_attention(
         mask = visible[begin:end].reshape(rows, 1, 1, span)
         scores = torch.where(mask, scores, _MASKED)
         probs = torch.softmax(scores, dim=-1)
+        # a key a row does not see must not reach it through an inf or NaN value (0 * inf)
+        v = torch.where(visible[begin:end].reshape(rows, span, 1, 1), v, 0.0)
         out = torch.einsum("tkgl,tlkd->tkgd", probs, v).reshape(rows, heads, head_size)
         outs.append(out)
     if not outs:

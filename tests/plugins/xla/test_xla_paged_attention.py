@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from xla_cases import CASES, Case, loop_reference, make_case
+from xla_cases import CASES, Case, damage, loop_reference, make_case
 
 import opmux
 from opmux.plugins.xla import opmux_plugin_info
@@ -60,6 +60,26 @@ def test_each_provider_on_cpu_tensors(op: opmux.Op, provider: str, name: str) ->
     case = make_case(**CASES[name])  # type: ignore[arg-type]
     out = op.impls[provider](*case.args())
     torch.testing.assert_close(out, catalog_reference(case), **tol(out.dtype))
+
+
+@pytest.mark.parametrize("provider", ["static_xla", "catalog_cuda", "catalog_cpu"])
+@pytest.mark.parametrize("cell", [0, 1], ids=["key", "value"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize(("window", "cap"), [(None, None), (3, None), (None, 4.0)])
+def test_nonfinite_cells_reach_only_the_rows_that_see_them(op: opmux.Op, provider: str,
+                                                           cell: int, bad: float,
+                                                           window: int | None,
+                                                           cap: float | None) -> None:
+    # the static code gathers whole block-table rows and multiplies masked keys' values by a
+    # probability of 0: an inf or NaN value must still not reach a row that does not see it
+    case = make_case([1, 9], [20, 12], heads=8, block_size=4, sliding_window=window,
+                     soft_cap=cap)
+    damage(case, cell, bad)
+    out = op.impls[provider](*case.args())
+    want = catalog_reference(case)
+    assert torch.isfinite(want[:6]).all()
+    assert torch.equal(torch.isfinite(out), torch.isfinite(want))
+    torch.testing.assert_close(out, want, equal_nan=True, **tol(out.dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

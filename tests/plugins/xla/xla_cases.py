@@ -141,3 +141,17 @@ CASES: dict[str, dict[str, object]] = {
     "window_soft_cap_padded": dict(q_lens=[3, 1], kv_lens=[10, 18], sliding_window=5,
                                    soft_cap=1.5, batch_bucket=3, token_bucket=6),
 }
+
+
+def damage(case: Case, cell: int, bad: float) -> None:
+    """NaN in every cache row no live sequence owns, and ``bad`` in one cell of key 8 of the
+    second sequence (``cell`` 0: keys, 1: values), kv head 1: with ``make_case([1, 9], [20,
+    12], block_size=4)`` its prefill rows 0..4 (positions 3..7) do not see that key."""
+    kc = case.kv_cache
+    bs = kc.shape[2]
+    owned = torch.zeros(kc.shape[1:3], dtype=torch.bool)
+    for i, kv_len in enumerate(case.kv_lens):
+        t = torch.arange(kv_len)
+        owned[case.block_tables[i, t // bs].long(), t % bs] = True
+    kc[:, ~owned] = float("nan")
+    kc[cell, case.block_tables[1, 8 // bs].long(), 8 % bs, 1, 5] = bad
