@@ -17,7 +17,7 @@ from opmux.ops.rotary import make_cos_sin_cache
 from opmux.ops.rotary_more import make_dual_chunk_caches
 from opmux.testing.activation_cases import GATED_SHAPES
 from opmux.testing.cases import Case, CaseGenerator, _register_all
-from opmux.testing.paged_batches import paged_batch
+from opmux.testing.paged_batches import PagedBatch, paged_batch
 
 __all__ = ["CACHE_LAYOUTS", "attention_case", "cache_layout", "register_catalog_cases"]
 
@@ -384,10 +384,15 @@ def attention_case(name: str, *, dtype: torch.dtype = torch.float32,
                    q_lens: Sequence[int], kv_lens: Sequence[int], heads: int = 8,
                    kv_heads: int = 2, head_size: int = 32, block_size: int = 16,
                    sliding_window: int | None = None, soft_cap: float | None = None,
-                   pad_rows: int = 0, spare_blocks: int = 3, layout: str = "nhd") -> Case:
+                   pad_rows: int = 0, spare_blocks: int = 3, layout: str = "nhd",
+                   damage: tuple[str, int, float] | None = None) -> Case:
     """Build a ``paged_attention`` case: shuffled blocks, random unused cache contents.
 
     :param q_lens: query rows per sequence (0 allowed).
+    :param damage: ``(cache, token, bad)``: NaN in every cache row no sequence owns, and
+        ``bad`` (inf or NaN) in one cell of token ``token`` of the last sequence, in its key
+        (``cache`` ``"key"``) or value (``"value"``), so a provider must keep it away from the
+        rows that do not see that key, as native does.
     :param kv_lens: cached tokens per sequence (``>= q_len``).
     :param pad_rows: extra query rows after the last sequence (padding, output zeros).
     :param layout: the caches' memory layout, one of :data:`CACHE_LAYOUTS`.
@@ -395,9 +400,26 @@ def attention_case(name: str, *, dtype: torch.dtype = torch.float32,
     batch = paged_batch(q_lens, kv_lens, heads=heads, kv_heads=kv_heads, head_size=head_size,
                         block_size=block_size, dtype=dtype, pad_rows=pad_rows,
                         spare_blocks=spare_blocks, generator=_gen(name))
+    if damage is not None:
+        _damage(batch, *damage)
     key_cache, value_cache = cache_layout(batch.key_cache, batch.value_cache, layout)
     batch = dataclasses.replace(batch, key_cache=key_cache, value_cache=value_cache)
     return Case(name, batch.args(head_size ** -0.5, sliding_window, soft_cap))
+
+
+def _damage(batch: PagedBatch, cache: str, token: int, bad: float) -> None:
+    """See :func:`attention_case`'s ``damage`` (in place)."""
+    kc = batch.key_cache
+    bs = kc.shape[1]
+    owned = torch.zeros(kc.shape[:2], dtype=torch.bool)
+    for i, kv_len in enumerate(batch.seq_lens.tolist()):
+        t = torch.arange(kv_len)
+        owned[batch.block_tables[i, t // bs].long(), t % bs] = True
+    batch.key_cache[~owned] = float("nan")
+    batch.value_cache[~owned] = float("nan")
+    last = batch.block_tables.shape[0] - 1
+    target = batch.key_cache if cache == "key" else batch.value_cache
+    target[int(batch.block_tables[last, token // bs]), token % bs, -1, 1] = bad
 
 
 def paged_attention_cases() -> Iterator[Case]:
@@ -434,6 +456,18 @@ def paged_attention_cases() -> Iterator[Case]:
                              layout=layout)
     yield attention_case("bf16-layout-kv-split-hnd", dtype=torch.bfloat16, q_lens=[1, 4],
                          kv_lens=[17, 6], layout="kv-split-hnd", sliding_window=8)
+    # damaged caches: NaN in unowned rows, inf or NaN in key 8 of a 9-row prefill at 12 keys
+    # (its rows 0..4 do not see that key)
+    inf, nan = float("inf"), float("nan")
+    yield attention_case("fp32-damaged-value-inf", q_lens=[1, 9], kv_lens=[20, 12],
+                         block_size=4, damage=("value", 8, inf))
+    yield attention_case("fp32-damaged-value-nan-window", q_lens=[1, 9], kv_lens=[20, 12],
+                         block_size=4, sliding_window=3, damage=("value", 8, nan))
+    yield attention_case("bf16-damaged-key-nan-softcap", dtype=torch.bfloat16, q_lens=[1, 9],
+                         kv_lens=[20, 12], block_size=4, soft_cap=4.0, damage=("key", 8, nan))
+    yield attention_case("fp16-damaged-value-nan-gqa8", dtype=torch.float16, q_lens=[1, 9],
+                         kv_lens=[20, 12], heads=8, kv_heads=1, head_size=64, block_size=4,
+                         damage=("value", 8, nan))
 
 
 #: the case generators of the ops above, by op name

@@ -45,8 +45,8 @@ def test_generated_cases_are_valid_native_inputs(op: opmux.Op) -> None:
     for a, b in zip(cases, again, strict=True):
         for x, y in zip(a.args, b.args, strict=True):
             assert type(x) is type(y)
-            if isinstance(x, torch.Tensor):
-                assert torch.equal(x, y)
+            if isinstance(x, torch.Tensor):  # bit for bit (damaged caches hold NaN)
+                torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
 
 
 def test_edge_cases_are_covered() -> None:
