@@ -509,7 +509,7 @@ void moe_kernel(at::BFloat16* out, const at::BFloat16* x, const at::BFloat16* w1
           v[m] = m < n ? _mm512_loadu_ps(reinterpret_cast<const float*>(src[m] + s * 32))
                         : _mm512_setzero_ps();
         }
-        amx::transpose16(v);
+        transpose16(v);
         uint32_t* dst = xb.get() + (c * s1 + s) * kCells;
         for (int64_t p = 0; p < 16; ++p) _mm512_storeu_ps(dst + p * 16, v[p]);
       }
@@ -549,7 +549,7 @@ void moe_kernel(at::BFloat16* out, const at::BFloat16* x, const at::BFloat16* w1
         const float* res = h ? hi : lo;
         __m512 v[16];
         for (int i = 0; i < 16; ++i) v[i] = _mm512_load_ps(res + i * 16);
-        amx::transpose16(v);  // v[m]: hidden units ob * 32 + h * 16 + 0..15 of column m
+        transpose16(v);  // v[m]: hidden units ob * 32 + h * 16 + 0..15 of column m
         for (int64_t m = 0; m < n; ++m) {
           _mm512_storeu_ps(y.get() + (r0 + m) * d + ob * 32 + h * 16, v[m]);
         }

@@ -283,8 +283,13 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
       fVec mx_v = neg_inf;
       for_each_vec(n, [&](int64_t c, int64_t cnt) {
         fVec v = fVec::loadu(sr + c, cnt);
+        const bool whole = c >= a && c + cnt - 1 <= b && cnt == kF;
+        if (whole && p.soft_cap <= 0.f) {  // every key seen, nothing to change: the max only
+          mx_v = at::vec::maximum(mx_v, v);
+          return;
+        }
         if (p.soft_cap > 0.f) v = cap * (v * inv_cap).tanh();
-        if (c < a || c + cnt - 1 > b || cnt < kF) {
+        if (!whole) {
           float tmp[kF];
           v.store(tmp);
           for (int64_t e = 0; e < kF; ++e) {
@@ -302,7 +307,11 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
       const fVec mv(m_new);
       fVec sum_v(0.f);
       for_each_vec(n, [&](int64_t c, int64_t cnt) {
+#if defined(CPU_CAPABILITY_AVX512)
+        fVec e(exp512(fVec::loadu(sr + c, cnt) - mv));
+#else
         fVec e = (fVec::loadu(sr + c, cnt) - mv).exp_u20();
+#endif
         if (cnt < kF) {
           float tmp[kF] = {};
           e.store(tmp, cnt);

@@ -50,7 +50,6 @@ namespace pa_amx {
 
 using amx::TileConfig;
 using amx::tiles_granted;
-using amx::transpose16;
 
 constexpr int64_t kLanes = 16;
 // most keys per chunk (across blocks where every 16-key step lies inside one block): fewer

@@ -2,7 +2,8 @@
 //
 // For a work item whose query rows all read one kv head (prefill positions x GQA group, 9 to
 // 32 rows), the rows go in the lanes of one or two vectors instead of one row at a time. The
-// query block is stored transposed once per item (qT[d][row]); then, per chunk of keys:
+// query block is stored transposed once per item (qT[d][row], 16 x 16 blocks transposed in
+// registers, as the output rows are at the end); then, per chunk of keys:
 //   scores  sT[t][row] = sum_d qT[d][row] * k[t][d]    (broadcast-FMA, no horizontal sums)
 //   mask, soft cap, running max and sum: vertical over t, one vector op per (key, 16 rows)
 //   values  accT[d][row] = accT[d][row] * alpha[row] + sum_t sT[t][row] * v[t][d]
@@ -142,12 +143,34 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
     SubTile<NV>& st = sub[u];
     const int64_t last = std::min(rows, (u + 1) * kSubRows) - 1;  // lanes past it repeat it
     float* qT = s.qT.data() + u * Dp * kStride;
+    const T* qrows[kSubRows];
+    for (int64_t i = 0; i < kSubRows; ++i) {
+      const int64_t rr = std::min(u * kSubRows + i, last);
+      qrows[i] = query + (ig.q0 + w.q_begin + rr / G) * p.q_stride0 +
+                 (kv * G + rr % G) * p.q_stride1;
+    }
+    // qT = (q * scale)^T: 16 x 16 blocks transposed in registers, the last D % 16 elements
+    // one by one
+    const int64_t d16 = D / kLanes * kLanes;
+    const __m512 scale_v = _mm512_set1_ps(p.scale);
+    for (int v = 0; v < NV; ++v) {
+      for (int64_t c0 = 0; c0 < d16; c0 += kLanes) {
+        __m512 x[kLanes];
+        for (int i = 0; i < kLanes; ++i) {
+          x[i] = _mm512_mul_ps(load_f(qrows[v * kLanes + i] + c0), scale_v);
+        }
+        transpose16(x);
+        for (int e = 0; e < kLanes; ++e) {
+          _mm512_storeu_ps(qT + (c0 + e) * kStride + v * kLanes, x[e]);
+        }
+      }
+    }
     for (int64_t i = 0; i < kSubRows; ++i) {
       const int64_t rr = std::min(u * kSubRows + i, last);
       const int64_t j = w.q_begin + rr / G;
-      const int64_t h = kv * G + rr % G;
-      const T* qrow = query + (ig.q0 + j) * p.q_stride0 + h * p.q_stride1;
-      for (int64_t c = 0; c < D; ++c) qT[c * kStride + i] = static_cast<float>(qrow[c]) * p.scale;
+      for (int64_t c = d16; c < D; ++c) {
+        qT[c * kStride + i] = static_cast<float>(qrows[i][c]) * p.scale;
+      }
       for (int64_t c = D; c < Dp; ++c) qT[c * kStride + i] = 0.f;
       st.pos[i] = static_cast<int32_t>(ig.kv_len - ig.q_len + j);
       st.lo[i] = p.window > 0 ? std::max<int32_t>(0, st.pos[i] - static_cast<int32_t>(p.window) + 1)
@@ -268,12 +291,30 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
       _mm512_store_ps(inv + v * kLanes, _mm512_div_ps(_mm512_set1_ps(1.f), sub[u].l[v]));
     }
     const float* accT = s.accT.data() + u * Dp * kStride;
-    for (int64_t i = 0; i < std::min(kSubRows, rows - u * kSubRows); ++i) {
+    const int64_t n_rows = std::min(kSubRows, rows - u * kSubRows);
+    T* orows[kSubRows];
+    for (int64_t i = 0; i < n_rows; ++i) {
       const int64_t r = u * kSubRows + i;
-      const int64_t j = w.q_begin + r / G;
-      const int64_t h = kv * G + r % G;
-      T* orow = out + ((ig.q0 + j) * p.num_heads + h) * D;
-      for (int64_t c = 0; c < D; ++c) orow[c] = static_cast<T>(accT[c * kStride + i] * inv[i]);
+      orows[i] = out + ((ig.q0 + w.q_begin + r / G) * p.num_heads + kv * G + r % G) * D;
+    }
+    // out rows = (accT / l)^T, in 16 x 16 blocks as qT was made
+    const int64_t d16 = D / kLanes * kLanes;
+    for (int v = 0; v < NV && v * kLanes < n_rows; ++v) {
+      const int64_t nv = std::min<int64_t>(kLanes, n_rows - v * kLanes);
+      const __m512 inv_v = _mm512_load_ps(inv + v * kLanes);
+      for (int64_t c0 = 0; c0 < d16; c0 += kLanes) {
+        __m512 x[kLanes];
+        for (int e = 0; e < kLanes; ++e) {
+          x[e] = _mm512_mul_ps(_mm512_loadu_ps(accT + (c0 + e) * kStride + v * kLanes), inv_v);
+        }
+        transpose16(x);
+        for (int64_t i = 0; i < nv; ++i) store_n(orows[v * kLanes + i] + c0, fVec(x[i]), kLanes);
+      }
+    }
+    for (int64_t i = 0; i < n_rows; ++i) {
+      for (int64_t c = d16; c < D; ++c) {
+        orows[i][c] = static_cast<T>(accT[c * kStride + i] * inv[i]);
+      }
     }
   }
 }

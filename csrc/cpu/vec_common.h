@@ -143,6 +143,41 @@ inline __m512 exp512(__m512 x) {
   q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.f));
   return _mm512_maskz_scalef_ps(keep, q, n);
 }
+
+// 16 x 16 transpose of 32-bit cells in registers: lane j of v[i] goes to lane i of v[j].
+inline void transpose16(__m512* v) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const __m512d x = _mm512_castps_pd(a[4 * i + j]);
+      const __m512d y = _mm512_castps_pd(a[4 * i + 2 + j]);
+      b[4 * i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+      b[4 * i + 2 + j] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+  }
+  // b[4i + k]: in 128-bit lane L, rows 4i..4i+3 of column 4L + kCol[k]
+  constexpr int kCol[4] = {0, 2, 1, 3};
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 4; ++k) {
+      // columns kCol[k] and 8 + kCol[k] (then 4 + and 12 + kCol[k]) of rows 8i..8i+7
+      a[8 * i + k] = _mm512_shuffle_f32x4(b[8 * i + k], b[8 * i + 4 + k], _MM_SHUFFLE(2, 0, 2, 0));
+      a[8 * i + 4 + k] =
+          _mm512_shuffle_f32x4(b[8 * i + k], b[8 * i + 4 + k], _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512 x = a[4 * h + k];      // rows 0..7
+      const __m512 y = a[8 + 4 * h + k];  // rows 8..15
+      v[kCol[k] + 4 * h] = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0));
+      v[kCol[k] + 4 * h + 8] = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+  }
+}
 #endif
 
 inline void stream_fence() {
