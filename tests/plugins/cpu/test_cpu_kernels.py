@@ -330,39 +330,57 @@ def test_paged_attention_sharp_scores(cpp: Any, dtype: torch.dtype, amx: bool,
     close(got, want, dtype, scale=2 if dtype == torch.bfloat16 else 8)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
-@pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
-@pytest.mark.parametrize("kv_heads,q_lens,kv_lens,window,t,row", [
+_DAMAGED_AT = pytest.mark.parametrize("kv_heads,q_lens,kv_lens,window,t,row", [
     (4, [1, 1, 1], [300, 700, 50], None, 123, 0),  # decode
     (4, [1], [9000], None, 8823, 0),               # split-KV
     (2, [40], [300], 10, 265, 5),                  # prefill: rows 5..14 see key 265
 ], ids=["decode", "split-kv", "window"])
-def test_paged_attention_nonfinite_value(cpp: Any, dtype: torch.dtype, bad: float, amx: bool,
-                                         kv_heads: int, q_lens: list[int], kv_lens: list[int],
-                                         window: int | None, t: int, row: int) -> None:
-    # An inf or NaN value cell reaches the rows that see its key, in its own column, as native
-    # has it: not the rows of the same item that do not see it (0 x inf), nor (AMX parity
-    # form) the other column of its pair. Such rows are computed again over their own keys.
+"""Where the damaged cell goes: token ``t`` of the first sequence, kv head 1, column 7; ``row``
+is a query row that sees it."""
+
+
+def _damaged_run(cpp: Any, cache: str, bad: float, dtype: torch.dtype, amx: bool,
+                 kv_heads: int, q_lens: list[int], kv_lens: list[int], window: int | None,
+                 cap: float | None, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cpp``'s and native's outputs with ``bad`` in one cell of ``cache`` ("key_cache" or
+    "value_cache"), 2 threads, the AMX path on or off."""
     switch = torch.ops.opmux_cpu.paged_attention_amx
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
     try:
         switch(1 if amx else 0)
         case = _paged_case(dtype, 32, kv_heads, 128, 16, q_lens, kv_lens)
-        case["value_cache"][case["block_tables"][0, t // 16].long(), t % 16, 1, 7] = bad
-        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=None)
+        case[cache][case["block_tables"][0, t // 16].long(), t % 16, 1, 7] = bad
+        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
     finally:
         switch(1)
         torch.set_num_threads(threads)
-    want = native("paged_attention")(*case.values(), window, None)
-    group = 32 // kv_heads  # the query heads of kv head 1
-    assert not torch.isfinite(want[row, group:2 * group, 7]).any()
-    assert torch.isfinite(want[:, :, 6]).all() and torch.isfinite(want[:, :group]).all()
+    return got, native("paged_attention")(*case.values(), window, cap)
+
+
+def _same_nonfinite_and_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     assert torch.equal(torch.isfinite(got), torch.isfinite(want))
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=2 * rtol, atol=2 * atol,
                                equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("amx", [True, False], ids=["amx", "vector"])
+@_DAMAGED_AT
+def test_paged_attention_nonfinite_value(cpp: Any, dtype: torch.dtype, bad: float, amx: bool,
+                                         kv_heads: int, q_lens: list[int], kv_lens: list[int],
+                                         window: int | None, t: int, row: int) -> None:
+    # An inf or NaN value cell reaches the rows that see its key, in its own column, as native
+    # has it: not the rows of the same item that do not see it (0 x inf), nor (AMX parity
+    # form) the other column of its pair. Such rows are computed again over their own keys.
+    got, want = _damaged_run(cpp, "value_cache", bad, dtype, amx, kv_heads, q_lens, kv_lens,
+                             window, None, t)
+    group = 32 // kv_heads  # the query heads of kv head 1
+    assert not torch.isfinite(want[row, group:2 * group, 7]).any()
+    assert torch.isfinite(want[:, :, 6]).all() and torch.isfinite(want[:, :group]).all()
+    _same_nonfinite_and_close(got, want, dtype)
 
 
 @pytest.mark.parametrize("dtype,amx", [(torch.float32, True), (torch.float16, True),
@@ -370,11 +388,7 @@ def test_paged_attention_nonfinite_value(cpp: Any, dtype: torch.dtype, bad: floa
                          ids=["fp32", "fp16", "bf16-amx", "bf16-vector"])
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")], ids=["inf", "nan"])
 @pytest.mark.parametrize("cap", [None, 30.0], ids=["nocap", "cap"])
-@pytest.mark.parametrize("kv_heads,q_lens,kv_lens,window,t,row", [
-    (4, [1, 1, 1], [300, 700, 50], None, 123, 0),  # decode
-    (4, [1], [9000], None, 8823, 0),               # split-KV
-    (2, [40], [300], 10, 265, 5),                  # prefill: rows 5..14 see key 265
-], ids=["decode", "split-kv", "window"])
+@_DAMAGED_AT
 def test_paged_attention_nonfinite_key(cpp: Any, dtype: torch.dtype, amx: bool, bad: float,
                                        cap: float | None, kv_heads: int, q_lens: list[int],
                                        kv_lens: list[int], window: int | None, t: int,
@@ -382,26 +396,13 @@ def test_paged_attention_nonfinite_key(cpp: Any, dtype: torch.dtype, amx: bool, 
     # An inf or NaN key cell gives the rows that see it what native gives them: NaN for a NaN
     # key (with a soft cap too: the cap's tanh must keep NaN), NaN or a one-hot row for an
     # infinite score, and with a soft cap an infinite score becomes +-cap, a finite one.
-    switch = torch.ops.opmux_cpu.paged_attention_amx
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(2, threads))
-    try:
-        switch(1 if amx else 0)
-        case = _paged_case(dtype, 32, kv_heads, 128, 16, q_lens, kv_lens)
-        case["key_cache"][case["block_tables"][0, t // 16].long(), t % 16, 1, 7] = bad
-        got = cpp.paged_attention(**case, sliding_window=window, soft_cap=cap)
-    finally:
-        switch(1)
-        torch.set_num_threads(threads)
-    want = native("paged_attention")(*case.values(), window, cap)
+    got, want = _damaged_run(cpp, "key_cache", bad, dtype, amx, kv_heads, q_lens, kv_lens,
+                             window, cap, t)
     group = 32 // kv_heads  # the query heads of kv head 1
     assert torch.isfinite(want[:, :group]).all()
     if bad != bad:  # NaN: every row that sees the key, every column
         assert torch.isnan(want[row, group:2 * group]).all()
-    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
-    rtol, atol = TOL[dtype]
-    torch.testing.assert_close(got.float(), want.float(), rtol=2 * rtol, atol=2 * atol,
-                               equal_nan=True)
+    _same_nonfinite_and_close(got, want, dtype)
 
 
 def test_paged_attention_errors(cpp: Any) -> None:
