@@ -4,7 +4,9 @@ When the variable is set, every process (spawned and forked workers too) writes
 ``{op: {provider: calls}}`` as JSON at exit. ``{pid}`` in ``FILE`` is replaced by the process
 id, so each process gets its own file; without it, processes merge their counts into the one
 file under a lock. Ops of the ``opmux`` namespace are keyed by their name
-(``"rms_norm"``), others by ``namespace::name``.
+(``"rms_norm"``), others by ``namespace::name``. A process killed outright (``SIGKILL``) runs
+no exit hook and writes nothing: call :func:`flush` before it is killed (vLLM's workers:
+:class:`opmux.integrations.vllm.WorkerExtension`).
 
 Zero cost when unset: nothing here runs on the dispatch hot path. The op's selection chains
 are built with the providers' functions as they are; only when the variable is set does
@@ -123,14 +125,19 @@ def flush() -> str | None:
                 data = json.load(fh)
         except (OSError, ValueError):
             data = {}
+        changed = not os.path.exists(path)
         for (op, provider), cell in _CELLS.items():
             delta = cell[0] - _MERGED.get((op, provider), 0)
             if delta:
                 per_op = data.setdefault(op, {})
                 per_op[provider] = per_op.get(provider, 0) + delta
                 _MERGED[(op, provider)] = cell[0]
-        with open(path, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
+                changed = True
+        if changed:  # a new file replaces the old whole: a process killed here damages none
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "w") as fh:
+                json.dump(data, fh, indent=1, sort_keys=True)
+            os.replace(tmp, path)
     return path
 
 

@@ -8,7 +8,9 @@ dtype="float32", max_model_len=512)`` (eager unless ``--compile``), generates gr
 "plugin": [...]}`` (tokens/s and seconds: the median repeat). Whether the opmux plugin is
 active is up to the environment (``OPMUX_VLLM=0`` turns it off); the ``plugin`` entry lists
 what it replaced in this process (empty when off). vLLM spawns its engine process, so this
-module keeps its work under ``if __name__ == "__main__":``.
+module keeps its work under ``if __name__ == "__main__":``. The workers carry
+:class:`opmux.integrations.vllm.WorkerExtension`; under ``OPMUX_TRACE`` they write their
+counts before the engine shuts down (vLLM may kill them before their exit hooks run).
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import vllm
 
+    from opmux.core import config
     from opmux.integrations.vllm import registered
 
     llm = vllm.LLM(model=ns.model, dtype="float32", enforce_eager=not ns.compile,
-                   max_model_len=512, seed=0)
+                   max_model_len=512, seed=0,
+                   worker_extension_cls="opmux.integrations.vllm.WorkerExtension")
     params = vllm.SamplingParams(temperature=0.0, max_tokens=ns.max_tokens, ignore_eos=True)
     llm.generate(["warm up"], vllm.SamplingParams(temperature=0.0, max_tokens=4),
                  use_tqdm=False)
@@ -63,6 +67,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seconds = statistics.median(times)
     outputs = [list(r.outputs[0].token_ids) for r in results]
     tokens = sum(len(o) for o in outputs)
+    if config.trace_path() is not None:
+        llm.collective_rpc("opmux_trace_flush")
     report = {"outputs": outputs, "tokens": tokens, "seconds": seconds,
               "tokens_per_s": tokens / seconds, "plugin": registered() or []}
     with open(ns.out, "w") as fh:

@@ -85,3 +85,30 @@ def test_wrap_counts_and_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert json.loads(Path(written).read_text())["mylib::my_op"] == {"fast": 2}
     trace._reset_counts()
     assert "mylib::my_op" not in trace.counts()
+
+
+@pytest.mark.parametrize("then", ["exit", "kill"])
+def test_worker_flush_survives_kill_and_is_not_counted_twice(tmp_path: Path, then: str) -> None:
+    # vLLM kills a worker that has not exited 5 s after its SIGTERM: the counts written on
+    # request (collective_rpc("opmux_trace_flush")) must hold whether or not exit hooks run
+    target = tmp_path / "trace.json"
+    ending = ("import signal; os.kill(os.getpid(), signal.SIGKILL)" if then == "kill"
+              else "pass")
+    code = _CHILD + f"""
+import os
+from opmux.integrations.vllm import WorkerExtension
+ext = WorkerExtension()
+assert ext.opmux_trace_counts() == {{"rms_norm": {{"native": 2}}, "silu_and_mul": {{"native": 1}}}}
+assert ext.opmux_trace_flush() == {str(target)!r}
+assert ext.opmux_trace_flush() == {str(target)!r}  # nothing new: nothing added
+{ending}
+"""
+    if then == "kill":
+        with pytest.raises(subprocess.CalledProcessError) as info:
+            _run(str(target), tmp_path, code)
+        assert info.value.returncode == -9
+    else:
+        _run(str(target), tmp_path, code)
+    assert json.loads(target.read_text()) == {"rms_norm": {"native": 2},
+                                              "silu_and_mul": {"native": 1}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json", "trace.json.lock"]

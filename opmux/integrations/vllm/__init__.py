@@ -17,6 +17,12 @@ before it builds a model. It replaces, through vLLM's own extension points:
 * ``ir``: an ``opmux`` provider for ``vllm.ir.ops.rms_norm`` / ``fused_add_rms_norm``
   (vLLM runs it when ``ir_op_priority`` names it).
 
+:class:`WorkerExtension`, given as
+``LLM(..., worker_extension_cls="opmux.integrations.vllm.WorkerExtension")``, adds
+``collective_rpc("opmux_trace_flush")``: vLLM's workers write their ``OPMUX_TRACE`` counts on
+request, since vLLM kills a worker that has not exited 5 s after its SIGTERM and
+exit hooks may then never run.
+
 ``OPMUX_VLLM=0`` turns the plugin off; ``OPMUX_VLLM_LAYERS=rms_norm,silu_and_mul,attention``
 replaces only the named parts (:data:`LAYERS`). A vLLM outside :data:`SUPPORTED_VLLM` is
 reported once (a ``UserWarning`` and a log line) and left untouched.
@@ -35,7 +41,8 @@ from opmux.core import config
 from opmux.core.errors import ConfigError
 from opmux.core.state import register_reset
 
-__all__ = ["LAYERS", "ROPE_CLASSES", "SUPPORTED_VLLM", "register", "registered"]
+__all__ = ["LAYERS", "ROPE_CLASSES", "SUPPORTED_VLLM", "WorkerExtension", "register",
+           "registered"]
 
 _LOG = logging.getLogger("opmux.integrations.vllm")
 
@@ -145,6 +152,32 @@ def registered() -> list[str] | None:
     """What :func:`register` replaced in this process (``None``: it has not run)."""
     done = _DONE[0]
     return None if done is None else list(done)
+
+
+class WorkerExtension:
+    """A vLLM worker extension (``worker_extension_cls``) with opmux's worker-side calls.
+
+    vLLM mixes it into its worker class in each worker process; the engine reaches its
+    methods through ``LLM.collective_rpc(name)``, which returns one result per worker. Its
+    names start with ``opmux_`` so they cannot clash with the worker's own.
+    """
+
+    def opmux_trace_flush(self) -> str | None:
+        """Write this worker's ``OPMUX_TRACE`` counts now; the file written, or ``None``.
+
+        Call it before the engine shuts down (``llm.collective_rpc("opmux_trace_flush")``):
+        vLLM kills a worker that has not exited 5 s after its SIGTERM, and a killed
+        process's exit hooks never run. Counts written here are not written again at exit.
+        """
+        from opmux.core import trace
+
+        return trace.flush()
+
+    def opmux_trace_counts(self) -> dict[str, dict[str, int]]:
+        """This worker's ``{op: {provider: calls}}`` so far (empty when tracing is off)."""
+        from opmux.core import trace
+
+        return trace.counts()
 
 
 @register_reset
