@@ -23,6 +23,7 @@ import json
 import multiprocessing.util
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,7 +103,10 @@ def flush() -> str | None:
     """Write the counts now (also done at exit); return the file written, or ``None``.
 
     With ``{pid}`` in the pattern the file holds this process's totals; without it this
-    process's calls since its last flush are added to what the file holds.
+    process's calls since its last flush are added to what the file holds; a shared file
+    that holds no trace is replaced (with a ``RuntimeWarning``).
+
+    :raises OSError: the file cannot be read or written.
     """
     pattern = config.trace_path()
     if pattern is None:
@@ -120,12 +124,9 @@ def flush() -> str | None:
         os.replace(tmp, path)
         return path
     with _file_lock(path), _LOCK:
-        try:
-            with open(path) as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
-            data = {}
-        changed = not os.path.exists(path)
+        held = _read_merged(path)
+        data = {} if held is None else held
+        changed = held is None  # a missing or damaged file is (re)written
         for (op, provider), cell in _CELLS.items():
             delta = cell[0] - _MERGED.get((op, provider), 0)
             if delta:
@@ -139,6 +140,26 @@ def flush() -> str | None:
                 json.dump(data, fh, indent=1, sort_keys=True)
             os.replace(tmp, path)
     return path
+
+
+def _read_merged(path: str) -> dict[str, dict[str, int]] | None:
+    """What a shared trace file holds; ``None`` when there is none, with a warning when the
+    file exists but holds no trace."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:  # not JSON, or not text (UnicodeDecodeError)
+        data = exc
+    if isinstance(data, dict) and all(
+            isinstance(per_op, dict) and all(isinstance(n, int) for n in per_op.values())
+            for per_op in data.values()):
+        return data
+    warnings.warn(f"opmux: the {config.ENV_TRACE} file {path} holds no trace "
+                  f"({{op: {{provider: calls}}}}): {str(data)[:80]}; it is replaced by this "
+                  f"process's counts", RuntimeWarning, stacklevel=3)
+    return None
 
 
 def _flush_at_exit() -> None:

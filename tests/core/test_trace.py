@@ -112,3 +112,23 @@ assert ext.opmux_trace_flush() == {str(target)!r}  # nothing new: nothing added
     assert json.loads(target.read_text()) == {"rms_norm": {"native": 2},
                                               "silu_and_mul": {"native": 1}}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json", "trace.json.lock"]
+
+
+@pytest.mark.parametrize("damage", [b"{\"rms_norm\": {\"cpp\": 3", b"[1, 2]", b"\xff\xfe\x00",
+                                    b"{\"rms_norm\": {\"cpp\": \"3\"}}"])
+def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, damage: bytes) -> None:
+    target = tmp_path / "trace.json"
+    target.write_bytes(damage)
+    monkeypatch.setenv("OPMUX_TRACE", str(target))
+    trace._reset_counts()
+    counted = trace.wrap("mylib::my_op", "fast", lambda a: a)
+    counted(1)
+    with pytest.warns(RuntimeWarning, match=r"OPMUX_TRACE file .*trace\.json holds no trace"):
+        assert trace.flush() == str(target)
+    assert json.loads(target.read_text()) == {"mylib::my_op": {"fast": 1}}
+    trace.flush()  # a good file now: merged into without a word (filterwarnings = error)
+    counted(2)
+    trace.flush()
+    assert json.loads(target.read_text()) == {"mylib::my_op": {"fast": 2}}
+    trace._reset_counts()
