@@ -117,11 +117,7 @@ def flush() -> str | None:
     if directory:
         os.makedirs(directory, exist_ok=True)
     if "{pid}" in pattern:
-        data = counts()
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        _write_whole(path, counts())
         return path
     with _file_lock(path), _LOCK:
         held = _read_merged(path)
@@ -134,12 +130,17 @@ def flush() -> str | None:
                 per_op[provider] = per_op.get(provider, 0) + delta
                 _MERGED[(op, provider)] = cell[0]
                 changed = True
-        if changed:  # a new file replaces the old whole: a process killed here damages none
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "w") as fh:
-                json.dump(data, fh, indent=1, sort_keys=True)
-            os.replace(tmp, path)
+        if changed:
+            _write_whole(path, data)
     return path
+
+
+def _write_whole(path: str, data: dict[str, dict[str, int]]) -> None:
+    # a new file replaces the old whole: a process killed while writing damages none
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 def _read_merged(path: str) -> dict[str, dict[str, int]] | None:
