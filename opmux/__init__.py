@@ -5,18 +5,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from opmux._runtime import direct_register_custom_op, load_plugins
 from opmux.core import errors as _errors
 from opmux.core.errors import *  # noqa: F403  (every exception type is public here too)
 from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
 from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, plugin_report
-from opmux.core.registry import OpRegistry, get_op, list_ops, register_op
-from opmux.core.runtime import direct_register_custom_op, global_registry, load_plugins
+from opmux.core.registry import OpRegistry, get_op, global_registry, list_ops, register_op
 from opmux.core.switches import enable_output_checks
 from opmux.platforms import current_platform
 from opmux.platforms.base import Platform
 
 if TYPE_CHECKING:  # imported on first use (below): start-up needs none of them
-    from opmux.core.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
     from opmux.core.forward_context import collect_layers, forward_context, get_forward_context
     from opmux.core.runners import (
         get_runner,
@@ -25,10 +24,11 @@ if TYPE_CHECKING:  # imported on first use (below): start-up needs none of them
         release_runner,
         runner_scope,
     )
+    from opmux.layers.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
 
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("CustomOp", "custom_op_counts", "set_compile_mode", "set_custom_ops"),
-                    "opmux.core.custom_op"),
+                    "opmux.layers.custom_op"),
     **dict.fromkeys(("collect_layers", "forward_context", "get_forward_context"),
                     "opmux.core.forward_context"),
     **dict.fromkeys(("get_runner", "register_runner", "register_runner_op", "release_runner",

@@ -39,7 +39,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from opmux.core.errors import OpmuxError
-from opmux.core.state import claim
+from opmux.ops.process_groups import (
+    DistributedError,
+    forget_groups,
+    is_registered,
+    register_group,
+    resolve_group,
+    unregister_group,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -72,10 +79,6 @@ _ENV_REQUIRED: Final = ("RANK", "MASTER_ADDR", "MASTER_PORT")
 """What ``torchrun`` sets besides ``WORLD_SIZE`` and env:// initialisation needs."""
 
 
-class DistributedError(OpmuxError, RuntimeError):
-    """Setting up or using the tensor-parallel group failed (environment, state, backend)."""
-
-
 class ParallelSizeError(OpmuxError, ValueError):
     """A size does not divide evenly across the tensor-parallel ranks.
 
@@ -91,9 +94,7 @@ class ParallelSizeError(OpmuxError, ValueError):
         self.denominator = denominator
 
 
-for _cls in (DistributedError, ParallelSizeError):
-    _cls.__module__ = "opmux.distributed"
-del _cls
+ParallelSizeError.__module__ = "opmux.distributed"
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,6 @@ _SINGLE: Final = TensorParallelGroup(TP_GROUP_NAME, 0, 1)
 _LOCK = threading.Lock()
 #: the initialised TP group (one-element list: read without a global statement)
 _STATE: list[TensorParallelGroup | None] = [None]
-#: name → process group, read by the communication ops when they run
-_GROUPS: dict[str, ProcessGroup] = {}
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -139,53 +138,6 @@ def divide(numerator: int, denominator: int, what: str) -> int:
             f"{denominator}; choose a world size that divides {numerator}",
             what=what, numerator=numerator, denominator=denominator)
     return numerator // denominator
-
-
-# -------------------------------------------------------------------- groups by name
-def register_group(name: str, group: ProcessGroup) -> None:
-    """Make ``group`` reachable by the communication ops as ``group_name=name``.
-
-    :raises DistributedError: when ``name`` is taken by another group.
-    """
-    with _LOCK:
-        if claim(_GROUPS, name, group) is not None:
-            raise DistributedError(
-                f"a process group is already registered as {name!r}; unregister_group("
-                f"{name!r}) first or choose another name")
-
-
-def unregister_group(name: str) -> None:
-    """Forget the group registered as ``name`` (no error when there is none)."""
-    with _LOCK:
-        _GROUPS.pop(name, None)
-
-
-def resolve_group(name: str) -> ProcessGroup | None:
-    """The process group called ``name``, or ``None`` when it is a group of size 1.
-
-    Looks in opmux's names first, then in torch's own (``ProcessGroup.group_name``).
-    A name that nothing knows is a size-1 group while ``torch.distributed`` is not
-    initialised (single-process runs need no set-up).
-
-    :raises DistributedError: ``torch.distributed`` is initialised but knows no such
-        group; the message lists opmux's names.
-    """
-    group = _GROUPS.get(name)
-    if group is not None:
-        return group
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._resolve_process_group(name)  # type: ignore[arg-type,attr-defined,no-any-return]
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise DistributedError(
-            f"no process group named {name!r}: opmux knows {sorted(_GROUPS)} and torch "
-            f"has none of that name ({exc}); call opmux.distributed.init_tensor_parallel() "
-            f"or register_group({name!r}, group)") from None
 
 
 # --------------------------------------------------------------------- the TP group
@@ -235,7 +187,7 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
             raise DistributedError(
                 f"the tensor-parallel group is already initialised ({_STATE[0]}); call "
                 f"opmux.distributed.destroy_tensor_parallel() first")
-        if name in _GROUPS:
+        if is_registered(name):
             raise DistributedError(f"a process group is already registered as {name!r}")
         owns = False
         if group is None and not (dist.is_available() and dist.is_initialized()):
@@ -267,7 +219,7 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
             raise
         state = TensorParallelGroup(name, group.rank(), group.size(), group,
                                     dist.get_backend(group), owns)
-        _GROUPS[name] = group
+        register_group(name, group)
         _STATE[0] = state
         return state
 
@@ -306,7 +258,7 @@ def destroy_tensor_parallel() -> None:
     with _LOCK:
         state = _STATE[0]
         _STATE[0] = None
-        _GROUPS.clear()
+        forget_groups()
     if state is not None and state.owns_process_group:
         import torch.distributed as dist
 

@@ -5,7 +5,7 @@ Test isolation: every test that defines ops gets its own :class:`opmux.OpRegistr
 libraries are destroyed afterwards, so tests never depend on order. Tests that touch
 process-wide state (plugins, platform, priorities of the global registry, switches,
 runners, ...) use ``fresh_plugins``, which calls the one reset,
-:func:`opmux.core.runtime.reset_for_tests`, before and after the test.
+:func:`opmux._runtime.reset_for_tests`, before and after the test.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 
 import opmux
 import opmux.distributed as od
-from opmux.core import custom_op as _custom_op
-from opmux.core.runtime import reset_for_tests
+from opmux._runtime import reset_for_tests
+from opmux.layers import custom_op as _custom_op
 
 _counter = itertools.count()
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import opmux
-from opmux import demo
+from opmux.cli import demo
 
 _SMALL = ["--layers", "2", "--steps", "4", "--batch", "3", "--hidden", "64", "--heads", "4",
           "--kv-heads", "2", "--vocab", "200", "--block-size", "4", "--device", "cpu"]

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: modules whose docstrings carry ``>>>`` examples
 DOCTEST_MODULES = [
     "opmux.core.registry",
-    "opmux.core.custom_op",
+    "opmux.layers.custom_op",
     "opmux.core.runners",
     "opmux.core.forward_context",
     "opmux.layers.moe",

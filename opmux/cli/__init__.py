@@ -19,7 +19,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from opmux import demo
+    from opmux.cli import demo
 
     parser = argparse.ArgumentParser(prog="opmux", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -40,8 +40,8 @@ def _versions() -> dict[str, str | None]:
 def info_data() -> dict[str, Any]:
     """Everything ``opmux info`` shows, as plain data."""
     import opmux
-    from opmux.core.custom_op import custom_op_settings
     from opmux.core.tuned import tuned_status
+    from opmux.layers.custom_op import custom_op_settings
     from opmux.platforms import detections
 
     opmux.load_plugins()

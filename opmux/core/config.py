@@ -222,7 +222,7 @@ def custom_ops_spec() -> str:
 
 def compile_mode_spec() -> str:
     """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset); checked by
-    :func:`opmux.core.custom_op.compile_mode`."""
+    :func:`opmux.layers.custom_op.compile_mode`."""
     return _text(ENV_COMPILE_MODE).lower()
 
 

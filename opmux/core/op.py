@@ -1,19 +1,18 @@
-"""Ops and their providers: registration, priority, and the dispatch hot path.
+"""Ops and their providers: registration, selection, and the dispatch kernels.
 
 An :class:`Op` is one ``torch.ops.<namespace>.<name>`` operator defined from a native
 (pure PyTorch) reference. Providers are alternative implementations, each bound to one
-dispatch key. For every key that has providers, one kernel is registered on the torch op;
-that kernel walks the key's *chain* (the supported providers of that key, in priority
-order), runs the first whose ``supports_args`` accepts the arguments, and falls back to
-native. Chains are recomputed when priorities or providers change, never per call.
+dispatch key. For every key that has providers, one kernel is registered on the torch op
+(:func:`opmux.core.dispatch.make_kernel`); that kernel walks the key's *chain* (the
+supported providers of that key, in priority order), runs the first whose ``supports_args``
+accepts the arguments, and falls back to native. The priority state and the chains belong
+to :class:`~opmux.core.priority.Priorities` (``op.priorities``); chains are recomputed when
+priorities or providers change, never per call.
 
-Priorities are **global** (shared by all threads). ``set_priority`` is a scoped
-override: every open scope is an entry on the op's scope stack and the newest entry
-wins; a scope removes its own entry on exit, so overlapping scopes from several threads,
-closed in any order, all unwind to the priority in force before the first one. Priorities
-are set outside ``torch.compile``-d code (a context manager inside a fullgraph region is
-not traceable); selection happens when the compiled graph runs. Each chain is swapped in
-one attribute assignment, so a call always sees either the old or the new chain.
+Priorities are **global** (shared by all threads); ``set_priority`` is a scoped override
+(see :mod:`opmux.core.priority`). Priorities are set outside ``torch.compile``-d code (a
+context manager inside a fullgraph region is not traceable); selection happens when the
+compiled graph runs.
 
 A ``supports_args`` predicate that raises counts as declining the call (the next
 provider, ultimately native, runs and validates the arguments itself); ``explain`` shows
@@ -25,26 +24,23 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import torch
 
 from opmux.core import switches, trace
-from opmux.core._chooser import SIZE_BUCKETS, _KeyChain, bucket_of, make_eager, make_kernel
+from opmux.core.dispatch import make_eager, make_kernel
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 from opmux.core.output_checks import checked
-from opmux.core.switches import _WRAP, enable_torch_wrap, torch_wrap_enabled
+from opmux.core.priority import NATIVE, Priorities
+from opmux.core.switches import enable_torch_wrap, torch_wrap_enabled
 from opmux.core.torch_lib import infer_schema, validate_dispatch_key, validate_name
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
 
 __all__ = ["NATIVE", "Op", "OpImpl", "enable_torch_wrap", "torch_wrap_enabled"]
-
-NATIVE: Final = "native"
-"""The reserved provider name of every op's reference implementation."""
 
 RESERVED_PROVIDERS: Final = frozenset({NATIVE})
 """Provider names no plugin may register."""
@@ -63,6 +59,7 @@ DEVICE_TYPE_TO_KEY: Final[dict[str, str]] = {
     "npu": "PrivateUse1",
     "privateuseone": "PrivateUse1",
 }
+
 
 @final
 class OpImpl:
@@ -100,17 +97,16 @@ class OpImpl:
         return f"OpImpl({self.op_name}, provider={self.provider!r}, key={self.dispatch_key}{flag})"
 
 
-_LAYERS: Final = ("code", "env", "tuned", "plugins", "platform")
-"""Priority sources, strongest first (``tuned``: the table ``opmux tune`` wrote)."""
-
-
 class Op:
     """A registered op. Call it like its native function.
 
     :ivar name: the op name, e.g. ``"rms_norm"``.
     :ivar namespace: the torch namespace, e.g. ``"opmux"``.
     :ivar torch_op: the ``torch.ops.<namespace>.<name>.default`` overload.
+    :ivar priorities: the owner of this op's priority state (:mod:`opmux.core.priority`).
     """
+
+    __module__ = "opmux"
 
     def __init__(self, registry: OpRegistry, name: str, namespace: str, native: Callable[..., Any],
                  schema: str, mutates_args: tuple[str, ...],
@@ -125,27 +121,20 @@ class Op:
         self.__doc__ = native.__doc__
         self.__wrapped__ = native
         self._registry = registry
-        #: the dispatch key of this process's platform (providers' default key)
+        #: gives the dispatch key providers register on when they name none
         self._platform_key = platform_key
         self._lock = threading.RLock()
         self._native_impl = OpImpl(self.qualname, NATIVE, _NATIVE_KEY, native, True, None)
         self._impls: dict[str, OpImpl] = {NATIVE: self._native_impl}
-        self._chains: dict[str, _KeyChain] = {}
-        self._layers: dict[str, list[str] | None] = dict.fromkeys(_LAYERS)
-        #: the tuned layer's order per size bucket (``SIZE_BUCKETS`` lists), or ``None``
-        self._tuned_sized: list[list[str]] | None = None
-        #: open ``set_priority`` scopes, oldest first: ``(token, providers)``
-        self._scopes: list[tuple[object, list[str]]] = []
+        self.priorities = Priorities(self.qualname, self._impls, self._lock, self._runner)
         self._fake: Callable[..., Any] = native
         self.torch_op: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
-        #: the wrap-off ``__call__``, built the first time the wrap is turned off
+        #: the wrap-off call (built on first use)
         self._eager: Callable[..., Any] | None = None
-        #: :attr:`eager`, bound to this op (built on first use)
-        self._eager_bound: Callable[..., Any] | None = None
-        # a class of its own, so __call__ can be the OpOverload itself (see _install_call)
-        self.__class__ = type("Op", (type(self),), {"__module__": "opmux"})
-        self._install_call(_WRAP[0])
-        switches._track(self)
+        #: what ``__call__`` runs: the torch op, or the wrap-off call
+        self._call: Callable[..., Any] = self.torch_op
+        self.set_wrap(torch_wrap_enabled())
+        switches.track(self)
 
     @property
     def signature(self) -> inspect.Signature:
@@ -163,60 +152,30 @@ class Op:
         :attr:`torch_op`, so a compiled graph still sees one node).
 
         For engine code that only runs eagerly, such as an attention backend's forward
-        outside the compiled graph: it saves the dispatcher's boxing of the arguments (about
-        20 us for a 9-argument op on the 2-core machine of the README). As with the wrap off,
-        the backward of :meth:`register_autograd` does not apply on this route.
+        outside the compiled graph: it saves the dispatcher's boxing of the arguments. As
+        with the wrap off, the backward of :meth:`register_autograd` does not apply here.
         """
-        call = self._eager_bound
-        if call is None:
-            if torch.compiler.is_dynamo_compiling():
-                return self.torch_op  # not built while tracing (the build runs exec)
-            call = self._eager_bound = types.MethodType(self._eager_fn(), self)
-        return call
-
-    # ------------------------------------------------------------------ calling
-    # Each Op gets its own subclass whose ``__call__`` forwards straight to the
-    # OpOverload (torch wrap on) or to the eager-selection closure (wrap off), with no
-    # flag test per call; ``enable_torch_wrap`` swaps them. It stays a plain function so
-    # that Dynamo inlines it.
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # replaced per instance class
-        return self.torch_op(*args, **kwargs)
-
-    def _install_call(self, wrap: bool) -> None:
-        if not wrap:
-            setattr(type(self), "__call__", self._eager_fn())  # noqa: B010
-            return
-        target = self.torch_op
-        # the overload's own C++ callable: one Python frame less than OpOverload.__call__;
-        # Dynamo cannot trace it, so a compiled region calls the overload itself
-        raw = target._op
-        is_compiling = torch.compiler.is_dynamo_compiling
-
-        def __call__(_self: Any, *args: Any, **kwargs: Any) -> Any:
-            if is_compiling():
-                return target(*args, **kwargs)
-            return raw(*args, **kwargs)
-
-        setattr(type(self), "__call__", __call__)  # noqa: B010
-
-    def _eager_fn(self) -> Callable[..., Any]:
-        """The wrap-off ``__call__`` function (built on first use)."""
         eager = self._eager
         if eager is None:
-            eager = self._eager = self._build_eager()
+            native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced
+            eager = self._eager = make_eager(
+                self.priorities.chains, native, self.torch_op, self._registry.loaded_flag,
+                self._registry.ensure_loaded, _key_of)
         return eager
 
-    def _build_eager(self) -> Callable[..., Any]:
-        # Dynamo evaluates is_compiling as True while tracing; plain calls get False
-        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
-        return make_eager(self._chains, native, self.torch_op, self._registry._loaded,
-                          self._registry._ensure_loaded, torch.compiler.is_dynamo_compiling,
-                          DEVICE_TYPE_TO_KEY, _key_of, torch.Tensor)
+    # ------------------------------------------------------------------ calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
 
-    def _make_kernel(self, holder: _KeyChain) -> Callable[..., Any]:
-        native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
-        return make_kernel(f"{self.name}_{holder.key.lower()}_kernel", holder, native,
-                           self._registry._loaded, self._registry._ensure_loaded)
+    def set_wrap(self, wrap: bool) -> None:
+        """Route calls through the torch dispatcher (``True``) or the wrap-off call
+        (:attr:`eager`); :func:`opmux.enable_torch_wrap` calls this for every op."""
+        self._call = self.torch_op if wrap else self.eager
+
+    def _runner(self, impl: OpImpl) -> Callable[..., Any]:
+        # what a chain runs for impl: output-checked when asked, counted under OPMUX_TRACE
+        fn = checked(self, impl) if switches.output_checks_enabled() else impl.fn
+        return trace.wrap(self.qualname, impl.provider, fn)
 
     def _meta_kernel(self) -> Callable[..., Any]:
         def kernel(*args: Any) -> Any:
@@ -227,8 +186,8 @@ class Op:
 
     def _native_kernel(self) -> Callable[..., Any]:
         native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
-        loaded = self._registry._loaded
-        ensure_loaded = self._registry._ensure_loaded
+        loaded = self._registry.loaded_flag
+        ensure_loaded = self._registry.ensure_loaded
 
         def kernel(*args: Any) -> Any:
             if not loaded[0]:
@@ -244,11 +203,10 @@ class Op:
     # ------------------------------------------------------------- selection
     def dispatch(self, *args: Any, **kwargs: Any) -> OpImpl:
         """Return the implementation a call with these arguments would run (no call)."""
-        self._registry._ensure_loaded()
-        holder = self._chains.get(_key_of(args, kwargs))
+        self._registry.ensure_loaded()
+        holder = self.priorities.chains.get(_key_of(args, kwargs))
         if holder is not None:
-            first = self._first_arg(args, kwargs)
-            for impl in holder.chain_for(first, isinstance(first, torch.Tensor)):
+            for impl in holder.chain_for(self._first_arg(args, kwargs)):
                 if impl.supports_args is None or _pred_verdict(impl, args, kwargs) is True:
                     return impl
         return self._native_impl
@@ -259,79 +217,44 @@ class Op:
         first = next(iter(self.signature.parameters), None)
         return kwargs.get(first) if first is not None else None
 
-    def _order_for(self, first: Any) -> list[str]:
-        """The priority a call whose first argument is ``first`` uses (tuned size buckets)."""
-        sized = self._tuned_sized
-        if sized is not None and self.priority_source() == "tuned" \
-                and isinstance(first, torch.Tensor):
-            order = sized[bucket_of(first.numel())]
-            return order if NATIVE in order else [*order, NATIVE]
-        return self.priority()
-
     def explain(self, *args: Any, **kwargs: Any) -> str:
         """Describe which implementation runs for these arguments and why others don't."""
-        self._registry._ensure_loaded()
+        self._registry.ensure_loaded()
         key = _key_of(args, kwargs)
         chosen = self.dispatch(*args, **kwargs)
-        order = self._order_for(self._first_arg(args, kwargs))
+        order = self.priorities.order_for(self._first_arg(args, kwargs))
         lines = [f"op {self.qualname} for dispatch key {key}: runs {chosen.provider!r}"]
         for name in [*order, *(p for p in self._impls if p not in order)]:
             impl = self._impls.get(name)
             if impl is None:
                 continue
-            if impl is chosen:
-                verdict = "chosen"
-            elif impl.provider == NATIVE:
-                verdict = "not reached (an earlier provider was chosen)"
-            elif name not in order:
-                verdict = "skipped: not in the priority list " + str(order)
-            elif not impl.supported:
-                verdict = f"skipped: unsupported ({impl.reason or 'supported=False'})"
-            elif impl.dispatch_key != key:
-                verdict = f"skipped: serves dispatch key {impl.dispatch_key}, not {key}"
-            elif impl.supports_args is not None and (
-                    got := _pred_verdict(impl, args, kwargs)) is not True:
-                verdict = ("skipped: supports_args rejected these arguments" if got is False
-                           else f"skipped: supports_args raised {got} (counts as declining)")
-            elif order.index(name) > order.index(NATIVE):
-                verdict = "skipped: native comes first in the priority list"
-            else:
-                verdict = "not reached (an earlier provider was chosen)"
-            lines.append(f"  {name:<12} [{impl.dispatch_key}] {verdict}")
+            lines.append(f"  {name:<12} [{impl.dispatch_key}] "
+                         f"{_verdict(impl, chosen, order, key, args, kwargs)}")
         return "\n".join(lines)
 
     @property
     def impls(self) -> dict[str, OpImpl]:
         """``{provider: OpImpl}``, native included (a copy; start-up runs first)."""
-        self._registry._ensure_loaded()
+        self._registry.ensure_loaded()
         return dict(self._impls)
+
+    def has_provider(self, provider: str) -> bool:
+        """Whether ``provider`` is registered now (no start-up runs)."""
+        return provider in self._impls
 
     def supported_providers(self) -> list[str]:
         """Names of the providers that are supported here, in registration order."""
-        self._registry._ensure_loaded()
+        self._registry.ensure_loaded()
         return [name for name, impl in self._impls.items() if impl.supported]
 
     def priority(self) -> list[str]:
         """The effective priority list (strongest source wins); native is appended when
         missing, and providers listed after native never run."""
-        scopes = self._scopes
-        if scopes:
-            scoped = scopes[-1][1]
-            return scoped if NATIVE in scoped else [*scoped, NATIVE]
-        for layer in _LAYERS:
-            value = self._layers[layer]
-            if value is not None:
-                return value if NATIVE in value else [*value, NATIVE]
-        return [*(p for p in self._impls if p != NATIVE), NATIVE]
+        return self.priorities.priority()
 
     def priority_source(self) -> str:
         """Which source the effective priority comes from (a scope counts as ``code``)."""
-        if self._scopes:
-            return "code"
-        for layer in _LAYERS:
-            if self._layers[layer] is not None:
-                return layer
-        return "registration order"
+        return self.priorities.source()
 
     def set_default_priority(self, providers: Sequence[str]) -> None:
         """Set the priority permanently (overrides platform, plugin and env defaults).
@@ -340,8 +263,8 @@ class Op:
             missing. Unsupported providers are dropped from the chains now, not per call.
         :raises RegistrationError: for a provider name the op does not have.
         """
-        self._registry._ensure_loaded()
-        self._set_layer("code", providers)
+        self._registry.ensure_loaded()
+        self.priorities.set_layer("code", providers)
 
     @contextlib.contextmanager
     def set_priority(self, providers: Sequence[str]) -> Iterator[None]:
@@ -351,105 +274,9 @@ class Op:
         the priority is the one in force before the first opened. Use it outside
         ``torch.compile``-d functions (selection happens when the graph runs).
         """
-        self._registry._ensure_loaded()
-        token = object()
-        with self._lock:
-            names = self._check_providers(providers, strict=True)
-            assert names is not None
-            self._scopes.append((token, names))
-            self._rebuild_chains()
-        try:
+        self._registry.ensure_loaded()
+        with self.priorities.scope(providers):
             yield
-        finally:
-            with self._lock:
-                self._scopes[:] = [entry for entry in self._scopes if entry[0] is not token]
-                self._rebuild_chains()
-
-    def _check_providers(self, providers: Sequence[str], *, strict: bool) -> list[str] | None:
-        """Validated, de-duplicated provider list (``None``: a default with no opinion)."""
-        if isinstance(providers, (str, bytes)) or not isinstance(providers, Sequence):
-            raise RegistrationError(
-                f"op {self.qualname!r}: a priority is a list of provider names, got "
-                f"{providers!r}" + (f"; did you mean [{providers!r}]?"
-                                     if isinstance(providers, str) else ""),
-                op=self.qualname)
-        names = list(providers)
-        unknown = [p for p in names if p not in self._impls]
-        if unknown and strict:
-            raise RegistrationError(
-                f"op {self.qualname!r}: unknown provider(s) {unknown} in priority "
-                f"{names}; registered providers: {sorted(self._impls)}",
-                op=self.qualname, provider=str(unknown[0]),
-            )
-        kept = [p for p in dict.fromkeys(names) if p in self._impls]
-        # a default naming none of our providers is no opinion, not "native only"
-        return None if not strict and not any(p != NATIVE for p in kept) else kept
-
-    def _set_layer(self, layer: str, providers: Sequence[str] | None, *,
-                   strict: bool = True) -> None:
-        with self._lock:
-            value = None if providers is None else self._check_providers(providers,
-                                                                         strict=strict)
-            if value == self._layers[layer] and layer != "tuned":
-                return  # start-up sets every layer of every op: most change nothing
-            self._layers[layer] = value
-            self._rebuild_chains()
-
-    def _reset_priorities(self) -> None:
-        """Forget every priority layer and open scope (tests; see runtime.reset_for_tests)."""
-        with self._lock:
-            self._layers = dict.fromkeys(_LAYERS)
-            self._tuned_sized = None
-            self._scopes.clear()
-            self._rebuild_chains()
-
-    def _set_tuned(self, order: Sequence[str] | None,
-                   sized: Sequence[Sequence[str]] | None = None) -> None:
-        """Set the ``tuned`` layer: one order, and optionally one per size bucket."""
-        if sized is not None and len(sized) != SIZE_BUCKETS:
-            raise RegistrationError(f"op {self.qualname!r}: a tuned order per size bucket "
-                                    f"needs {SIZE_BUCKETS} entries, got {len(sized)}",
-                                    op=self.qualname)
-        with self._lock:
-            checked_sized = None if sized is None else [
-                self._check_providers(o, strict=False) or [NATIVE] for o in sized]
-            self._tuned_sized = checked_sized
-            self._set_layer("tuned", order, strict=False)
-
-    def _rebuild_chains(self) -> None:
-        check = switches.output_checks_enabled()
-        with self._lock:
-            order = self.priority()
-            sized = self._tuned_sized if self.priority_source() == "tuned" else None
-            for key, holder in self._chains.items():
-                chain = self._chain(order, key)
-                fns = self._fns(chain, check)
-                per_bucket = None
-                if sized is not None:
-                    built: dict[tuple[str, ...], tuple[Any, Any]] = {}
-                    per_bucket = []
-                    for names in sized:
-                        entry = built.get(tuple(names))
-                        if entry is None:
-                            c = self._chain(names, key)
-                            entry = built[tuple(names)] = (
-                                c, self._fns(c, check))
-                        per_bucket.append(entry)
-                holder.set(chain, fns, per_bucket,
-                           trace.wrap(self.qualname, NATIVE, self.native))
-
-    def _fns(self, chain: tuple[OpImpl, ...], check: bool) -> tuple[Callable[..., Any], ...]:
-        # the callables a chain runs: output-checked when asked, traced under OPMUX_TRACE
-        return tuple(trace.wrap(self.qualname, i.provider, checked(self, i) if check else i.fn)
-                     for i in chain)
-
-    def _chain(self, order: list[str], key: str) -> tuple[OpImpl, ...]:
-        # providers after native never run: native wins where it is listed first
-        if NATIVE in order:
-            order = order[:order.index(NATIVE)]
-        return tuple(impl for name in order
-                     if (impl := self._impls.get(name)) is not None
-                     and impl.dispatch_key == key and impl.supported)
 
     # ---------------------------------------------------------- registration
     def register_impl(
@@ -520,15 +347,16 @@ class Op:
                     f"op {self.qualname!r}: provider {provider!r} is already registered",
                     op=self.qualname, provider=provider,
                 )
-            holder = self._chains.get(impl.dispatch_key)
-            if holder is None:
-                holder = _KeyChain(impl.dispatch_key)
-                self._registry._impl_kernel(self, self._make_kernel(holder), impl.dispatch_key)
-                self._registry._holders.append(holder)
-                self._chains[impl.dispatch_key] = holder
+            holder, new_key = self.priorities.add_key(impl.dispatch_key)
+            if new_key:
+                native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced
+                kernel = make_kernel(f"{self.name}_{impl.dispatch_key.lower()}_kernel", holder,
+                                     native, self._registry.loaded_flag,
+                                     self._registry.ensure_loaded)
+                self._registry.library(self.namespace).impl(self.name, kernel, impl.dispatch_key)
             self._impls[provider] = impl
-            self._registry._journal_impl(self, provider)
-            self._rebuild_chains()
+            self._registry.record_impl(self, provider)
+            self.priorities.rebuild()
 
     def unregister_impl(self, provider: str) -> None:
         """Remove a provider (the torch kernel for its key stays and falls back)."""
@@ -540,7 +368,7 @@ class Op:
                     op=self.qualname, provider=provider,
                 )
             del self._impls[provider]
-            self._rebuild_chains()
+            self.priorities.rebuild()
 
     def _check_predicate(self, provider: str, pred: Callable[..., bool]) -> None:
         if _same_signature(pred, self.native, annotations=False):
@@ -571,7 +399,8 @@ class Op:
         It serves FakeTensorMode (as the op's registered fake) and meta-device calls
         (through the op's Meta kernel).
         """
-        self._registry._register_fake(self, fn, override=True)
+        torch.library.register_fake(self.qualname, fn, lib=self._registry.library(self.namespace),
+                                    allow_override=True)
         self._fake = fn
         return fn
 
@@ -599,6 +428,28 @@ def _same_signature(fn: Callable[..., Any], native: Callable[..., Any], *,
             and getattr(fn, "__defaults__", None) == getattr(native, "__defaults__", None)
             and (not annotations or getattr(fn, "__annotations__", None)
                  == getattr(native, "__annotations__", None)))
+
+
+def _verdict(impl: OpImpl, chosen: OpImpl, order: list[str], key: str,
+             args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Why ``impl`` runs or not for a call (one line of :meth:`Op.explain`)."""
+    name = impl.provider
+    if impl is chosen:
+        return "chosen"
+    if name == NATIVE:
+        return "not reached (an earlier provider was chosen)"
+    if name not in order:
+        return "skipped: not in the priority list " + str(order)
+    if not impl.supported:
+        return f"skipped: unsupported ({impl.reason or 'supported=False'})"
+    if impl.dispatch_key != key:
+        return f"skipped: serves dispatch key {impl.dispatch_key}, not {key}"
+    if impl.supports_args is not None and (got := _pred_verdict(impl, args, kwargs)) is not True:
+        return ("skipped: supports_args rejected these arguments" if got is False
+                else f"skipped: supports_args raised {got} (counts as declining)")
+    if order.index(name) > order.index(NATIVE):
+        return "skipped: native comes first in the priority list"
+    return "not reached (an earlier provider was chosen)"
 
 
 def _fmt(params: list[tuple[str, Any]]) -> str:

@@ -29,7 +29,6 @@ winner explicitly with ``OPMUX_PRIORITY`` or :meth:`~opmux.Op.set_default_priori
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import threading
 import traceback
 import types
@@ -43,17 +42,19 @@ import pluggy
 
 from opmux.core import config, tuned
 from opmux.core._dist import dist_label
-from opmux.core._entry_points import entry_points as _entry_points_of
 from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
 from opmux.core.errors import ConfigError, PluginLoadError, UnknownOpError
-from opmux.core.op import NATIVE
+from opmux.core.priority import NATIVE
+from opmux.core.state import runtime
 
 if TYPE_CHECKING:
     from opmux.core.op import Op
     from opmux.core.registry import OpRegistry
     from opmux.platforms.base import Platform
 
-__all__ = ["PLUGIN_GROUP", "PluginRecord", "hookimpl", "hookspec", "plugin_report"]
+__all__ = ["PLUGIN_GROUP", "PluginRecord", "PluginState", "activate", "apply_priorities",
+           "check_strict", "discover", "discovered_platforms", "hookimpl", "hookspec",
+           "plugin_report"]
 
 PROJECT: Final = "opmux"
 PLUGIN_GROUP: Final = "opmux.plugins"
@@ -121,6 +122,8 @@ class PluginRecord:
 _HOOKABLE: Final = (types.FunctionType, types.MethodType, staticmethod, classmethod)
 """What pluggy can take as a hook implementation."""
 _MISSING: Final = object()
+_ABSENT: Final = object()
+"""What :func:`_call_one` returns for a plugin without the hook."""
 
 
 class _PluginManager(pluggy.PluginManager):
@@ -147,9 +150,13 @@ def _not_a_hookimpl(value: object) -> bool:
     return not isinstance(value, _HOOKABLE)
 
 
-class _State:
+class PluginState:
+    """The plugin manager and what happened to each plugin (a part of the runtime object)."""
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        #: pluggy's manager; ``pm.trace``, ``add_hookcall_monitoring`` and hook wrappers
+        #: apply to every hook call start-up makes
         self.pm = _PluginManager(PROJECT)
         self.pm.add_hookspecs(_HookSpecs)
         self.records: dict[str, PluginRecord] = {}
@@ -165,16 +172,43 @@ class _State:
         self.activated = False
 
 
-_STATE: list[_State] = [_State()]
+def plugin_state() -> PluginState:
+    """This process's plugin state (the runtime object's part)."""
+    return runtime().part(PluginState)
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    """The installed entry points of :data:`PLUGIN_GROUP`, sorted by name, remembered between
-    processes while the installation is unchanged (tests monkeypatch this)."""
-    return _entry_points_of(PLUGIN_GROUP)
+    """The installed entry points of :data:`PLUGIN_GROUP`, sorted by name (tests
+    monkeypatch this)."""
+    return sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name)
 
 
-def _fail(state: _State, rec: PluginRecord, reason: str, exc: BaseException,
+def _each(state: PluginState, hook: str, names: list[str] | None = None
+          ) -> list[tuple[str, Callable[..., list[Any]]]]:
+    """One caller per plugin implementing ``hook`` (wrappers excepted): ``(plugin name,
+    caller)``, ``tryfirst`` implementations first and ``trylast`` ones last, as pluggy
+    orders them, and by plugin name within each group (so the order never depends on
+    install order).
+
+    Each caller is pluggy's own hook caller restricted to that plugin and every plugin that
+    wraps the hook, so wrappers, ``pm.trace`` and hook-call monitoring apply, while each
+    plugin's call can fail (and be rolled back) on its own.
+    """
+    pm = state.pm
+    impls = getattr(pm.hook, hook).get_hookimpls()
+    wrappers = {id(i.plugin) for i in impls if i.wrapper or i.hookwrapper}
+    called = sorted((i for i in impls if not (i.wrapper or i.hookwrapper)
+                     and (names is None or i.plugin_name in names)),
+                    key=lambda i: (not i.tryfirst, i.trylast, i.plugin_name))
+    callers: list[tuple[str, Callable[..., list[Any]]]] = []
+    for impl in called:
+        others = [p for p in pm.get_plugins()
+                  if p is not impl.plugin and id(p) not in wrappers]
+        callers.append((impl.plugin_name, pm.subset_hook_caller(hook, others)))
+    return callers
+
+
+def _fail(state: PluginState, rec: PluginRecord, reason: str, exc: BaseException,
           registry: OpRegistry | None = None) -> None:
     """Record a failure and undo the plugin: hooks unregistered, registrations rolled back."""
     rec.status, rec.reason = "failed", reason
@@ -185,12 +219,12 @@ def _fail(state: _State, rec: PluginRecord, reason: str, exc: BaseException,
     state.answers.pop(rec.name, None)
     journal = state.journals.pop(rec.name, None)
     if journal is not None and registry is not None:
-        registry._rollback(*journal)
+        registry.rollback(*journal)
     if module is not None and state.pm.is_registered(module):
         state.pm.unregister(module)
 
 
-def _check_strict(state: _State) -> None:
+def check_strict(state: PluginState) -> None:
     """Raise :class:`PluginLoadError` if strict mode is on and a plugin failed."""
     failed = sorted((r for r in state.records.values() if r.status == "failed"),
                     key=lambda r: r.name)
@@ -203,7 +237,7 @@ def _check_strict(state: _State) -> None:
             plugin=first.name)
 
 
-def _discover(state: _State) -> None:
+def discover(state: PluginState) -> None:
     """Import each allowed entry module, validate its hooks, read its info and platforms.
 
     :raises ConfigError: ``OPMUX_PLUGINS`` is malformed (nothing is marked discovered,
@@ -245,7 +279,10 @@ def _discover(state: _State) -> None:
         try:
             state.pm.register(module, name=ep.name)
             state.modules[ep.name] = module
-            info = _call_own(module, "opmux_plugin_info")
+            info = _call_one(state, "opmux_plugin_info", ep.name)
+            if info is _ABSENT:
+                raise TypeError(f"plugin module {module.__name__!r} does not define "
+                                f"opmux_plugin_info(); every plugin must")
             if (not isinstance(info, dict) or not isinstance(info.get("platforms"), list)
                     or not all(isinstance(p, str) for p in info["platforms"])):
                 raise TypeError(
@@ -256,7 +293,9 @@ def _discover(state: _State) -> None:
             _fail(state, rec, f"opmux_plugin_info: {type(exc).__name__}: {exc}", exc)
             continue
         try:
-            extra = _call_own(module, "opmux_platforms")
+            extra = _call_one(state, "opmux_platforms", ep.name)
+            if extra is _ABSENT:
+                extra = None
             if extra is not None and (not isinstance(extra, (list, tuple)) or not all(
                     isinstance(c, type) and isinstance(getattr(c, "name", None), str)
                     for c in extra)):
@@ -268,37 +307,24 @@ def _discover(state: _State) -> None:
             _fail(state, rec, f"opmux_platforms: {type(exc).__name__}: {exc}", exc)
 
 
-def _call_own(module: ModuleType, hook: str, **kwargs: Any) -> Any:
-    bound = _bind_own(module, hook)
-    return None if bound is None else bound(**kwargs)
-
-
-def _bind_own(module: ModuleType, hook: str) -> Callable[..., Any] | None:
-    """``module``'s ``hook`` as a function of keyword arguments that passes on only those
-    the hook takes (pluggy lets a hookimpl take a subset), or ``None`` if it has none."""
-    fn = getattr(module, hook, None)
-    if fn is None:
-        if hook == "opmux_plugin_info":
-            raise TypeError(f"plugin module {module.__name__!r} does not define "
-                            f"opmux_plugin_info(); every plugin must")
-        return None
-    accepted = inspect.signature(fn).parameters  # read once, not per call
-
-    def call(**kwargs: Any) -> Any:
-        return fn(**{k: v for k, v in kwargs.items() if k in accepted})
-
-    return call
+def _call_one(state: PluginState, hook: str, name: str, **kwargs: Any) -> Any:
+    """Plugin ``name``'s ``hook`` through pluggy (wrappers apply), or :data:`_ABSENT` when
+    the plugin does not implement it."""
+    for _, caller in _each(state, hook, [name]):
+        results = caller(**kwargs)  # pluggy leaves a None result out of the list
+        return results[0] if results else None
+    return _ABSENT
 
 
 def discovered_platforms() -> list[type[Platform]]:
     """The out-of-tree platform classes of the installed plugins (discovering them)."""
-    state = _STATE[0]
+    state = plugin_state()
     with state.lock:
-        _discover(state)
+        discover(state)
         return [cls for classes in state.platforms.values() for cls in classes]
 
 
-def _activate(state: _State, registry: OpRegistry, platform: Platform) -> None:
+def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> None:
     """Run ``opmux_register``, then ``opmux_default_priority``, of every plugin (once).
 
     Each plugin's registrations are journaled; a failure in either hook rolls that
@@ -315,31 +341,33 @@ def _activate(state: _State, registry: OpRegistry, platform: Platform) -> None:
                           f"{platform.name!r}")
             state.pm.unregister(module)
             del state.modules[name]
-            continue
-        registry._begin_journal()
+    callers = _each(state, "opmux_register")
+    called = {name for name, _ in callers}
+    # tryfirst, then by name, then trylast; then the plugins without the hook
+    for name, caller in [*callers, *((n, None) for n in state.modules if n not in called)]:
+        rec = state.records[name]
+        registry.begin_journal()
         try:
-            _call_own(module, "opmux_register", registry=registry, platform=platform)
+            if caller is not None:
+                caller(registry=registry, platform=platform)
         except Exception as exc:
-            registry._end_journal(rollback=True)
+            registry.end_journal(rollback=True)
             _fail(state, rec, f"opmux_register raised {type(exc).__name__}: {exc}", exc)
             continue
-        journal = registry._end_journal(rollback=False)
+        journal = registry.end_journal(rollback=False)
         state.journals[name] = journal
         rec.providers = [f"{op.qualname}:{provider}" for op, provider in journal[0]]
         rec.status = "loaded"
     ops = registry.list_ops()
-    for name, module in list(state.modules.items()):
-        if not hasattr(module, "opmux_default_priority"):
-            continue
+    for name, caller in _each(state, "opmux_default_priority", list(state.modules)):
         rec = state.records[name]
         answers: dict[str, list[str]] = {}
         try:
-            hook = _bind_own(module, "opmux_default_priority")
             for op in ops:
-                result = None if hook is None else hook(op_name=_asked_name(op),
-                                                        platform=platform)
-                if result is None:
+                results = caller(op_name=_asked_name(op), platform=platform)
+                if not results:
                     continue
+                result = results[0]
                 if isinstance(result, (str, bytes)) or not isinstance(result, (list, tuple)) \
                         or not all(isinstance(p, str) for p in result):
                     raise TypeError(f"opmux_default_priority({_asked_name(op)!r}) must return "
@@ -357,14 +385,14 @@ def _asked_name(op: Op) -> str:
     return op.name if op.namespace == "opmux" else op.qualname
 
 
-def _merged_priority(state: _State, op: Op, platform: Platform) -> list[str] | None:
+def _merged_priority(state: PluginState, op: Op, platform: Platform) -> list[str] | None:
     """The plugins' default priority for ``op`` under the merge rule (module docstring)."""
     tiers: tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]] = ({}, {})
     for name, answers in state.answers.items():
         answer = answers.get(op.qualname)
         if not answer:
             continue
-        known = tuple(p for p in dict.fromkeys(answer) if p != NATIVE and p in op._impls)
+        known = tuple(p for p in dict.fromkeys(answer) if p != NATIVE and op.has_provider(p))
         if known:
             specific = platform.name in state.records[name].platforms
             tiers[0 if specific else 1][name] = known
@@ -383,7 +411,7 @@ def _merged_priority(state: _State, op: Op, platform: Platform) -> list[str] | N
     return merged or None
 
 
-def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -> None:
+def apply_priorities(state: PluginState, registry: OpRegistry, platform: Platform) -> None:
     """Compose priority defaults: platform → plugins (merge rule) → tuned table (see
     :mod:`opmux.core.tuned`; never fatal) → ``OPMUX_PRIORITY``.
 
@@ -394,9 +422,9 @@ def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -
         rec.conflicts.clear()
     ops = registry.list_ops()
     for op in ops:
-        op._set_layer("platform", platform.default_priority(_asked_name(op)) or None,
+        op.priorities.set_layer("platform", platform.default_priority(_asked_name(op)) or None,
                       strict=False)
-        op._set_layer("plugins", _merged_priority(state, op, platform), strict=False)
+        op.priorities.set_layer("plugins", _merged_priority(state, op, platform), strict=False)
     tuned.apply_tuned(registry, platform, ops)
     resolved: list[tuple[Op, list[str]]] = []
     text = config.priority_text()
@@ -406,20 +434,20 @@ def _apply_priorities(state: _State, registry: OpRegistry, platform: Platform) -
         except UnknownOpError as exc:
             raise ConfigError(f"{config.ENV_PRIORITY}: unknown op {op_name!r} in {text!r}; "
                               f"known ops: {sorted(o.name for o in ops)}") from exc
-        unknown = [p for p in providers if p not in op._impls]
+        unknown = [p for p in providers if not op.has_provider(p)]
         if unknown:
             raise ConfigError(f"{config.ENV_PRIORITY}: op {op_name!r}: unknown provider(s) "
-                              f"{unknown}; registered: {sorted(op._impls)}")
+                              f"{unknown}; registered: {sorted(op.impls)}")
         resolved.append((op, providers))
     for op in ops:
-        op._set_layer("env", None)
+        op.priorities.set_layer("env", None)
     for op, providers in resolved:
-        op._set_layer("env", providers)
+        op.priorities.set_layer("env", providers)
 
 
 def plugin_report() -> list[PluginRecord]:
     """Every plugin seen, with its status and why (a snapshot)."""
-    state = _STATE[0]
+    state = plugin_state()
     with state.lock:
         labels: dict[int, str] = {}  # built-in plugins share one distribution
         for key, rec in state.records.items():
@@ -430,6 +458,6 @@ def plugin_report() -> list[PluginRecord]:
 
 
 def _reset_for_tests() -> None:
-    """Forget loaded plugins and start from a fresh plugin manager (the registrations of
-    the global registry are rolled back first by :func:`opmux.core.runtime.reset_for_tests`)."""
-    _STATE[0] = _State()
+    """Start from a fresh plugin manager and no records (the registrations of the global
+    registry are rolled back first by :func:`opmux._runtime.reset_for_tests`)."""
+    runtime().reset_part(PluginState)

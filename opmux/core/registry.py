@@ -3,9 +3,10 @@
 An :class:`OpRegistry` knows nothing of the catalog, plugins or platforms: whoever builds
 it passes the hooks (a ``loader`` run before the first op call, a ``catalog`` hook run
 before the default namespace is used, the ``platform_key`` providers default to). The
-process-wide registry is built and owned by :mod:`opmux.core.runtime`, which installs it
-here so that :func:`register_op` (used by the catalog modules) and :func:`get_op` reach
-it; tests build their own with a unique namespace (see ``tests/conftest.py``).
+process-wide registry is built by :mod:`opmux._runtime` and held by the runtime object
+(:func:`opmux.core.state.runtime`), so that :func:`register_op` (used by the catalog
+modules) and :func:`get_op` reach it; tests build their own with a unique namespace (see
+``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -18,20 +19,15 @@ from typing import Any, TypeVar, overload
 
 import torch
 
-from opmux.core._chooser import _KeyChain
 from opmux.core.errors import RegistrationError, UnknownOpError
 from opmux.core.op import Op
-from opmux.core.torch_lib import infer_schema, register_fake, validate_name, validate_namespace
-from opmux.platforms import current_platform
+from opmux.core.state import runtime
+from opmux.core.torch_lib import infer_schema, validate_name, validate_namespace
 
 __all__ = ["OpRegistry", "get_op", "global_registry", "list_ops", "register_op"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 DEFAULT_NAMESPACE = "opmux"
-
-
-def _current_platform_key() -> str:
-    return current_platform().dispatch_key
 
 
 class OpRegistry:
@@ -43,23 +39,24 @@ class OpRegistry:
         fatal until fixed.
     :param catalog: run before ops of ``namespace="opmux"`` are looked up or defined (the
         global registry imports the op catalog, so catalog names are taken first).
-    :param platform_key: the dispatch key providers register on when they name none
-        (default: the current platform's).
+    :param platform_key: the dispatch key providers register on when they name none, or a
+        function giving it (asked at each registration; the process-wide registry asks the
+        current platform). Default ``"CPU"``.
     """
 
     def __init__(self, *, loader: Callable[[OpRegistry], None] | None = None,
                  catalog: Callable[[], None] | None = None,
-                 platform_key: Callable[[], str] | None = None) -> None:
+                 platform_key: str | Callable[[], str] = "CPU") -> None:
         self._ops: dict[str, Op] = {}
         self._libs: dict[str, torch.library.Library] = {}
         self._lock = threading.RLock()
         self._loader = loader
         self._catalog = catalog
-        self._platform_key = platform_key or _current_platform_key
-        #: one-element list read on the hot path: has the loader run?
-        self._loaded: list[bool] = [loader is None]
-        #: every key's selection holder (each with its torch kernel), for _set_loaded
-        self._holders: list[_KeyChain] = []
+        self._platform_key: Callable[[], str] = (
+            platform_key if callable(platform_key) else lambda: platform_key)
+        #: has the loader run? A one-element list because every kernel reads it on each
+        #: call (the hot path): a closure cell would need a global or a lookup per call.
+        self.loaded_flag: list[bool] = [loader is None]
         self._loading_thread: int | None = None
         self._journal: list[tuple[Op, str]] | None = None
         self._op_journal: list[Op] | None = None
@@ -74,12 +71,6 @@ class OpRegistry:
                 lib = torch.library.Library(namespace, "FRAGMENT")
                 self._libs[namespace] = lib
             return lib
-
-    def _impl_kernel(self, op: Op, kernel: Callable[..., Any], key: str) -> None:
-        self.library(op.namespace).impl(op.name, kernel, key)
-
-    def _register_fake(self, op: Op, fn: Callable[..., Any], *, override: bool) -> None:
-        register_fake(self.library(op.namespace), op.qualname, fn, allow_override=override)
 
     # ----------------------------------------------------------------- ops
     def register_op(self, fn: Callable[..., Any], *, name: str | None = None,
@@ -155,6 +146,11 @@ class OpRegistry:
         self._load_catalog()
         return [self._ops[k] for k in sorted(self._ops)]
 
+    def known_ops(self) -> list[Op]:
+        """Every op registered so far (the catalog is not imported for it)."""
+        with self._lock:
+            return list(self._ops.values())
+
     def _forget_op(self, op: Op) -> None:
         # torch cannot undefine one op of a shared library; the op stays defined in
         # torch (native kernel only) but leaves the registry.
@@ -162,11 +158,12 @@ class OpRegistry:
             self._ops.pop(op.qualname, None)
 
     # --------------------------------------------------------------- loading
-    def _ensure_loaded(self) -> None:
-        if self._loaded[0] or self._loader is None:
+    def ensure_loaded(self) -> None:
+        """Run the start-up ``loader`` unless it has succeeded (thread-safe, re-entrant)."""
+        if self.loaded_flag[0] or self._loader is None:
             return
         with self._lock:
-            if self._loaded[0] or self._loading_thread == threading.get_ident():
+            if self.loaded_flag[0] or self._loading_thread == threading.get_ident():
                 return  # loaded, or re-entered from a plugin hook while loading
             self._loading_thread = threading.get_ident()
             try:
@@ -178,34 +175,33 @@ class OpRegistry:
                 loader(self)
                 # only a start-up that succeeded counts: a fatal error is raised again on
                 # the next call, until the configuration is fixed (#11)
-                self._set_loaded(True)
+                self.loaded_flag[0] = True
             finally:
                 self._loading_thread = None
 
-    def _set_loaded(self, loaded: bool) -> None:
-        """Mark start-up done (or to run again) and give every kernel the matching body: the
-        shortcut bodies skip the start-up test, so they serve only a loaded registry."""
-        self._loaded[0] = loaded
-        for holder in list(self._holders):
-            holder.specialize()
+    def unload(self) -> None:
+        """Mark start-up to run again on the next op call (a reset for tests)."""
+        self.loaded_flag[0] = self._loader is None
 
-    def _journal_impl(self, op: Op, provider: str) -> None:
+    def record_impl(self, op: Op, provider: str) -> None:
+        """Note a provider registration in the open journal (see :meth:`begin_journal`)."""
         if self._journal is not None:
             self._journal.append((op, provider))
 
-    def _begin_journal(self) -> None:
+    def begin_journal(self) -> None:
+        """Start recording registrations (a plugin's, so that a failure can undo them)."""
         self._journal = []
         self._op_journal = []
 
-    def _end_journal(self, *, rollback: bool) -> tuple[list[tuple[Op, str]], list[Op]]:
+    def end_journal(self, *, rollback: bool) -> tuple[list[tuple[Op, str]], list[Op]]:
         """Stop recording; return (and with ``rollback``, undo) what was registered."""
         journal, ops = self._journal or [], self._op_journal or []
         self._journal = self._op_journal = None
         if rollback:
-            self._rollback(journal, ops)
+            self.rollback(journal, ops)
         return journal, ops
 
-    def _rollback(self, journal: list[tuple[Op, str]], ops: list[Op], *,
+    def rollback(self, journal: list[tuple[Op, str]], ops: list[Op], *,
                   forget_ops: bool = True) -> None:
         """Unregister journaled providers and (``forget_ops``) forget journaled ops.
 
@@ -214,7 +210,7 @@ class OpRegistry:
         registry, so ``get_op`` no longer finds it.
         """
         for op, provider in reversed(journal):
-            if provider in op._impls:
+            if op.has_provider(provider):
                 op.unregister_impl(provider)
         if forget_ops:
             for op in ops:
@@ -227,21 +223,12 @@ class OpRegistry:
                 lib._destroy()
             self._libs.clear()
             self._ops.clear()
-            self._holders.clear()
-            self._set_loaded(self._loader is None)
-
-
-#: the process-wide registry, installed by :mod:`opmux.core.runtime` (which owns it)
-_GLOBAL: list[OpRegistry] = []
-
-
-def _install_global(registry: OpRegistry) -> None:
-    _GLOBAL[:] = [registry]
+            self.unload()
 
 
 def global_registry() -> OpRegistry:
-    """The process-wide registry plugins register into (owned by :mod:`opmux.core.runtime`)."""
-    return _GLOBAL[0]
+    """The process-wide registry: the catalog's ops and every plugin's providers."""
+    return runtime().registry
 
 
 @overload

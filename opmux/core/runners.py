@@ -246,6 +246,8 @@ class RunnerRegistry:
             self._tombstones.clear()
 
 
+#: a module global, not a part of the runtime object: runner ops keep its table from
+#: registration and read it on every call (the hot path), so a reset clears it in place
 _GLOBAL: Final = RunnerRegistry()
 
 

@@ -1,33 +1,87 @@
-"""The one reset of opmux's process-wide state, for tests.
+"""The runtime object: the one owner of opmux's process state, and its reset for tests.
 
-Every module that keeps global state (the registry's priorities and loaded flag, the
-torch-wrap and output-check switches, the plugin manager, the platform cache, the runner
-table, build-status caches, ...) registers a function that returns it to its state after
-import with :func:`register_reset`; :func:`reset_for_tests` (re-exported by
-:mod:`opmux.core.runtime`) calls them all. This module imports nothing of opmux, so any
-module (core or backend) can register without an import cycle and core never imports a
-backend to reset it.
+:class:`Runtime` holds the process-wide registry and one *part* per kind of state, each a
+small class defined beside the code that uses it: the plugin records and manager
+(:class:`opmux.core.plugins.PluginState`), the platform (``opmux.platforms``), the
+switches (:class:`opmux.core.switches.Switches`), the tuned-table status
+(:mod:`opmux.core.tuned`) and the CustomOp settings (:mod:`opmux.layers.custom_op`).
+A part is built on first use from its class, so floors above core keep their state here
+without core importing them. :func:`reset_for_tests` replaces the runtime object (the
+registry carries over: torch cannot undefine an op) after running the undo hooks that
+put back what outlives it (providers plugins added to ops, each op's priorities and
+wiring, caches of derived data), registered with :func:`register_reset`.
 
-The name tables in that state (layers by name, process groups, CustomOp classes) share one
-rule, :func:`claim`: a name stays with the first object entered under it.
+The name tables of that state (layers by name, process groups, CustomOp classes) share
+one rule, :func:`claim`: a name stays with the first object entered under it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, MutableMapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["claim", "register_reset", "reset_for_tests"]
+if TYPE_CHECKING:
+    from opmux.core.registry import OpRegistry
+
+__all__ = ["Runtime", "claim", "register_reset", "reset_for_tests", "runtime"]
 
 _V = TypeVar("_V")
+_P = TypeVar("_P")
 
+
+class Runtime:
+    """The process state of opmux (see the module docstring)."""
+
+    def __init__(self, registry: OpRegistry | None = None) -> None:
+        self._registry = registry
+        self._parts: dict[type[Any], Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def registry(self) -> OpRegistry:
+        """The process-wide registry (installed by :mod:`opmux._runtime` at import)."""
+        registry = self._registry
+        if registry is None:
+            raise RuntimeError("opmux's process-wide registry is not installed; import opmux "
+                               "(its package import installs it)")
+        return registry
+
+    def install(self, registry: OpRegistry) -> None:
+        """Install the process-wide registry (once, by :mod:`opmux._runtime`)."""
+        self._registry = registry
+
+    def part(self, cls: type[_P]) -> _P:
+        """The part of class ``cls``, built with ``cls()`` on first use."""
+        try:
+            part: _P = self._parts[cls]
+        except KeyError:
+            with self._lock:
+                part = self._parts.setdefault(cls, cls())
+        return part
+
+    def reset_part(self, cls: type[Any]) -> None:
+        """Drop the part of class ``cls``: the next :meth:`part` builds a fresh one."""
+        with self._lock:
+            self._parts.pop(cls, None)
+
+
+#: The runtime object; a one-element list so that a reset swaps it for every reader.
+_CURRENT: list[Runtime] = [Runtime()]
 _RESETS: dict[str, Callable[[], None]] = {}
 _LOCK = threading.Lock()
 
 
+def runtime() -> Runtime:
+    """This process's runtime object."""
+    return _CURRENT[0]
+
+
 def register_reset(fn: Callable[[], None], *, name: str | None = None) -> Callable[[], None]:
-    """Register ``fn`` to run on :func:`reset_for_tests`; usable as a decorator.
+    """Register an undo hook run by :func:`reset_for_tests`; usable as a decorator.
+
+    For what outlives the runtime object: registrations on ops, caches of derived data,
+    handles. State of its own belongs in a part (:meth:`Runtime.part`).
 
     :param name: a stable key (default ``module.qualname`` of ``fn``): registering the
         same key again replaces the earlier function (module reloads stay harmless).
@@ -39,9 +93,9 @@ def register_reset(fn: Callable[[], None], *, name: str | None = None) -> Callab
 
 
 def reset_for_tests() -> None:
-    """Return every piece of registered global state to its state after import.
+    """Run the undo hooks (in registration order), then replace the runtime object.
 
-    Resetters run in registration order; the first error is raised after all have run.
+    The first error of a hook is raised after all have run and the object is replaced.
     """
     with _LOCK:
         resets = list(_RESETS.values())
@@ -51,6 +105,7 @@ def reset_for_tests() -> None:
             fn()
         except Exception as exc:  # the others still reset; the failure is not lost
             first = first or exc
+    _CURRENT[0] = Runtime(_CURRENT[0]._registry)
     if first is not None:
         raise first
 

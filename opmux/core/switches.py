@@ -1,8 +1,9 @@
 """Process-wide switches that change how every op's calls are wired.
 
 Both switches rebuild what the dispatch hot path reads when they change, so the hot path
-never tests them per call: ``enable_torch_wrap`` swaps each op's ``__call__``,
-``enable_output_checks`` swaps each chain's functions for checked ones.
+never tests them per call: ``enable_torch_wrap`` swaps each op's call target,
+``enable_output_checks`` swaps each chain's functions for checked ones. Their values are
+the :class:`Switches` part of the runtime object (:mod:`opmux.core.state`).
 """
 
 from __future__ import annotations
@@ -14,32 +15,42 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from opmux.core import config
-from opmux.core.state import register_reset
+from opmux.core.state import register_reset, runtime
 
 if TYPE_CHECKING:
     from opmux.core.op import Op
 
-__all__ = ["enable_output_checks", "enable_torch_wrap", "output_checks_enabled",
-           "set_output_checks", "torch_wrap_enabled"]
+__all__ = ["Switches", "enable_output_checks", "enable_torch_wrap", "output_checks_enabled",
+           "set_output_checks", "torch_wrap_enabled", "track"]
 
-#: The torch-wrap switch; a one-element list so the hot path reads it without a lookup
-#: of a module global that a ``global`` statement rebinds.
-_WRAP: list[bool] = [True]
-#: Output checks; ``None`` until first read, then the ``OPMUX_CHECK_OUTPUTS`` value or
-#: what :func:`set_output_checks` said.
-_CHECK: list[bool | None] = [None]
 _LOCK = threading.RLock()
+#: every live op, so that a switch can rewire it; a module global because ops outlive the
+#: runtime object (the catalog's are defined in torch for the life of the process)
 _ALL_OPS: weakref.WeakSet[Op] = weakref.WeakSet()
 
 
-def _track(op: Op) -> None:
+class Switches:
+    """The switches' values (a part of the runtime object)."""
+
+    def __init__(self) -> None:
+        #: whether op calls go through the torch dispatcher
+        self.wrap = True
+        #: output checks: ``None`` until first read, then ``OPMUX_CHECK_OUTPUTS`` or code
+        self.check: bool | None = None
+
+
+def _switches() -> Switches:
+    return runtime().part(Switches)
+
+
+def track(op: Op) -> None:
     """Called by every new op so the switches can rewire it."""
     _ALL_OPS.add(op)
 
 
 def torch_wrap_enabled() -> bool:
     """Whether op calls go through the torch dispatcher (the default)."""
-    return _WRAP[0]
+    return _switches().wrap
 
 
 @contextlib.contextmanager
@@ -52,7 +63,7 @@ def enable_torch_wrap(enabled: bool = True) -> Iterator[None]:
     switch is process-wide; the previous value is restored on exit.
     """
     with _LOCK:
-        previous = _WRAP[0]
+        previous = _switches().wrap
         _set_wrap(bool(enabled))
     try:
         yield
@@ -62,19 +73,20 @@ def enable_torch_wrap(enabled: bool = True) -> Iterator[None]:
 
 
 def _set_wrap(enabled: bool) -> None:
-    _WRAP[0] = enabled
+    _switches().wrap = enabled
     for op in list(_ALL_OPS):
-        op._install_call(enabled)
+        op.set_wrap(enabled)
 
 
 def output_checks_enabled() -> bool:
     """Whether provider outputs are checked (``OPMUX_CHECK_OUTPUTS`` or code)."""
-    value = _CHECK[0]
+    switches = _switches()
+    value = switches.check
     if value is None:
         with _LOCK:
-            if _CHECK[0] is None:
-                _CHECK[0] = config.check_outputs()
-            value = _CHECK[0]
+            if switches.check is None:
+                switches.check = config.check_outputs()
+            value = switches.check
     return bool(value)
 
 
@@ -88,28 +100,29 @@ def set_output_checks(enabled: bool | None) -> None:
     now, so the hot path costs nothing while the checks are off.
     """
     with _LOCK:
-        _CHECK[0] = None if enabled is None else bool(enabled)
+        _switches().check = None if enabled is None else bool(enabled)
         for op in list(_ALL_OPS):
-            op._rebuild_chains()
+            op.priorities.rebuild()
 
 
 @contextlib.contextmanager
 def enable_output_checks(enabled: bool = True) -> Iterator[None]:
     """Scoped :func:`set_output_checks`; the previous setting returns on exit."""
     with _LOCK:
-        previous = _CHECK[0]
+        previous = _switches().check
         set_output_checks(enabled)
     try:
         yield
     finally:
         with _LOCK:
-            _CHECK[0] = previous
+            _switches().check = previous
             for op in list(_ALL_OPS):
-                op._rebuild_chains()
+                op.priorities.rebuild()
 
 
 @register_reset
-def _reset_switches() -> None:
+def _rewire_ops() -> None:
+    """Give every live op the default wiring (the next runtime object's switch values)."""
     with _LOCK:
         _set_wrap(True)
         set_output_checks(None)

@@ -11,7 +11,7 @@ fingerprint for this platform is *stale*; a file that does not parse or validate
 fatal. ``OPMUX_TUNED=0`` turns loading off.
 
 A size bucket is the bit length of the first argument's ``numel()`` (see
-:mod:`opmux.core._chooser`); an op whose buckets disagree gets a per-bucket order, picked on
+:mod:`opmux.core.dispatch`); an op whose buckets disagree gets a per-bucket order, picked on
 the hot path by one index. Buckets not measured take the order of the nearest measured one.
 
 File format (``"format": 1``)::
@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from opmux.core import config
-from opmux.core._chooser import SIZE_BUCKETS
 from opmux.core._dist import dist_headers
-from opmux.core.op import NATIVE
-from opmux.core.state import register_reset
+from opmux.core.dispatch import SIZE_BUCKETS
+from opmux.core.priority import NATIVE
+from opmux.core.state import runtime
 
 if TYPE_CHECKING:
     from opmux.core.op import Op
@@ -70,19 +70,19 @@ class TunedStatus:
 
 
 _LOCK = threading.Lock()
-_STATUS: list[TunedStatus] = [TunedStatus()]
+
+
+class _TunedState:
+    """The last start-up's tuned-table status (a part of the runtime object)."""
+
+    def __init__(self) -> None:
+        self.status = TunedStatus()
 
 
 def tuned_status() -> TunedStatus:
     """A copy of the last start-up's tuned-table status."""
     with _LOCK:
-        return TunedStatus(**_STATUS[0].as_dict())
-
-
-@register_reset
-def _reset_tuned_status() -> None:
-    with _LOCK:
-        _STATUS[0] = TunedStatus()
+        return TunedStatus(**runtime().part(_TunedState).status.as_dict())
 
 
 def tuned_dir() -> Path:
@@ -121,7 +121,7 @@ def fingerprint(registry: OpRegistry, platform: Platform) -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
         version = "0+unknown"
     providers = sorted(f"{op.qualname}:{name}" for op in registry.list_ops()
-                       for name, impl in op._impls.items() if impl.supported and name != NATIVE)
+                       for name, impl in op.impls.items() if impl.supported and name != NATIVE)
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     return {"platform": platform.name, "machine": _platform.machine(), "cpu": _cpu(),
             "threads": torch.get_num_threads(), "python": python,
@@ -171,7 +171,7 @@ def validate_table(data: Any, ops: dict[str, Op]) -> list[str]:
             if not (isinstance(order, list) and order
                     and all(isinstance(p, str) for p in order)):
                 problems.append(f"{qualname}: {where}: 'order' is not a list of providers")
-            elif unknown := [p for p in order if p not in op._impls]:
+            elif unknown := [p for p in order if not op.has_provider(p)]:
                 problems.append(f"{qualname}: {where}: unknown provider(s) {unknown}")
     return problems
 
@@ -192,11 +192,11 @@ def apply_tuned(registry: OpRegistry, platform: Platform, ops: list[Op]) -> Tune
     Never raises for a missing, stale or damaged file: the status says what happened.
     """
     for op in ops:
-        if op._layers["tuned"] is not None or op._tuned_sized is not None:
-            op._set_tuned(None)
+        if op.priorities.layer("tuned") is not None:
+            op.priorities.set_tuned(None)
     status = _load(registry, platform, ops)
     with _LOCK:
-        _STATUS[0] = status
+        runtime().part(_TunedState).status = status
     return status
 
 
@@ -233,7 +233,7 @@ def _load(registry: OpRegistry, platform: Platform, ops: list[Op]) -> TunedStatu
         distinct = {tuple(o) for o in orders.values()}
         sized = (nearest_buckets(orders) if len(distinct) > 1 and _first_is_tensor(op)
                  else None)
-        op._set_tuned(entry["order"], sized)
+        op.priorities.set_tuned(entry["order"], sized)
     return TunedStatus("loaded", str(path), f"{len(data['ops'])} op(s) tuned",
                        len(data["ops"]))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from opmux.core.custom_op import CustomOp
 from opmux.core.errors import ConfigError
 from opmux.layers._keep import keep
+from opmux.layers.custom_op import CustomOp
 
 
 class _RopeLayer(CustomOp):

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from opmux.core.custom_op import CustomOp, _OpLayer
+from opmux.layers.custom_op import CustomOp, _OpLayer
 from opmux.ops import activation as ops
 
 __all__ = [

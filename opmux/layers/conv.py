@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from opmux.core.custom_op import CustomOp
+from opmux.layers.custom_op import CustomOp
 
 __all__ = ["Conv2dLayer", "Conv3dLayer", "ConvLayerBase"]
 

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from opmux.core.custom_op import CustomOp
 from opmux.core.errors import OpmuxError
 from opmux.distributed import divide
 from opmux.layers._tensor_parallel import (
@@ -42,6 +41,7 @@ from opmux.layers._tensor_parallel import (
     reject_quant_config,
     tp_coords,
 )
+from opmux.layers.custom_op import CustomOp
 from opmux.ops.communication import all_reduce_
 
 __all__ = [

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from opmux.core.custom_op import CustomOp
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.distributed import ParallelSizeError, divide
 from opmux.layers._tensor_parallel import (
@@ -49,6 +48,7 @@ from opmux.layers._tensor_parallel import (
     reject_quant_config,
     tp_coords,
 )
+from opmux.layers.custom_op import CustomOp
 from opmux.ops.communication import all_gather, all_reduce_
 
 __all__ = [

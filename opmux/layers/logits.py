@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp
+from opmux.layers.custom_op import CustomOp
 from opmux.layers.embedding import VocabParallelEmbedding
 from opmux.ops.communication import all_gather
 

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from opmux.core.custom_op import CustomOp, _runs
 from opmux.layers._keep import keep
+from opmux.layers.custom_op import CustomOp, _runs
 from opmux.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,

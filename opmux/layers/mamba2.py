@@ -33,10 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
-from opmux.core.custom_op import CustomOp
 from opmux.core.errors import ConfigError
 from opmux.layers._keep import keep
 from opmux.layers._tensor_parallel import tp_coords
+from opmux.layers.custom_op import CustomOp
 from opmux.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,

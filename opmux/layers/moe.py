@@ -37,12 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
 from opmux.distributed import divide
 from opmux.layers._keep import keep
 from opmux.layers._tensor_parallel import copy_checked, narrow_full, tp_coords
+from opmux.layers.custom_op import CustomOp, _runs
 from opmux.layers.moe_methods import experts_native
 from opmux.ops.communication import all_reduce_
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax

@@ -43,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp, _runs
 from opmux.core.errors import ConfigError
 from opmux.layers._tensor_parallel import set_weight_attrs
+from opmux.layers.custom_op import CustomOp, _runs
 from opmux.ops._checks import input_error
 from opmux.ops.moe import fused_moe
 

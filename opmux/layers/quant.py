@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp
+from opmux.layers.custom_op import CustomOp
 from opmux.ops.quant import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, group_broadcast, quant_fp8
 
 __all__ = ["GroupShape", "QuantFP8"]

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from opmux.core.custom_op import CustomOp
 from opmux.core.errors import ConfigError
 from opmux.layers._rope import _RopeLayer
+from opmux.layers.custom_op import CustomOp
 from opmux.ops.rotary import rotary_embedding
 from opmux.ops.rotary_more import (
     apply_rotary_emb,

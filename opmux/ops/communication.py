@@ -30,13 +30,12 @@ from torch import Tensor
 
 from opmux.core.errors import OpInputError, OpmuxError
 from opmux.core.registry import register_op
+from opmux.ops.process_groups import resolve_group
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_", "group_size", "reduce_scatter"]
 
 
 def _group(op: str, provider: str, group_name: str) -> object:
-    from opmux.distributed import resolve_group  # imported when a collective first runs
-
     try:
         return resolve_group(group_name)
     except OpmuxError as exc:

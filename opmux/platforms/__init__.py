@@ -2,8 +2,8 @@
 
 Each built-in platform has one cheap detector in :data:`BUILTIN_DETECTORS` (tests
 monkeypatch this dict). Out-of-tree platforms come from plugins' ``opmux_platforms``
-hook, through the source that :mod:`opmux.core.runtime` installs with
-:func:`_set_oot_source` (this package imports nothing of the plugin machinery).
+hook, through the source that :mod:`opmux._runtime` installs with
+:func:`set_oot_source` (this package imports nothing of the plugin machinery).
 :func:`current_platform` resolves once, lazily, and caches only a success: an unknown
 ``OPMUX_PLATFORM`` or two claiming platforms raise on every call until fixed.
 ``OPMUX_PLATFORM`` forces a platform by name.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from opmux.core import config
 from opmux.core.errors import PlatformError
-from opmux.core.state import register_reset
+from opmux.core.state import runtime
 from opmux.platforms.ascend import AscendPlatform, detect_ascend
 from opmux.platforms.base import Detection, Platform
 from opmux.platforms.builtin import (
@@ -37,6 +37,7 @@ __all__ = [
     "current_platform",
     "detections",
     "resolve_platform",
+    "set_oot_source",
 ]
 
 #: Detectors of the built-in platforms, in the order they are consulted. The first
@@ -58,13 +59,22 @@ BUILTIN_PLATFORMS: dict[str, type[Platform]] = {
 }
 
 _lock = threading.Lock()
-_current: list[Platform | None] = [None]
-_detections: list[Detection] = []
-#: where out-of-tree platform classes come from (installed by opmux.core.runtime)
+#: where out-of-tree platform classes come from: wiring installed once by opmux._runtime
+#: (not state: it does not change after import)
 _oot_source: list[Callable[[], Sequence[type[Platform]]]] = [tuple]
 
 
-def _set_oot_source(source: Callable[[], Sequence[type[Platform]]]) -> None:
+class _PlatformState:
+    """The resolved platform and every detector's verdict (a part of the runtime object)."""
+
+    def __init__(self) -> None:
+        self.current: Platform | None = None
+        self.detections: list[Detection] = []
+
+
+def set_oot_source(source: Callable[[], Sequence[type[Platform]]]) -> None:
+    """Set where :func:`current_platform` gets out-of-tree platform classes (start-up
+    wiring: :mod:`opmux._runtime` passes the plugins' ``opmux_platforms`` answers)."""
     _oot_source[0] = source
 
 
@@ -130,16 +140,17 @@ def current_platform() -> Platform:
     Out-of-tree platforms of installed plugins take part (their entry modules are
     imported, which is cheap: heavy code loads only in ``opmux_register``).
     """
-    cached = _current[0]
+    state = runtime().part(_PlatformState)
+    cached = state.current
     if cached is not None:
         return cached
     oot = _oot_source[0]()
     with _lock:
-        if _current[0] is None:
+        if state.current is None:
             platform, found = resolve_platform(oot)
-            _detections[:] = found
-            _current[0] = platform
-        result = _current[0]
+            state.detections = found
+            state.current = platform
+        result = state.current
     assert result is not None
     return result
 
@@ -147,12 +158,9 @@ def current_platform() -> Platform:
 def detections() -> list[Detection]:
     """Every detector's verdict from the last resolution (resolving if needed)."""
     current_platform()
-    return list(_detections)
+    return list(runtime().part(_PlatformState).detections)
 
 
-@register_reset
 def _reset_for_tests() -> None:
-    """Forget the cached platform so the next call resolves again."""
-    with _lock:
-        _current[0] = None
-        _detections.clear()
+    """Forget the resolved platform so the next call resolves again."""
+    runtime().reset_part(_PlatformState)

@@ -43,6 +43,7 @@ def detect_ascend() -> Detection:
 
 
 class AscendPlatform(Platform, name="ascend", device_type="npu", dispatch_key="PrivateUse1",
+                     forward_method="forward_npu",
                      detector=detect_ascend):
     """Huawei Ascend NPUs. torch tensors live on ``npu`` (the PrivateUse1 backend)."""
 

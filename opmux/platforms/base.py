@@ -24,16 +24,22 @@ class Platform:
     device_type: ClassVar[str] = "cpu"
     #: the dispatch key providers of this platform register on, e.g. ``"CUDA"``.
     dispatch_key: ClassVar[str] = "CPU"
+    #: the :class:`~opmux.CustomOp` method layers run here when enabled, e.g.
+    #: ``"forward_cuda"``; an out-of-tree platform names its own (``"forward_oot"``, or one
+    #: of the built-in paths its device shares), and a layer without that method runs
+    #: ``forward_native``.
+    forward_method: ClassVar[str] = "forward_native"
     #: the cheap detector of this platform (``None``: ``is_available`` decides alone).
     detector: ClassVar[Callable[[], Detection] | None] = None
 
     def __init_subclass__(cls, *, name: str | None = None, device_type: str | None = None,
-                          dispatch_key: str | None = None,
+                          dispatch_key: str | None = None, forward_method: str | None = None,
                           detector: Callable[[], Detection] | None = None,
                           **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for attr, value in (("name", name), ("device_type", device_type),
-                            ("dispatch_key", dispatch_key), ("detector", detector)):
+                            ("dispatch_key", dispatch_key), ("forward_method", forward_method),
+                            ("detector", detector)):
             if value is not None:
                 setattr(cls, attr, value)
 
@@ -51,7 +57,7 @@ class Platform:
     def describe(self) -> dict[str, Any]:
         """Facts for ``opmux info`` (versions, device names)."""
         return {"name": self.name, "device_type": self.device_type,
-                "dispatch_key": self.dispatch_key}
+                "dispatch_key": self.dispatch_key, "forward_method": self.forward_method}
 
     def __repr__(self) -> str:
         return f"<Platform {self.name} ({self.device_type}, key {self.dispatch_key})>"

@@ -47,7 +47,8 @@ def detect_xla() -> Detection:
                      f"torch_xla installed, PJRT_DEVICE={device}")
 
 
-class CpuPlatform(Platform, name="cpu", device_type="cpu", dispatch_key="CPU"):
+class CpuPlatform(Platform, name="cpu", device_type="cpu", dispatch_key="CPU",
+                  forward_method="forward_cpu"):
     """The host CPU; the fallback platform."""
 
     @classmethod
@@ -61,6 +62,7 @@ class CpuPlatform(Platform, name="cpu", device_type="cpu", dispatch_key="CPU"):
 
 
 class CudaPlatform(Platform, name="cuda", device_type="cuda", dispatch_key="CUDA",
+                   forward_method="forward_cuda",
                    detector=detect_cuda):
     """NVIDIA GPUs through a CUDA build of torch."""
 
@@ -75,7 +77,8 @@ class CudaPlatform(Platform, name="cuda", device_type="cuda", dispatch_key="CUDA
         return info
 
 
-class RocmPlatform(CudaPlatform, name="rocm", detector=detect_rocm):
+class RocmPlatform(CudaPlatform, name="rocm", forward_method="forward_hip",
+                   detector=detect_rocm):
     """AMD GPUs through a ROCm (HIP) build of torch; same device type and key as CUDA."""
 
     def describe(self) -> dict[str, Any]:
@@ -85,6 +88,7 @@ class RocmPlatform(CudaPlatform, name="rocm", detector=detect_rocm):
 
 
 class XlaPlatform(Platform, name="xla", device_type="xla", dispatch_key="XLA",
+                  forward_method="forward_xla",
                   detector=detect_xla):
     """torch_xla devices (TPU, GPU or CPU through PJRT)."""
 

@@ -18,10 +18,10 @@ example vendor do; the ``cpp`` table (``_<op>_ok``), ``cuda_c`` (abbreviated op 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opmux.core._chooser import make_predicate
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 
 if TYPE_CHECKING:
@@ -83,9 +83,10 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
     """A ``supports_args`` predicate with ``impl``'s parameters and defaults (native's) that
     returns ``check`` of the arguments ``check`` names, passed in ``check``'s order.
 
-    The predicate is a plain function (its code compiled once per parameter list and kept in
-    the dispatch code's cache, see :mod:`opmux.core._chooser`), so registration checks its
-    signature on the fast path and a call costs one extra function call, no binding.
+    The predicate is a closure carrying ``impl``'s signature (``__signature__``, which
+    registration checks); the dispatcher passes every argument by position, so a call
+    picks ``check``'s arguments by index, and binds them only when a caller passed keywords
+    or left defaults out (the torch wrap off).
 
     :raises SignatureMismatchError: ``check`` names a parameter ``impl`` lacks, or either is
         not a plain function.
@@ -102,10 +103,21 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
         raise SignatureMismatchError(
             f"predicate: {check.__qualname__} reads {unknown or list(wanted)}, which must be "
             f"among the plain parameters {list(params)} of {impl.__qualname__}")
-    fn = make_predicate(f"_{impl.__name__}_supports", params, wanted, check)
-    fn.__defaults__ = impl.__defaults__  # type: ignore[attr-defined]
-    fn.__module__ = impl.__module__
-    return fn
+    signature = inspect.signature(impl).replace(return_annotation=bool)
+    picks = tuple(params.index(p) for p in wanted)
+    count = len(params)
+
+    def supports(*args: Any, **kwargs: Any) -> bool:
+        if kwargs or len(args) != count:  # keywords, or defaults left out
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = tuple(bound.arguments.values())
+        return check(*[args[i] for i in picks])
+
+    supports.__name__ = supports.__qualname__ = f"_{impl.__name__}_supports"
+    supports.__module__ = impl.__module__
+    supports.__signature__ = signature  # type: ignore[attr-defined]
+    return supports
 
 
 def register_table(registry: RegistryLike, provider: str, dispatch_key: str, table: OpTable,

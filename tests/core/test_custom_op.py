@@ -135,7 +135,7 @@ def test_compile_mode_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not mark.enabled() and mark.enabled() is False
     monkeypatch.setenv("OPMUX_CUSTOM_OPS", "")
     assert mark.enabled()
-    from opmux.core.custom_op import compile_mode
+    from opmux.layers.custom_op import compile_mode
 
     monkeypatch.setenv("OPMUX_COMPILE_MODE", "not a mode")
     with pytest.raises(opmux.ConfigError, match="OPMUX_COMPILE_MODE: expected 'inductor'"):
@@ -146,7 +146,7 @@ def test_compile_mode_sets_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_settings_and_info_report_layers(capsys: pytest.CaptureFixture[str]) -> None:
     from opmux import cli
-    from opmux.core.custom_op import custom_op_settings
+    from opmux.layers.custom_op import custom_op_settings
 
     _layer_classes("k")
     opmux.set_custom_ops("none,+gelu_new")

@@ -16,7 +16,7 @@ import torch
 from fake_plugins import FakePlugins, provider, report
 
 import opmux
-from opmux.core import runtime
+from opmux import _runtime as runtime
 
 
 def _raise(exc: BaseException) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ import torch
 from fake_plugins import FakePlugins, provider, report
 
 import opmux
-from opmux.core import runtime
+from opmux import _runtime as runtime
 
 
 def _plugin(fake: FakePlugins, name: str, op: opmux.Op, *, platforms: list[str],

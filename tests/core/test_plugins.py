@@ -12,7 +12,8 @@ from fake_plugins import provider as _provider
 from fake_plugins import report as _report
 
 import opmux
-from opmux.core import plugins, runtime
+from opmux import _runtime as runtime
+from opmux.core import plugins
 
 
 def test_good_plugin_loads_and_serves(fake: FakePlugins, registry: opmux.OpRegistry,
@@ -115,7 +116,7 @@ def test_plugin_default_priority_and_env_priority_compose(
     monkeypatch.setenv("OPMUX_PRIORITY", f"{reg_op.qualname}=a,native")
     runtime._start(registry)
     assert reg_op.priority() == ["a", "native"] and reg_op.priority_source() == "env"
-    reg_op._set_layer("env", None)
+    reg_op.priorities.set_layer("env", None)
     assert reg_op.priority_source() == "plugins" and reg_op(torch.zeros(1)).item() == 20.0
     reg_op.set_default_priority(["native"])  # code wins over everything
     assert reg_op(torch.zeros(1)).item() == 1.0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import typing
-
 import pytest
 import torch
 
@@ -185,93 +183,3 @@ def test_errors_are_opmux_errors_with_public_module() -> None:
     for cls in (opmux.RegistrationError, opmux.SignatureMismatchError, opmux.ConfigError):
         assert issubclass(cls, opmux.OpmuxError)
         assert cls.__module__ == "opmux"
-
-
-def _resolved(fn):  # type: ignore[no-untyped-def]
-    """``fn`` with its (string) annotations evaluated, as in a module without the future
-    import."""
-    hints = typing.get_type_hints(fn)
-    if hints.get("return") is type(None):
-        hints["return"] = None  # what ``-> None`` evaluates to
-    fn.__annotations__ = hints
-    return fn
-
-
-def _schema_cases() -> list[tuple[object, tuple[str, ...]]]:
-    def plain(x: torch.Tensor, y: torch.Tensor | None, n: int, f: float, b: bool,
-              s: str) -> torch.Tensor:
-        return x
-
-    def defaults(x: torch.Tensor, n: int = 3, f: float = 1e-6, b: bool = True,
-                 s: str = "tanh", o: float | None = None,
-                 w: typing.Optional[int] = -1) -> torch.Tensor:
-        return x
-
-    def lists(xs: list[torch.Tensor], sizes: list[int], ys: list[float] | None,
-              out: torch.Tensor) -> None:
-        return None
-
-    def one(x: torch.Tensor) -> tuple[torch.Tensor]:
-        return (x,)
-
-    def two(x: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return x, x
-
-    return [(_resolved(plain), ()), (_resolved(defaults), ()), (_resolved(lists), ("xs", "out")),
-            (_resolved(one), ()), (_resolved(two), ()), (_resolved(defaults), ("x",))]
-
-
-@pytest.mark.parametrize("case", range(6))
-def test_schema_fast_path_is_torchs_schema(case: int) -> None:
-    from opmux.core.torch_lib import _fast_schema, infer_schema
-
-    fn, mutates = _schema_cases()[case]
-    want = torch.library.infer_schema(fn, mutates_args=mutates)
-    assert _fast_schema(fn, mutates) == want  # type: ignore[arg-type]
-    assert infer_schema(fn, op="t::f", mutates_args=mutates) == want  # type: ignore[arg-type]
-
-
-def test_schema_fast_path_serves_the_catalog_as_torch_would() -> None:
-    from opmux.core.torch_lib import _fast_schema
-
-    opmux.load_plugins()
-    fast = 0
-    for op in opmux.list_ops():
-        for fn in [op.native, *(impl.fn for impl in op._impls.values())]:
-            got = _fast_schema(fn, op.mutates_args)
-            if got is not None:
-                assert got == torch.library.infer_schema(fn, mutates_args=op.mutates_args)
-                fast += 1
-    assert _fast_schema(opmux.get_op("rms_norm").native, ()) is not None
-    assert fast >= len(opmux.list_ops())
-
-
-def test_schema_fast_path_leaves_the_rest_to_torch() -> None:
-    import functools
-
-    from opmux.core.torch_lib import _fast_schema, infer_schema
-
-    def base(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return x
-
-    def strings(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return x  # annotations are strings in this file
-
-    base = _resolved(base)
-
-    @functools.wraps(base)
-    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
-        return base(*args, **kwargs)
-
-    for fn in (base, strings, wrapped):
-        assert _fast_schema(fn, ()) is None  # type: ignore[arg-type]
-        assert infer_schema(fn, op="t::f", mutates_args=()) == \
-            "(Tensor x, ScalarType dtype=float32) -> Tensor"
-    assert _fast_schema(functools.partial(base), ()) is None
-    with pytest.raises(opmux.SignatureMismatchError, match="cannot infer"):
-        infer_schema(functools.partial(base), op="t::f", mutates_args=())
-    assert _fast_schema(base, ("dtype",)) is None
-    with pytest.raises(opmux.SignatureMismatchError, match="only Tensors"):
-        infer_schema(base, op="t::f", mutates_args=("dtype",))
-    with pytest.raises(opmux.SignatureMismatchError, match="not found"):
-        infer_schema(_schema_cases()[0][0], op="t::f", mutates_args=("nope",))  # type: ignore[arg-type]

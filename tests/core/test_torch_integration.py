@@ -143,17 +143,11 @@ def test_register_fake_overrides_shapes(registry: opmux.OpRegistry, ns: str) -> 
         assert out.dim() == 1
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["holder", "public-api"])
-def test_register_fake_is_a_registered_fake_either_way(ns: str, direct: bool,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_register_fake_is_torchs_registered_fake(ns: str) -> None:
     from torch._library.simple_registry import singleton
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from opmux.core import torch_lib
-
-    if not direct:  # as with a torch whose fake-impl holder differs: torch's public function
-        monkeypatch.setattr(torch_lib, "_FAKE_HOLDER_OK", [False])
     registry = opmux.OpRegistry()
     try:
         @opmux.register_op(namespace=ns, registry=registry)
@@ -164,11 +158,6 @@ def test_register_fake_is_a_registered_fake_either_way(ns: str, direct: bool,
         def _fake(x: torch.Tensor, n: int) -> torch.Tensor:
             return x.new_empty((torch.library.get_ctx().new_dynamic_size(),))
 
-        holder = singleton.find(head.qualname).fake_impl
-        assert holder.kernel is not None
-        if direct:  # registered as it is; the source names the fake, not a frame in opmux
-            assert holder.kernel.func is _fake
-            assert holder.kernel.source == f"{__file__}:{_fake.__code__.co_firstlineno}"
         with FakeTensorMode(shape_env=ShapeEnv()):  # get_ctx: torch's registered fake ran
             assert head(torch.empty(5), 2).dim() == 1
         with pytest.raises(RuntimeError, match="get_ctx"):  # meta calls reach it too

@@ -13,10 +13,10 @@ import torch
 from fake_plugins import FakePlugins
 
 import opmux
+from opmux._runtime import reset_for_tests
 from opmux.cli import main
 from opmux.cli.info import info_data
 from opmux.core import tuned
-from opmux.core.runtime import reset_for_tests
 
 OP = "opmux::silu_and_mul"
 
@@ -221,7 +221,7 @@ def test_reset_forgets_the_tuned_layer(tuned_env: FakePlugins) -> None:
         "3": {"order": ["plus"]}, "9": {"order": ["native"]}}}}})
     opmux.load_plugins()
     op = opmux.get_op("silu_and_mul")
-    assert op._tuned_sized is not None
+    assert op.priorities.layer("tuned") is not None
     reset_for_tests()
     assert tuned.tuned_status().state == "none"
-    assert op._tuned_sized is None and op._layers["tuned"] is None
+    assert op.priorities.layer("tuned") is None and op.priority_source() != "tuned"

@@ -40,6 +40,7 @@ from typing import Final
 from opmux.core import config
 from opmux.core.errors import ConfigError
 from opmux.core.state import register_reset
+from opmux.integrations.vllm._rope_classes import ROPE_CLASSES
 
 __all__ = ["LAYERS", "ROPE_CLASSES", "SUPPORTED_VLLM", "WorkerExtension", "register",
            "registered"]
@@ -56,14 +57,6 @@ LAYERS: Final = (
 )
 """Names ``OPMUX_VLLM_LAYERS`` accepts: vLLM's custom-op names of the replaced layers, plus
 ``attention`` (the CPU backend) and ``ir`` (the IR providers)."""
-
-ROPE_CLASSES: Final = (
-    "RotaryEmbedding", "LinearScalingRotaryEmbedding", "DynamicNTKScalingRotaryEmbedding",
-    "DynamicNTKAlphaRotaryEmbedding", "NTKScalingRotaryEmbedding", "YaRNScalingRotaryEmbedding",
-    "Llama3RotaryEmbedding", "Gemma4RotaryEmbedding",
-)
-"""vLLM's rotary classes replaced under ``rotary_embedding`` (those that keep
-``RotaryEmbedding``'s forward and differ only in their ``cos_sin_cache``)."""
 
 _LOCK = threading.Lock()
 #: what this process's register() did: None before the first call, else the replaced names

@@ -31,7 +31,7 @@ from vllm.model_executor import custom_op
 from vllm.model_executor.layers import activation, layernorm
 from vllm.model_executor.layers import rotary_embedding as vllm_rotary
 
-from opmux.integrations.vllm import ROPE_CLASSES
+from opmux.integrations.vllm._rope_classes import ROPE_CLASSES
 from opmux.ops import activation as act
 from opmux.ops.layernorm import (
     fused_add_rms_norm,

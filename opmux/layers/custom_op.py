@@ -2,8 +2,10 @@
 
 A layer subclasses :class:`CustomOp`, implements ``forward_native`` and may override
 ``forward_cuda`` / ``forward_hip`` / ``forward_xla`` / ``forward_npu`` / ``forward_cpu``.
-The method is chosen once, at construction, from the current platform and the enablement
-setting: a disabled layer always runs ``forward_native``.
+The method is chosen once, at construction: the current platform names it
+(:attr:`opmux.Platform.forward_method`, so an out-of-tree platform gets its own path) and
+the enablement setting decides whether it runs: a disabled layer always runs
+``forward_native``.
 
 Enablement follows vLLM's ``CompilationConfig.custom_ops``:
 
@@ -23,7 +25,9 @@ Enablement follows vLLM's ``CompilationConfig.custom_ops``:
   it changed). An unknown name raises :class:`~opmux.ConfigError` listing the known ones.
   vLLM only warns here; a typo that silently keeps a slow path is worse than an error.
 
-``_reset_for_tests`` clears the overrides, the counts and out-of-tree replacements.
+The settings, the counts and the out-of-tree replacements are the
+:class:`CustomOpSettings` part of the runtime object (:mod:`opmux.core.state`);
+``_reset_for_tests`` (or the process-wide reset) gives a fresh one.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ import torch
 from opmux.core import config
 from opmux.core.config import ENV_COMPILE_MODE, ENV_CUSTOM_OPS
 from opmux.core.errors import ConfigError, RegistrationError
-from opmux.core.state import claim, register_reset
+from opmux.core.state import claim, runtime
 from opmux.core.torch_lib import validate_name
+from opmux.platforms import current_platform
 
-__all__ = ["ENV_COMPILE_MODE", "CustomOp", "compile_mode", "custom_op_counts",
-           "custom_op_settings", "set_compile_mode", "set_custom_ops"]
+__all__ = ["ENV_COMPILE_MODE", "CustomOp", "CustomOpSettings", "compile_mode",
+           "custom_op_counts", "custom_op_settings", "set_compile_mode",
+           "set_custom_ops"]
 
 _C = TypeVar("_C", bound=type["CustomOp"])
 
@@ -53,17 +59,33 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _Parsed = tuple[bool | None, dict[str, bool]]
 
 _config_lock = threading.Lock()
-#: [explicit setting from set_custom_ops or None, compile mode from set_compile_mode or None]
-_config: list[Any] = [None, None]
-#: (env text, parsed) of the last OPMUX_CUSTOM_OPS value resolved (checked once per value).
-_env_cache: list[tuple[str, _Parsed] | None] = [None]
-_counts: dict[str, Counter[str]] = {"enabled": Counter(), "disabled": Counter()}
+
+
+class CustomOpSettings:
+    """Enablement settings, layer counts and out-of-tree replacements (a part of the
+    runtime object)."""
+
+    def __init__(self) -> None:
+        #: the explicit setting of :func:`set_custom_ops`, or ``None``
+        self.explicit: _Parsed | None = None
+        #: the compile mode of :func:`set_compile_mode`, or ``None``
+        self.mode: str | None = None
+        #: ``(text, parsed)`` of the last ``OPMUX_CUSTOM_OPS`` value (checked once per value)
+        self.env: tuple[str, _Parsed] | None = None
+        #: layers built enabled / disabled, by name
+        self.counts: dict[str, Counter[str]] = {"enabled": Counter(), "disabled": Counter()}
+        #: out-of-tree replacements by layer name or in-tree class name
+        self.oot: dict[str, type[CustomOp]] = {}
+
+
+def _settings() -> CustomOpSettings:
+    return runtime().part(CustomOpSettings)
 
 
 def _known_names() -> list[str]:
-    import opmux.layers  # noqa: F401  (registers opmux's own layer table)
-
-    return sorted(set(CustomOp.op_registry) | set(CustomOp.op_registry_oot))
+    # importing this module runs opmux.layers first (its package), which registers
+    # opmux's own layer table
+    return sorted(set(CustomOp.op_registry) | set(_settings().oot))
 
 
 def _parse(spec: object, source: str, check_names: bool) -> _Parsed:
@@ -114,7 +136,7 @@ def set_custom_ops(spec: str | Sequence[str] | None) -> None:
     """
     parsed = None if spec is None else _parse(spec, "set_custom_ops", check_names=True)
     with _config_lock:
-        _config[0] = parsed
+        _settings().explicit = parsed
 
 
 def set_compile_mode(mode: str | None) -> None:
@@ -128,7 +150,7 @@ def set_compile_mode(mode: str | None) -> None:
     if mode is not None:
         _check_mode(mode, "set_compile_mode")
     with _config_lock:
-        _config[1] = mode
+        _settings().mode = mode
 
 
 def _check_mode(mode: object, source: str) -> str:
@@ -140,9 +162,9 @@ def _check_mode(mode: object, source: str) -> str:
 
 def compile_mode() -> str:
     """The declared compile mode: :func:`set_compile_mode`, else ``OPMUX_COMPILE_MODE``."""
-    mode = _config[1]
+    mode = _settings().mode
     if mode is not None:
-        return str(mode)
+        return mode
     env = _env_compile_mode()
     return _check_mode(env, ENV_COMPILE_MODE) if env else "none"
 
@@ -158,13 +180,14 @@ def _env_compile_mode() -> str:
 
 
 def _current_config() -> tuple[bool, dict[str, bool]]:
-    parsed: _Parsed | None = _config[0]
+    settings = _settings()
+    parsed = settings.explicit
     if parsed is None:
         text = _env_custom_ops()
-        cached = _env_cache[0]
+        cached = settings.env
         if cached is None or cached[0] != text:
             cached = (text, _parse(text, ENV_CUSTOM_OPS, check_names=True))
-            _env_cache[0] = cached
+            settings.env = cached
         parsed = cached[1]
     base, overrides = parsed
     if base is None:
@@ -174,14 +197,14 @@ def _current_config() -> tuple[bool, dict[str, bool]]:
 
 def custom_op_counts() -> dict[str, dict[str, int]]:
     """How many layers of each CustomOp name were built enabled / disabled."""
-    return {k: dict(v) for k, v in _counts.items()}
+    return {k: dict(v) for k, v in _settings().counts.items()}
 
 
 def custom_op_settings() -> dict[str, Any]:
     """The resolved enablement: base mode, overrides, compile mode, where they came from and
     ``layers``, whether each registered layer name is enabled now."""
     base, overrides = _current_config()
-    explicit = _config[0] is not None
+    explicit = _settings().explicit is not None
     return {
         "layers": {n: overrides.get(n, base) for n in _known_names()},
         "base": "all" if base else "none",
@@ -205,6 +228,14 @@ def _runs(method: str) -> Callable[..., Any]:
     return path
 
 
+class _OotTable:
+    """``CustomOp.op_registry_oot``: the runtime object's table of out-of-tree replacements
+    (a descriptor, so the name stays vLLM's while a reset gives a fresh table)."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> dict[str, type[CustomOp]]:
+        return _settings().oot
+
+
 class CustomOp(torch.nn.Module):
     """Base class of layers with per-platform forward paths.
 
@@ -221,11 +252,11 @@ class CustomOp(torch.nn.Module):
     name: ClassVar[str] = ""
     #: in-tree layer classes by name.
     op_registry: ClassVar[dict[str, type[CustomOp]]] = {}
-    #: out-of-tree replacements by name.
-    op_registry_oot: ClassVar[dict[str, type[CustomOp]]] = {}
+    #: out-of-tree replacements by name (see :meth:`register_oot`).
+    op_registry_oot = _OotTable()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> CustomOp:
-        oot = CustomOp.op_registry_oot
+        oot = _settings().oot
         replacement = oot.get(cls.__name__) if oot else None
         # a registered-name key replaces the class registered under it, not its subclasses
         # (QKVParallelLinear inherits column_parallel_linear's name but has its own constructor)
@@ -256,15 +287,16 @@ class CustomOp(torch.nn.Module):
         return overrides.get(cls.name, default)
 
     def dispatch_forward(self) -> Callable[..., Any]:
-        """Pick the forward method for the current platform (called once, in ``__init__``)."""
-        from opmux.platforms import current_platform
-
+        """Pick the forward method for the current platform (called once, in ``__init__``):
+        the one the platform names (:attr:`opmux.Platform.forward_method`), or
+        ``forward_native`` when the layer is disabled or has no such method."""
         enabled = self.enabled()
-        _counts["enabled" if enabled else "disabled"][self.name or type(self).__name__] += 1
+        counts = _settings().counts
+        counts["enabled" if enabled else "disabled"][self.name or type(self).__name__] += 1
         if not enabled:
             return self.forward_native
-        method = _PLATFORM_METHOD.get(current_platform().name, "forward_native")
-        forward: Callable[..., Any] = getattr(self, method)
+        forward: Callable[..., Any] = getattr(self, current_platform().forward_method,
+                                              self.forward_native)
         while (target := getattr(forward, "_opmux_runs", None)) is not None:
             forward = getattr(self, target)  # a _runs path: call its target directly
         return forward
@@ -313,7 +345,7 @@ class CustomOp(torch.nn.Module):
                 raise RegistrationError(
                     f"register_oot({layer_cls.__qualname__}): name {key!r} is neither a layer "
                     f"name like 'rms_norm' nor a class name like 'RMSNorm'")
-            CustomOp.op_registry_oot[key] = layer_cls
+            _settings().oot[key] = layer_cls
             return layer_cls
 
         if _decorated is not None:
@@ -321,26 +353,10 @@ class CustomOp(torch.nn.Module):
         return decorator
 
 
-_PLATFORM_METHOD: dict[str, str] = {
-    "cuda": "forward_cuda",
-    "rocm": "forward_hip",
-    "xla": "forward_xla",
-    "ascend": "forward_npu",
-    "cpu": "forward_cpu",
-}
-"""Platform name → CustomOp method; out-of-tree platforms fall back to forward_native."""
-
-
-@register_reset
 def _reset_for_tests() -> None:
     """Clear the enablement and compile-mode overrides, the counts and out-of-tree layers."""
     with _config_lock:
-        _config[0] = None
-        _config[1] = None
-        _env_cache[0] = None
-    for counter in _counts.values():
-        counter.clear()
-    CustomOp.op_registry_oot.clear()
+        runtime().reset_part(CustomOpSettings)
 
 
 class _OpLayer(CustomOp):

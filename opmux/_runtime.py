@@ -1,9 +1,9 @@
-"""Start-up: the one module that owns the global registry and brings a process up.
+"""Start-up wiring: builds the process-wide registry and brings a process up.
 
 The sequence runs lazily, on the first op call of the process (or :func:`load_plugins`),
 in spawned workers too, in this order::
 
-    discover plugins     opmux.core.plugins._discover   entry modules imported, their
+    discover plugins     opmux.core.plugins.discover    entry modules imported, their
         |                                               opmux_plugin_info / opmux_platforms
         v                                               read (OPMUX_PLUGINS applied)
     detect platform      opmux.platforms                detectors + the plugins' platforms
@@ -12,22 +12,24 @@ in spawned workers too, in this order::
     load catalog         opmux.ops (via this module)    the native reference ops
         |
         v
-    register             opmux.core.plugins._activate   opmux_register, then
+    register             opmux.core.plugins.activate    opmux_register, then
         |                                               opmux_default_priority, per plugin,
         v                                               each isolated and rolled back alone
     apply priorities     opmux.core.plugins             platform → plugins (merge rule) →
-                         ._apply_priorities             OPMUX_PRIORITY; code wins later
+                         .apply_priorities              tuned table → OPMUX_PRIORITY; code
+                                                        wins later
 
 Every step is idempotent and only a completed start-up marks the registry loaded, so a
 fatal error (an unknown ``OPMUX_PLATFORM``, two platforms claiming the machine, a
 malformed ``OPMUX_PLUGINS``/``OPMUX_PRIORITY``/``OPMUX_STRICT_PLUGINS``, a failing plugin
 in strict mode) is raised again by every op call until the configuration is fixed.
 
-The module graph has no cycle: :mod:`opmux.core.registry` knows neither the catalog nor
-the plugins (this module hands it the ``loader`` and ``catalog`` hooks), and
+This module sits above every floor it wires (core, platforms, ops), so none of them
+imports it: :mod:`opmux.core.registry` knows neither the catalog nor the plugins (this
+module hands it the ``loader`` and ``catalog`` hooks and the platform's key), and
 :mod:`opmux.platforms` gets the plugins' platform classes through the source installed
-here. :func:`reset_for_tests` resets every piece of global state (see
-:mod:`opmux.core.state`).
+here. The registry is held by the runtime object (:mod:`opmux.core.state`);
+:func:`reset_for_tests` replaces that object, after undoing what plugins registered.
 """
 
 from __future__ import annotations
@@ -39,34 +41,33 @@ from typing import Any
 import torch
 
 from opmux.core import plugins
-from opmux.core.plugins import PluginRecord, plugin_report
-from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, _install_global
-from opmux.core.state import register_reset, reset_for_tests
+from opmux.core.plugins import PluginRecord, plugin_report, plugin_state
+from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, global_registry
+from opmux.core.state import register_reset, reset_for_tests, runtime
 from opmux.core.torch_lib import define_custom_op, validate_name
-from opmux.platforms import _set_oot_source, current_platform
+from opmux.platforms import current_platform, set_oot_source
 
-__all__ = ["direct_register_custom_op", "global_registry", "load_plugins", "register_reset",
-           "reset_for_tests"]
+__all__ = ["direct_register_custom_op", "load_plugins", "reset_for_tests"]
 
 _catalog_lock = threading.RLock()
-_catalog_loaded: list[bool] = [False]
-#: set while this module imports the catalog (its own op definitions come back here)
-_catalog_loading: list[bool] = [False]
+#: [imported, importing]: the catalog is imported once per process (its ops outlive any
+#: reset); read by every lookup of an ``opmux::`` op name
+_catalog: list[bool] = [False, False]
 
 
 def _load_catalog() -> None:
     """Import the op catalog once (its modules register into the global registry)."""
-    if _catalog_loaded[0]:
+    if _catalog[0]:
         return
     with _catalog_lock:
-        if _catalog_loaded[0] or _catalog_loading[0]:
+        if _catalog[0] or _catalog[1]:
             return  # loaded, or re-entered by the catalog's own registrations
-        _catalog_loading[0] = True
+        _catalog[1] = True
         try:
             import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
         finally:
-            _catalog_loading[0] = False
-        _catalog_loaded[0] = True
+            _catalog[1] = False
+        _catalog[0] = True
 
 
 def _start(registry: OpRegistry) -> None:
@@ -76,24 +77,22 @@ def _start(registry: OpRegistry) -> None:
     :raises PlatformError: ``OPMUX_PLATFORM`` unknown, or several platforms claim.
     :raises PluginLoadError: a plugin failed and ``OPMUX_STRICT_PLUGINS`` is on.
     """
-    state = plugins._STATE[0]
+    state = plugin_state()
     with state.lock:
-        plugins._discover(state)
+        plugins.discover(state)
         platform = current_platform()
         registry.list_ops()  # the catalog exists before plugins look ops up
-        plugins._activate(state, registry, platform)
-        plugins._check_strict(state)
-        plugins._apply_priorities(state, registry, platform)
+        plugins.activate(state, registry, platform)
+        plugins.check_strict(state)
+        plugins.apply_priorities(state, registry, platform)
 
 
-_GLOBAL = OpRegistry(loader=_start, catalog=_load_catalog)
-_install_global(_GLOBAL)
-_set_oot_source(plugins.discovered_platforms)
+def _platform_key() -> str:
+    return current_platform().dispatch_key
 
 
-def global_registry() -> OpRegistry:
-    """The process-wide registry: the catalog's ops and every plugin's providers."""
-    return _GLOBAL
+runtime().install(OpRegistry(loader=_start, catalog=_load_catalog, platform_key=_platform_key))
+set_oot_source(plugins.discovered_platforms)
 
 
 def load_plugins() -> list[PluginRecord]:
@@ -102,7 +101,7 @@ def load_plugins() -> list[PluginRecord]:
     :raises OpmuxError: the fatal errors of start-up (see the module docstring), on every
         call until fixed.
     """
-    _GLOBAL._ensure_loaded()
+    global_registry().ensure_loaded()
     return plugin_report()
 
 
@@ -129,11 +128,12 @@ def direct_register_custom_op(
     :raises RegistrationError: a bad name, torch's own namespace, an unknown dispatch
         key, or a name already defined (catalog names included).
     """
-    lib = target_lib if target_lib is not None else _GLOBAL.library(DEFAULT_NAMESPACE)
+    registry = global_registry()
+    lib = target_lib if target_lib is not None else registry.library(DEFAULT_NAMESPACE)
     if lib.ns == DEFAULT_NAMESPACE:
         validate_name("op", op_name)
         _load_catalog()
-        _GLOBAL.check_undefined(lib.ns, op_name)
+        registry.check_undefined(lib.ns, op_name)
     key = dispatch_key if dispatch_key is not None else current_platform().dispatch_key
     define_custom_op(lib, op_name, op_func, key, mutates_args=mutates_args,
                      fake_impl=fake_impl, tags=tags)
@@ -146,11 +146,11 @@ def _reset_global_registry() -> None:
     Ops stay defined (torch cannot undefine one op of a shared library), catalog and
     plugin-defined ones included; only what plugins registered on them is rolled back.
     """
-    state = plugins._STATE[0]
-    with _GLOBAL._lock, state.lock:
+    registry = global_registry()
+    state = plugin_state()
+    with state.lock:
         for journal in state.journals.values():
-            _GLOBAL._rollback(*journal, forget_ops=False)
-        plugins._reset_for_tests()
-        for op in list(_GLOBAL._ops.values()):
-            op._reset_priorities()
-        _GLOBAL._set_loaded(False)
+            registry.rollback(*journal, forget_ops=False)
+        for op in registry.known_ops():
+            op.priorities.reset()
+        registry.unload()

@@ -1,0 +1,163 @@
+"""Per-key selection: what an op's kernel walks on every call (the dispatch hot path).
+
+A :class:`KeyChain` holds the providers of one dispatch key in priority order as
+``pairs``: ``(supports_args, fn)`` per provider, the form the walk reads. When a tuned
+table gives the op a different order per size bucket, ``sized`` holds one ``pairs`` per
+bucket (the bit length of the first argument's ``numel()``, so picking one is an index).
+
+Both selection functions are ordinary closures, as vLLM's dispatch is a plain loop:
+:func:`make_kernel` builds the torch kernel of one key (the dispatcher passes every argument
+by position) and :func:`make_eager` the call used with the torch wrap off (keywords allowed,
+the key taken from the first tensor's device). A chain is replaced in one attribute
+assignment per field, and both fields are read once per call, so a call sees either the old
+or the new selection, never a mix that runs a provider the priority excludes.
+
+THE KERNELS ARE THE HOT PATH: no logging, no string work, no signature binding, no
+allocation beyond Python's own call frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, final
+
+import torch
+
+if TYPE_CHECKING:
+    from opmux.core.op import OpImpl
+
+__all__ = ["SIZE_BUCKETS", "KeyChain", "Pairs", "bucket_of", "make_eager", "make_kernel"]
+
+SIZE_BUCKETS: Final = 64
+"""Size buckets: bucket ``b`` holds calls whose first argument has ``numel().bit_length() == b``
+(``numel`` in ``[2**(b-1), 2**b)``; bucket 0 is an empty tensor)."""
+
+Pairs = tuple[tuple[Callable[..., bool] | None, Callable[..., Any]], ...]
+"""``(supports_args, fn)`` of each provider of a chain, in priority order."""
+
+
+def bucket_of(numel: int) -> int:
+    """The size bucket of a first argument with ``numel`` elements."""
+    return int(numel).bit_length()
+
+
+@final
+class KeyChain:
+    """The providers of one dispatch key, in priority order (a mutable holder)."""
+
+    __slots__ = ("chain", "key", "pairs", "sized", "sized_chains")
+
+    def __init__(self, key: str) -> None:
+        #: the torch dispatch key, e.g. ``"CPU"``.
+        self.key = key
+        #: the providers in priority order (for ``dispatch`` / ``explain``).
+        self.chain: tuple[OpImpl, ...] = ()
+        #: what the walk reads when no size buckets are set.
+        self.pairs: Pairs = ()
+        #: per size bucket pairs (a tuned table with different orders), else ``None``.
+        self.sized: tuple[Pairs, ...] | None = None
+        #: per size bucket chains (for ``dispatch`` / ``explain``), else ``None``.
+        self.sized_chains: tuple[tuple[OpImpl, ...], ...] | None = None
+
+    def set(self, chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...],
+            sized: list[tuple[tuple[OpImpl, ...], tuple[Callable[..., Any], ...]]] | None
+            = None) -> None:
+        """Publish a new selection; ``sized`` gives a chain per size bucket (64 entries)."""
+        pairs = _pairs(chain, fns)
+        if sized is None:
+            self.sized = None
+            self.sized_chains = None
+        else:
+            self.sized_chains = tuple(c for c, _ in sized)
+            self.sized = tuple(_pairs(c, f) for c, f in sized)
+        self.pairs = pairs
+        self.chain = chain
+
+    def chain_for(self, first: Any) -> tuple[OpImpl, ...]:
+        """The chain a call whose first argument is ``first`` walks (not the hot path)."""
+        if self.sized_chains is not None and isinstance(first, torch.Tensor):
+            return self.sized_chains[bucket_of(first.numel())]
+        return self.chain
+
+
+def _pairs(chain: tuple[OpImpl, ...], fns: tuple[Callable[..., Any], ...]) -> Pairs:
+    return tuple((impl.supports_args, fn) for impl, fn in zip(chain, fns, strict=True))
+
+
+def make_kernel(name: str, holder: KeyChain, native: Callable[..., Any], loaded: list[bool],
+                ensure_loaded: Callable[[], None]) -> Callable[..., Any]:
+    """The torch kernel of one key: runs the first provider of ``holder`` whose
+    ``supports_args`` accepts the call (a predicate that raises declines), else ``native``.
+
+    :param loaded: the registry's one-element flag; start-up runs first while it is false.
+    """
+    tensor = torch.Tensor
+
+    def kernel(*args: Any) -> Any:
+        # HOT PATH: the torch dispatcher calls this with every argument positional.
+        if not loaded[0]:
+            ensure_loaded()
+        sized = holder.sized
+        if sized is None:
+            pairs = holder.pairs
+        else:
+            first = args[0] if args else None
+            pairs = sized[first.numel().bit_length()] if isinstance(first, tensor) \
+                else holder.pairs
+        for pred, fn in pairs:
+            if pred is None:
+                return fn(*args)
+            try:
+                ok = pred(*args)
+            except Exception:  # a predicate that raises declines (see opmux.core.op)
+                continue
+            if ok:
+                return fn(*args)
+        return native(*args)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    return kernel
+
+
+def make_eager(chains: dict[str, KeyChain], native: Callable[..., Any], torch_op: Any,
+               loaded: list[bool], ensure_loaded: Callable[[], None],
+               key_of: Callable[[tuple[Any, ...], dict[str, Any]], str]
+               ) -> Callable[..., Any]:
+    """The call used with the torch wrap off: the key of the first tensor's device, then the
+    same walk as :func:`make_kernel`, passing keywords on (under Dynamo tracing it calls
+    ``torch_op``, so a compiled graph still sees one node)."""
+    tensor = torch.Tensor
+    is_compiling = torch.compiler.is_dynamo_compiling
+
+    def eager(*args: Any, **kwargs: Any) -> Any:
+        # HOT PATH (torch wrap off): a plain call of the selected provider.
+        if is_compiling():
+            return torch_op(*args, **kwargs)
+        if not loaded[0]:
+            ensure_loaded()
+        first = args[0] if args else None
+        if isinstance(first, tensor) and first.is_cpu:
+            key = "CPU"  # Tensor.device builds an object (about 1 us); is_cpu does not
+        else:
+            key = key_of(args, kwargs)
+        holder = chains.get(key)
+        if holder is None:
+            return native(*args, **kwargs)
+        sized = holder.sized
+        if sized is None:
+            pairs = holder.pairs
+        else:
+            pairs = sized[first.numel().bit_length()] if isinstance(first, tensor) \
+                else holder.pairs
+        for pred, fn in pairs:
+            if pred is None:
+                return fn(*args, **kwargs)
+            try:
+                ok = pred(*args, **kwargs)
+            except Exception:  # a predicate that raises declines (see opmux.core.op)
+                continue
+            if ok:
+                return fn(*args, **kwargs)
+        return native(*args, **kwargs)
+
+    return eager
