@@ -1,8 +1,8 @@
 """All of opmux's configuration: every environment variable, read through one function each.
 
 Nothing else in opmux reads ``os.environ`` for its own settings: each variable below has
-exactly one accessor here, documented once, in the accessor (the README's configuration
-table mirrors this module); the ``ENV_*`` constants are the variables' names. Accessors
+exactly one accessor here, documented once, in the accessor (docs/configuration.md mirrors
+this module); the ``ENV_*`` constants are the variables' names. Accessors
 read the environment on every call (cheap; never on the dispatch hot path), so a fixed
 configuration takes effect on the next start-up attempt. A malformed value raises
 :class:`~opmux.ConfigError` naming the variable and the value.

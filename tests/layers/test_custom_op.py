@@ -42,6 +42,28 @@ def test_platform_method_is_chosen_once(monkeypatch: pytest.MonkeyPatch) -> None
     assert mark()(torch.zeros(1)).item() == 1.0  # not overridden → native
 
 
+def test_an_out_of_tree_platform_names_its_own_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Accel(opmux.Platform, name="mark_accel", device_type="cpu", dispatch_key="CPU",
+                forward_method="forward_oot"):
+        @classmethod
+        def is_available(cls) -> bool:
+            return True
+
+    from opmux import platforms
+
+    monkeypatch.setattr(platforms, "_oot_source", [lambda: [Accel]])
+    platforms._reset_for_tests()
+    assert opmux.current_platform().forward_method == "forward_oot"
+    mark = _layer_classes("oot")
+    assert mark()(torch.zeros(1)).item() == 1.0  # no forward_oot: native
+
+    class OotMark(mark):  # type: ignore[misc,valid-type]
+        def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 30
+
+    assert OotMark()(torch.zeros(1)).item() == 30.0
+
+
 def test_enablement_strings(monkeypatch: pytest.MonkeyPatch) -> None:
     mark = _layer_classes("b")
     opmux.set_custom_ops("all,-mark_b")
