@@ -145,6 +145,11 @@ class Op:
         return sig
 
     @property
+    def fake(self) -> Callable[..., Any]:
+        """The fake (meta) implementation: native until :meth:`register_fake` replaces it."""
+        return self._fake
+
+    @property
     def eager(self) -> Callable[..., Any]:
         """This op called the way ``enable_torch_wrap(False)`` calls it, whatever the switch
         says: the provider is chosen from the first tensor's device and called directly,

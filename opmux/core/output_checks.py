@@ -77,7 +77,7 @@ def _expected(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
     try:
         with mode:
-            return op._fake(*(fake(a) for a in args), **{k: fake(v) for k, v in kwargs.items()})
+            return op.fake(*(fake(a) for a in args), **{k: fake(v) for k, v in kwargs.items()})
     except Exception:
         # the fake cannot decide (data-dependent shape, or the arguments are bad and the
         # provider will say so itself): only the mutation check applies

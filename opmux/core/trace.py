@@ -10,7 +10,7 @@ no exit hook and writes nothing: call :func:`flush` before it is killed (vLLM's 
 
 Zero cost when unset: nothing here runs on the dispatch hot path. The op's selection chains
 are built with the providers' functions as they are; only when the variable is set does
-:func:`wrap` (called where the chains are built, :meth:`opmux.core.op.Op._rebuild_chains`,
+:func:`wrap` (called where the chains are built, :meth:`opmux.core.priority.Priorities.rebuild`,
 and where the native kernel is made) put a counting closure around each function, once. The
 variable is read when those are built, i.e. at start-up: set it before the process starts.
 """
