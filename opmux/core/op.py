@@ -182,14 +182,17 @@ class Op:
         fn = checked(self, impl) if switches.output_checks_enabled() else impl.fn
         return trace.wrap(self.qualname, impl.provider, fn)
 
-    def _meta_kernel(self) -> Callable[..., Any]:
+    def meta_kernel(self) -> Callable[..., Any]:
+        """The torch kernel of key ``Meta`` (the registry installs it): runs the fake."""
         def kernel(*args: Any) -> Any:
             return self._fake(*args)
 
         kernel.__name__ = f"{self.name}_meta_kernel"
         return kernel
 
-    def _native_kernel(self) -> Callable[..., Any]:
+    def native_kernel(self) -> Callable[..., Any]:
+        """The torch kernel of ``CompositeExplicitAutograd`` (the registry installs it):
+        native, after start-up on the first call."""
         native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless OPMUX_TRACE
         loaded = self._registry.loaded_flag
         ensure_loaded = self._registry.ensure_loaded

@@ -96,11 +96,11 @@ class OpRegistry:
                 self.check_undefined(namespace, op_name)  # an op of that name: say so
                 raise
             op = Op(self, op_name, namespace, fn, schema, mutates, self._platform_key)
-            lib.impl(op_name, op._native_kernel(), "CompositeExplicitAutograd")
+            lib.impl(op_name, op.native_kernel(), "CompositeExplicitAutograd")
             # The default fake is native itself, run by a Meta kernel (cheaper to register
             # than torch.library.register_fake, which inspects its caller's frame); both
             # FakeTensorMode and meta-device calls use it. Op.register_fake replaces it.
-            lib.impl(op_name, op._meta_kernel(), "Meta")
+            lib.impl(op_name, op.meta_kernel(), "Meta")
             self._ops[qualname] = op
             if self._op_journal is not None:
                 self._op_journal.append(op)
