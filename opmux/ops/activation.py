@@ -16,15 +16,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._activation_checks import (
+from opmux.ops.checks import (
     check_elementwise,
     check_fatrelu_and_mul,
     check_gated,
+    check_gelu_and_mul,
     check_gelu_and_mul_sparse,
+    check_silu_and_mul,
     check_swigluoai_and_mul,
     check_xielu,
 )
-from opmux.ops._checks import check_gelu_and_mul, check_silu_and_mul
 
 __all__ = [
     "fatrelu_and_mul",

@@ -13,8 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from opmux.ops.rotary import make_cos_sin_cache
-from opmux.ops.rotary_more import make_dual_chunk_caches
+from opmux.ops.rotary import make_cos_sin_cache, make_dual_chunk_caches
 from opmux.testing.activation_cases import GATED_SHAPES
 from opmux.testing.cases import Case, CaseGenerator, _register_all
 from opmux.testing.paged_batches import PagedBatch, paged_batch

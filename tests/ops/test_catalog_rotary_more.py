@@ -12,7 +12,7 @@ from torch import Tensor
 import opmux
 from opmux.ops import apply_rotary_emb as apply_op
 from opmux.ops import dual_chunk_rotary_embedding as dual_op
-from opmux.ops.rotary_more import make_dual_chunk_caches
+from opmux.ops.rotary import make_dual_chunk_caches
 from opmux.testing import cases_for, run_opcheck
 
 apply_rotary_emb = apply_op.native

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from opmux.core.state import register_reset
-from opmux.ops._checks import check_advance_step_flashattn
+from opmux.ops.checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from opmux.ops import _activation_checks as _checks
+from opmux.ops import checks
 from opmux.ops.activation import sparsity_std_multiplier
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
@@ -27,7 +27,7 @@ def _half(x: Tensor) -> Tensor:
 
 
 def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
-    _checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
+    checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     out = _half(x)
     call("fatrelu_and_mul", K.fatrelu_and_mul_out, out, x, threshold)
     return out
@@ -37,7 +37,7 @@ _fatrelu_and_mul_ok = predicate(fatrelu_and_mul, _ok)
 
 
 def mul_and_silu(x: Tensor) -> Tensor:
-    _checks.check_gated("mul_and_silu", x, provider=PROVIDER)
+    checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     out = _half(x)
     call("mul_and_silu", K.mul_and_silu_out, out, x)
     return out
@@ -45,7 +45,7 @@ def mul_and_silu(x: Tensor) -> Tensor:
 
 def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
                         approximate: str = "none") -> Tensor:
-    _checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
+    checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     out = _half(x)
     call("gelu_and_mul_sparse", K.gelu_and_mul_sparse_out, out, x,
          sparsity_std_multiplier(float(activation_sparsity)), approximate)
@@ -56,7 +56,7 @@ _gelu_and_mul_sparse_ok = predicate(gelu_and_mul_sparse, _ok)
 
 
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-    _checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
+    checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     out = _half(x)
     call("swigluoai_and_mul", K.swigluoai_and_mul_out, out, x, alpha, limit)
     return out
@@ -66,7 +66,7 @@ _swigluoai_and_mul_ok = predicate(swigluoai_and_mul, _ok)
 
 
 def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
-    _checks.check_elementwise(op, x, provider=PROVIDER)
+    checks.check_elementwise(op, x, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call(op, kernel, out, x)
     return out
@@ -89,7 +89,7 @@ def relu2(x: Tensor) -> Tensor:
 
 
 def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> Tensor:
-    _checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
+    checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call("xielu", K.xielu_out, out, x, alpha_p, alpha_n, beta, eps)
     return out

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._attention_extra_checks import (
+from opmux.ops.checks import (
     check_concat_and_cache_mla,
     check_encoder_attention,
     check_mla_attention,

@@ -26,7 +26,7 @@ Numbers in ``benchmarks/moe_cpu.py``'s README section.
 import torch
 from torch import Tensor
 
-from opmux.ops.moe import check_expert_ids, check_fused_moe_args
+from opmux.ops.checks import check_expert_ids, check_fused_moe_args
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
 

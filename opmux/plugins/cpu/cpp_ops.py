@@ -1,6 +1,6 @@
 """The ``cpp`` provider: opmux's C++ CPU kernels (``csrc/cpu``) behind the native signatures.
 
-Each impl first runs the op's shared check (:mod:`opmux.ops._checks`, the one native runs,
+Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one native runs,
 with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
 :class:`opmux.OpInputError` (#11); then it allocates its outputs and calls the matching
 out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
@@ -16,22 +16,20 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._checks import (
+from opmux.ops.checks import (
     check_fused_add_rms_norm,
     check_gelu_and_mul,
+    check_gemma_fused_add_rms_norm,
+    check_gemma_rms_norm,
     check_paged_attention,
+    check_quant_fp8,
     check_reshape_and_cache,
     check_rms_norm,
+    check_rms_norm_gated,
     check_rotary_embedding,
     check_silu_and_mul,
     checked_advance_step,
     kernel_error,
-)
-from opmux.ops._norm_quant_checks import (
-    check_gemma_fused_add_rms_norm,
-    check_gemma_rms_norm,
-    check_quant_fp8,
-    check_rms_norm_gated,
 )
 from opmux.plugins._registration import OpTable, op_table, predicate
 

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 

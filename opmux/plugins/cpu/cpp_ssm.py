@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._ssm_checks import (
+from opmux.ops.checks import (
     check_causal_conv1d,
     check_causal_conv1d_update,
     check_selective_scan,

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
-from opmux.ops._checks import (
+from opmux.ops.checks import (
     check_reshape_and_cache,
     check_rms_norm,
     check_silu_and_mul,

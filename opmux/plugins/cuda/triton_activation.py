@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._checks import check_gelu_and_mul, check_silu_and_mul
+from opmux.ops.checks import check_gelu_and_mul, check_silu_and_mul
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, one_config_when_interpreting
 
 __all__ = ["gelu_and_mul", "gelu_and_mul_supports", "silu_and_mul", "silu_and_mul_supports"]

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops import _activation_checks as _checks
+from opmux.ops import checks
 from opmux.ops.activation import sparsity_std_multiplier
 from opmux.plugins.cuda.triton_activation import _tanh
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, one_config_when_interpreting
@@ -194,7 +194,7 @@ def supports(x: torch.Tensor) -> bool:
 
 def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
     """``threshold(x[..., :d], threshold, 0) * x[..., d:]`` (Triton)."""
-    _checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
+    checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     return _gated(x, _FATRELU, threshold)
 
 
@@ -205,14 +205,14 @@ def fatrelu_and_mul_supports(x: torch.Tensor, threshold: float = 0.0) -> bool:
 
 def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
     """``x[..., :d] * silu(x[..., d:])`` (Triton)."""
-    _checks.check_gated("mul_and_silu", x, provider=PROVIDER)
+    checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     return _gated(x, _MUL_SILU)
 
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0
                       ) -> torch.Tensor:
     """gpt-oss's clamped SwiGLU on interleaved gate/up (Triton)."""
-    _checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
+    checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     return _gated(x, _SWIGLUOAI, alpha, limit)
 
 
@@ -225,7 +225,7 @@ def swigluoai_and_mul_supports(x: torch.Tensor, alpha: float = 1.702,
 def gelu_and_mul_sparse(x: torch.Tensor, activation_sparsity: float,
                         approximate: str = "none") -> torch.Tensor:
     """Gemma-3n's sparse GeGLU (Triton), one program per row."""
-    _checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
+    checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     d = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
@@ -248,7 +248,7 @@ def _elementwise(op: str, act: int, doc: str) -> Callable[[torch.Tensor], torch.
     """The impl of elementwise activation ``op``: native's check, then kernel ``act``."""
 
     def impl(x: torch.Tensor) -> torch.Tensor:
-        _checks.check_elementwise(op, x, provider=PROVIDER)
+        checks.check_elementwise(op, x, provider=PROVIDER)
         return _unary(x, act)
 
     impl.__name__ = impl.__qualname__ = op
@@ -265,7 +265,7 @@ relu2 = _elementwise("relu2", _RELU2, "``relu(x)^2`` (Triton).")
 def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float,
           eps: float) -> torch.Tensor:
     """xIELU with the layer's raw parameters (Triton)."""
-    _checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
+    checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     return _unary(x, _XIELU, alpha_p, alpha_n, beta, eps)
 
 

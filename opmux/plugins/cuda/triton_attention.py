@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._checks import check_paged_attention
+from opmux.ops.checks import check_paged_attention
 from opmux.plugins.cuda.triton_runtime import (
     DTYPES,
     interpreting,

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._attention_extra_checks import (
+from opmux.ops.checks import (
     check_concat_and_cache_mla,
     check_encoder_attention,
     check_mla_attention,

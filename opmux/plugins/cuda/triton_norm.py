@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._checks import check_fused_add_rms_norm, check_rms_norm
+from opmux.ops.checks import check_fused_add_rms_norm, check_rms_norm
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [

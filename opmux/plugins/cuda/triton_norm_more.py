@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._norm_quant_checks import (
+from opmux.ops.checks import (
     check_gemma_fused_add_rms_norm,
     check_gemma_rms_norm,
     check_rms_norm_gated,

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._checks import check_rotary_embedding
+from opmux.ops.checks import check_rotary_embedding
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = ["rotary_embedding", "rotary_embedding_supports"]

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops.rotary_more import check_apply_rotary_emb, check_dual_chunk_rotary_embedding
+from opmux.ops.checks import check_apply_rotary_emb, check_dual_chunk_rotary_embedding
 from opmux.plugins.cuda.triton_rope import _columns
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 

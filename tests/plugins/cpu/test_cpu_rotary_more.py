@@ -10,7 +10,7 @@ import torch
 
 import opmux
 from opmux.core.errors import OpInputError
-from opmux.ops.rotary_more import make_dual_chunk_caches
+from opmux.ops.rotary import make_dual_chunk_caches
 from opmux.testing import TOLERANCES, Case, cases_for
 
 pytestmark = pytest.mark.slow  # the session fixture compiles the extension on first use

@@ -13,7 +13,7 @@ from cuda_refs import OpsFactory, close_outputs
 import opmux
 import opmux.ops
 from opmux.core.errors import OpInputError
-from opmux.ops.rotary_more import make_dual_chunk_caches
+from opmux.ops.rotary import make_dual_chunk_caches
 from opmux.testing import cases_for
 
 pytestmark = pytest.mark.triton

@@ -1,24 +1,157 @@
-"""Input validation of ``encoder_attention``, ``concat_and_cache_mla`` and ``mla_attention``
-(issue 14).
+"""Input checks of the attention ops (:mod:`opmux.ops.attention`): ``paged_attention``,
+``encoder_attention``, ``concat_and_cache_mla`` and ``mla_attention``.
 
-Same contract as :mod:`opmux.ops._checks`: each ``check_<op>`` takes the op's arguments plus
-``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built by
-:func:`~opmux.ops._checks.input_error`) naming op, provider, argument, expected and got,
-before anything is written. Index values are read only when ``read_data`` is true and the
-tensors hold data (not meta, not fake, not traced).
+Same contract as every module of :mod:`opmux.ops.checks`: each ``check_<op>`` takes the op's
+arguments plus ``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built
+by :func:`~opmux.ops.checks.arguments.input_error`) naming op, provider, argument, expected
+and got, before anything is written. Index values are read only when ``read_data`` is true
+and the tensors hold data (not meta, not fake, not traced).
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Final
 
 import torch
 from torch import Tensor
 
-from opmux.ops._cache_checks import check_paged_lens
-from opmux.ops._checks import FLOAT_DTYPES, INDEX_DTYPES, has_data, input_error
+from opmux.ops.checks._memo import StaticMemo
+from opmux.ops.checks.arguments import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_dtype,
+    check_rank,
+    check_real,
+    check_same_device,
+    check_tensor,
+    has_data,
+    input_error,
+    require,
+    shape_text,
+    value_text,
+)
+from opmux.ops.checks.cache import check_cache_pair
 
-__all__ = ["check_concat_and_cache_mla", "check_encoder_attention", "check_mla_attention"]
+__all__ = [
+    "check_concat_and_cache_mla",
+    "check_encoder_attention",
+    "check_mla_attention",
+    "check_paged_attention",
+    "check_paged_lens",
+]
+
+
+# ---------------------------------------------------------------------------- paged attention
+def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
+                          block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
+                          scale: float, sliding_window: int | None = None,
+                          soft_cap: float | None = None, *, provider: str = "native",
+                          read_data: bool = True) -> None:
+    """Validate ``paged_attention``; reads the index tensors when ``read_data``.
+
+    Static checks: the caches as in :func:`check_reshape_and_cache` (any strides, overlap
+    allowed since they are only read); ``query [T, H, D]`` in the caches' dtype with
+    ``H % Hkv == 0``; int32/int64 index tensors of matching lengths; ``scale`` a real
+    number; ``sliding_window`` None or a positive int; ``soft_cap`` None or a positive float
+    (0 and negative values are errors, never "none": one meaning everywhere).
+
+    Value checks: ``query_start_loc`` starts at 0, never decreases and ends at most at T;
+    ``0 <= kv_len <= max_blocks*block_size``; ``q_len <= kv_len``; every block a sequence
+    reads lies in ``[0, num_blocks)``.
+    """
+    op = "paged_attention"
+    args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+            sliding_window, soft_cap)
+    layout = _PAGED_ATTENTION.seen(provider, args)
+    if layout is not True:
+        _static_paged_attention(op, provider, *args)
+        _PAGED_ATTENTION.add(layout)
+    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
+        return
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    num_tokens = query.shape[0]
+    _offsets(op, provider, "query_start_loc", qsl, num_tokens)
+    check_paged_lens(op, provider, qsl, lens, block_tables, key_cache.shape[1],
+                     key_cache.shape[0])
+
+
+_PAGED_ATTENTION: Final = StaticMemo()
+
+
+def _static_paged_attention(op: str, provider: str, query: Tensor, key_cache: Tensor,
+                            value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                            query_start_loc: Tensor, scale: float, sliding_window: int | None,
+                            soft_cap: float | None) -> None:
+    query = check_tensor(op, provider, "query", query)
+    _, _, hkv, d = check_cache_pair(op, provider, key_cache, value_cache)
+    check_rank(op, provider, "query", query, 3, "[T, H, D]")
+    if query.dtype != key_cache.dtype:
+        raise input_error(op, provider, "query", f"the cache's dtype {key_cache.dtype}",
+                          query.dtype)
+    # sizes stay symbolic under torch.compile: int() would specialise them (#11 item 6)
+    _, heads, head_size = query.shape
+    require(head_size == d, op, provider, "query",
+            lambda: f"head size {d} (the cache's D) in dim 2", lambda: shape_text(query))
+    require(heads % hkv == 0, op, provider, "query",
+            lambda: f"a head count divisible by the cache's Hkv={hkv}", lambda: f"H={heads}")
+    block_tables = check_tensor(op, provider, "block_tables", block_tables)
+    seq_lens = check_tensor(op, provider, "seq_lens", seq_lens)
+    query_start_loc = check_tensor(op, provider, "query_start_loc", query_start_loc)
+    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
+        check_dtype(op, provider, name, t, INDEX_DTYPES)
+    check_rank(op, provider, "block_tables", block_tables, 2, "[S, max_blocks]")
+    num_seqs = block_tables.shape[0]
+    check_rank(op, provider, "seq_lens", seq_lens, 1, "[S] (block_tables' S)")
+    require(seq_lens.shape[0] == num_seqs, op, provider, "seq_lens",
+            lambda: f"shape [{num_seqs}] (block_tables' S)", lambda: shape_text(seq_lens))
+    check_rank(op, provider, "query_start_loc", query_start_loc, 1, "[S + 1]")
+    require(query_start_loc.shape[0] == num_seqs + 1, op, provider, "query_start_loc",
+            lambda: f"shape [{num_seqs + 1}] (S + 1)", lambda: shape_text(query_start_loc))
+    check_real(op, provider, "scale", scale)
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window,
+                                                              (int, torch.SymInt)):
+            raise input_error(op, provider, "sliding_window", "None or a positive int",
+                              value_text(sliding_window))
+        require(sliding_window > 0, op, provider, "sliding_window", "None or a positive int",
+                sliding_window)
+    if soft_cap is not None:
+        check_real(op, provider, "soft_cap", soft_cap)
+        require(soft_cap > 0, op, provider, "soft_cap", "None or a positive float", soft_cap)
+    # the cache (the engine's persistent state) sets the device the others must match
+    check_same_device(op, provider, key_cache, query=query, block_tables=block_tables,
+                      seq_lens=seq_lens, query_start_loc=query_start_loc)
+
+
+def check_paged_lens(op: str, provider: str, qsl: list[int], lens: list[int],
+                     block_tables: Tensor, bs: int, nb: int) -> None:
+    """Check a paged batch's data: every ``seq_lens`` value fits its block-table row and
+    covers its queries (``qsl``: the query offsets, already checked), and the block ids in
+    use are in ``[0, nb)``."""
+    max_blocks = int(block_tables.shape[1])
+    for i, kv_len in enumerate(lens):
+        q_len = qsl[i + 1] - qsl[i]
+        if kv_len < 0 or kv_len > max_blocks * bs:
+            raise input_error(op, provider, "seq_lens", f"values in [0, {max_blocks * bs}] "
+                              f"(max_blocks*block_size) for sequence {i}", kv_len)
+        if kv_len < q_len:
+            raise input_error(op, provider, "seq_lens", f"kv_len >= q_len={q_len} (the "
+                              f"queries are the last tokens of the sequence) for sequence {i}",
+                              kv_len)
+    needed = [(n + bs - 1) // bs for n in lens]
+    if lens and max(needed) > 0:
+        cols = torch.arange(max_blocks, device=block_tables.device)
+        used = cols.unsqueeze(0) < torch.tensor(needed, device=block_tables.device).unsqueeze(1)
+        # unused columns read as block 0 (valid), so they never hide a bad id in use
+        ids = torch.where(used, block_tables, 0)
+        lo, hi = (int(v) for v in torch.aminmax(ids))
+        if lo < 0 or hi >= nb:
+            raise input_error(op, provider, "block_tables",
+                              f"block ids in [0, {nb}) (num_blocks) for the blocks in use",
+                              f"ids in [{lo}, {hi}]")
 
 
 def _tensor(op: str, provider: str, name: str, t: object, rank: int, layout: str) -> Tensor:

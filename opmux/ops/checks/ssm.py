@@ -1,9 +1,9 @@
 """Input validation of the state-space ops (``causal_conv1d*``, ``selective_scan``,
 ``selective_state_update``), shared by the native references and the providers.
 
-Same contract as :mod:`opmux.ops._checks`: static properties always, index values only when
-``read_data`` and the tensors hold data; every failure is an :class:`opmux.OpInputError`
-raised before anything is written.
+Same contract as every module of :mod:`opmux.ops.checks`: static properties always, index
+values only when ``read_data`` and the tensors hold data; every failure is an
+:class:`opmux.OpInputError` raised before anything is written.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from opmux.ops._checks import (
-    _float,
-    _rank,
-    _same_device,
-    _shape,
-    _tensor,
+from opmux.ops.checks.arguments import (
+    INDEX_DTYPES,
+    check_floating,
+    check_rank,
+    check_same_device,
+    check_tensor,
     has_data,
     input_error,
+    shape_text,
 )
 
 __all__ = [
@@ -39,28 +40,25 @@ ACTIVATIONS: Final = (None, "silu", "swish")
 PAD_SLOT: Final = -1
 """A state index of ``-1`` marks a padding entry: no state read or written, output zero."""
 
-_INDEX = (torch.int32, torch.int64)
-
-
 def _vector(op: str, provider: str, name: str, t: Tensor | None, n: int) -> None:
     if t is None:
         return
-    t = _tensor(op, provider, name, t)
-    _float(op, provider, name, t)
+    t = check_tensor(op, provider, name, t)
+    check_floating(op, provider, name, t)
     if t.dim() != 1 or t.shape[0] != n:
-        raise input_error(op, provider, name, f"shape [{n}]", _shape(t))
+        raise input_error(op, provider, name, f"shape [{n}]", shape_text(t))
 
 
 def _index(op: str, provider: str, name: str, t: Tensor | None, n: int,
-           dtypes: tuple[torch.dtype, ...] = _INDEX) -> None:
+           dtypes: tuple[torch.dtype, ...] = INDEX_DTYPES) -> None:
     if t is None:
         return
-    t = _tensor(op, provider, name, t)
+    t = check_tensor(op, provider, name, t)
     if t.dtype not in dtypes:
         want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise input_error(op, provider, name, f"dtype {want}", t.dtype)
     if t.dim() != 1 or t.shape[0] != n:
-        raise input_error(op, provider, name, f"shape [{n}]", _shape(t))
+        raise input_error(op, provider, name, f"shape [{n}]", shape_text(t))
 
 
 def _slots(op: str, provider: str, name: str, t: Tensor | None, n_slots: int,
@@ -77,10 +75,10 @@ def _starts(op: str, provider: str, qsl: Tensor | None, tokens: int, read_data: 
     """Validate ``query_start_loc``; returns the number of sequences."""
     if qsl is None:
         return 1
-    qsl = _tensor(op, provider, "query_start_loc", qsl)
-    if qsl.dtype not in _INDEX or qsl.dim() != 1 or qsl.shape[0] < 1:
+    qsl = check_tensor(op, provider, "query_start_loc", qsl)
+    if qsl.dtype not in INDEX_DTYPES or qsl.dim() != 1 or qsl.shape[0] < 1:
         raise input_error(op, provider, "query_start_loc", "an int32/int64 tensor [S+1]",
-                          f"{qsl.dtype} {_shape(qsl)}")
+                          f"{qsl.dtype} {shape_text(qsl)}")
     if read_data and has_data(qsl):
         v = qsl.tolist()
         if v[0] != 0 or v[-1] != tokens or any(b < a for a, b in itertools.pairwise(v)):
@@ -93,19 +91,20 @@ def _starts(op: str, provider: str, qsl: Tensor | None, tokens: int, read_data: 
 def _rows(op: str, provider: str, name: str, t: Tensor, what: str) -> tuple[Tensor, int, int]:
     """``t`` is a floating ``[rows, dim]`` tensor (``what`` names the dims); returns it and
     its two sizes."""
-    t = _tensor(op, provider, name, t)
-    _float(op, provider, name, t)
-    _rank(op, provider, name, t, 2, what)
+    t = check_tensor(op, provider, name, t)
+    check_floating(op, provider, name, t)
+    check_rank(op, provider, name, t, 2, what)
     return t, int(t.shape[0]), int(t.shape[1])
 
 
 def _float_shaped(op: str, provider: str, name: str, t: Tensor, shape: tuple[int, ...],
                   note: str = "") -> Tensor:
     """``t`` is a floating tensor of exactly ``shape`` (``note`` says why, in the error)."""
-    t = _tensor(op, provider, name, t)
-    _float(op, provider, name, t)
+    t = check_tensor(op, provider, name, t)
+    check_floating(op, provider, name, t)
     if tuple(t.shape) != shape:
-        raise input_error(op, provider, name, f"[{', '.join(map(str, shape))}]{note}", _shape(t))
+        raise input_error(op, provider, name, f"[{', '.join(map(str, shape))}]{note}",
+                          shape_text(t))
     return t
 
 
@@ -115,7 +114,7 @@ def _slot_count(op: str, provider: str, name: str, indices: Tensor | None, n: in
     _index(op, provider, name, indices, n)
     if indices is None and n > states.shape[0]:
         raise input_error(op, provider, states_name, f"at least {n} slots (one per {per} when "
-                          f"{name} is None)", _shape(states))
+                          f"{name} is None)", shape_text(states))
 
 
 def _activation(op: str, provider: str, activation: str | None) -> None:
@@ -126,17 +125,17 @@ def _activation(op: str, provider: str, activation: str | None) -> None:
 
 def _conv_params(op: str, provider: str, dim: int, weight: Tensor, bias: Tensor | None,
                  state: Tensor) -> None:
-    weight = _tensor(op, provider, "weight", weight)
-    _float(op, provider, "weight", weight)
+    weight = check_tensor(op, provider, "weight", weight)
+    check_floating(op, provider, "weight", weight)
     if weight.dim() != 2 or weight.shape[0] != dim or weight.shape[1] < 2:
         raise input_error(op, provider, "weight", f"[{dim}, width] with width >= 2",
-                          _shape(weight))
+                          shape_text(weight))
     _vector(op, provider, "bias", bias, dim)
     width = int(weight.shape[1])
-    _float(op, provider, "conv_state", state)
+    check_floating(op, provider, "conv_state", state)
     if state.dim() != 3 or tuple(state.shape[1:]) != (dim, width - 1):
         raise input_error(op, provider, "conv_state", f"[num_slots, {dim}, {width - 1}]",
-                          _shape(state))
+                          shape_text(state))
 
 
 def check_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, conv_states: Tensor,
@@ -148,14 +147,14 @@ def check_causal_conv1d(x: Tensor, weight: Tensor, bias: Tensor | None, conv_sta
     """Validate ``causal_conv1d``; reads the index tensors when ``read_data``."""
     op = "causal_conv1d"
     x, tokens, dim = _rows(op, provider, "x", x, "[T, dim]")
-    conv_states = _tensor(op, provider, "conv_states", conv_states)
+    conv_states = check_tensor(op, provider, "conv_states", conv_states)
     _conv_params(op, provider, dim, weight, bias, conv_states)
     _activation(op, provider, activation)
     seqs = _starts(op, provider, query_start_loc, tokens, read_data)
     _slot_count(op, provider, "cache_indices", cache_indices, seqs, "conv_states", conv_states,
                 "sequence")
     _index(op, provider, "has_initial_state", has_initial_state, seqs, (torch.bool,))
-    _same_device(op, provider, x, weight=weight, conv_states=conv_states)
+    check_same_device(op, provider, x, weight=weight, conv_states=conv_states)
     _slots(op, provider, "cache_indices", cache_indices, int(conv_states.shape[0]), read_data)
 
 
@@ -166,12 +165,12 @@ def check_causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
     """Validate ``causal_conv1d_update``; reads ``conv_state_indices`` when ``read_data``."""
     op = "causal_conv1d_update"
     x, batch, dim = _rows(op, provider, "x", x, "[batch, dim]")
-    conv_state = _tensor(op, provider, "conv_state", conv_state)
+    conv_state = check_tensor(op, provider, "conv_state", conv_state)
     _conv_params(op, provider, dim, weight, bias, conv_state)
     _activation(op, provider, activation)
     _slot_count(op, provider, "conv_state_indices", conv_state_indices, batch, "conv_state",
                 conv_state, "row")
-    _same_device(op, provider, x, weight=weight, conv_state=conv_state)
+    check_same_device(op, provider, x, weight=weight, conv_state=conv_state)
     _slots(op, provider, "conv_state_indices", conv_state_indices, int(conv_state.shape[0]),
            read_data)
 
@@ -179,15 +178,15 @@ def check_causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
 def _ssm_params(op: str, provider: str, rows: int, dim: int, states: Tensor, A: Tensor,
                 B: Tensor, C: Tensor, D: Tensor | None, z: Tensor | None,
                 bias: Tensor | None, bias_name: str) -> int:
-    _float(op, provider, "ssm_states", states)
-    A = _tensor(op, provider, "A", A)
-    _float(op, provider, "A", A)
+    check_floating(op, provider, "ssm_states", states)
+    A = check_tensor(op, provider, "A", A)
+    check_floating(op, provider, "A", A)
     if A.dim() != 2 or A.shape[0] != dim:
-        raise input_error(op, provider, "A", f"[{dim}, dstate]", _shape(A))
+        raise input_error(op, provider, "A", f"[{dim}, dstate]", shape_text(A))
     n = int(A.shape[1])
     if states.dim() != 3 or tuple(states.shape[1:]) != (dim, n):
         raise input_error(op, provider, "ssm_states", f"[num_slots, {dim}, {n}]",
-                          _shape(states))
+                          shape_text(states))
     for name, t in (("B", B), ("C", C)):
         _float_shaped(op, provider, name, t, (rows, n), " (one row per token)")
     _vector(op, provider, "D", D, dim)
@@ -207,7 +206,7 @@ def _scan_inputs(op: str, provider: str, names: tuple[str, str, str], layout: st
     x_name, dt_name, bias_name = names
     x, rows, dim = _rows(op, provider, x_name, x, layout)
     dt = _float_shaped(op, provider, dt_name, dt, (rows, dim), f" ({x_name}'s shape)")
-    states = _tensor(op, provider, "ssm_states", states)
+    states = check_tensor(op, provider, "ssm_states", states)
     _ssm_params(op, provider, rows, dim, states, A, B, C, D, z, bias, bias_name)
     return x, dt, states, rows
 
@@ -228,7 +227,7 @@ def check_selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor
     _slot_count(op, provider, "cache_indices", cache_indices, seqs, "ssm_states", ssm_states,
                 "sequence")
     _index(op, provider, "has_initial_state", has_initial_state, seqs, (torch.bool,))
-    _same_device(op, provider, u, delta=delta, A=A, B=B, C=C, ssm_states=ssm_states)
+    check_same_device(op, provider, u, delta=delta, A=A, B=B, C=C, ssm_states=ssm_states)
     _slots(op, provider, "cache_indices", cache_indices, int(ssm_states.shape[0]), read_data)
 
 
@@ -245,6 +244,6 @@ def check_selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: T
                                             dt_bias)
     _slot_count(op, provider, "state_batch_indices", state_batch_indices, batch, "ssm_states",
                 ssm_states, "row")
-    _same_device(op, provider, x, dt=dt, A=A, B=B, C=C, ssm_states=ssm_states)
+    check_same_device(op, provider, x, dt=dt, A=A, B=B, C=C, ssm_states=ssm_states)
     _slots(op, provider, "state_batch_indices", state_batch_indices,
            int(ssm_states.shape[0]), read_data)

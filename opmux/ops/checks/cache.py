@@ -1,53 +1,62 @@
-"""Input checks of the cache and attention ops (``reshape_and_cache``, ``paged_attention``,
-``advance_step_flashattn``); re-exported by :mod:`opmux.ops._checks`."""
+"""Input checks of the cache ops (:mod:`opmux.ops.cache`): ``reshape_and_cache`` and
+``advance_step_flashattn``, and the paged-cache layout checks the attention checks share.
+
+Same contract as every module of :mod:`opmux.ops.checks`: static properties always, index
+values only when ``read_data`` and the tensors hold data; every failure is an
+:class:`opmux.OpInputError` raised before anything is written.
+"""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Final
 
 import torch
 from torch import Tensor
 
-from opmux.ops._check_memo import StaticMemo
-from opmux.ops._checks import (
-    INDEX_DTYPES,
-    _shape,
-    _type_name,
+from opmux.ops.checks._memo import StaticMemo
+from opmux.ops.checks.arguments import (
     check_dtype,
     check_floating,
     check_int,
     check_rank,
-    check_real,
     check_same_device,
     check_tensor,
     has_data,
     input_error,
     is_concrete,
     require,
+    shape_text,
 )
+
+__all__ = [
+    "check_advance_step_flashattn",
+    "check_cache_pair",
+    "check_no_overlap",
+    "check_reshape_and_cache",
+    "checked_advance_step",
+]
 
 # ---------------------------------------------------------------------------------- cache
 _CACHE_LAYOUT: Final = "[num_blocks, block_size, Hkv, D]"
 
 
-def _no_overlap(op: str, provider: str, name: str, t: Tensor) -> None:
-    # a written tensor must not alias itself (an expanded, stride-0 view): the writes would
-    # race and their result would depend on the order. Symbolic layouts are checked when the
-    # compiled graph runs the op on real tensors.
+def check_no_overlap(op: str, provider: str, name: str, t: Tensor) -> None:
+    """``t`` (written in place) must not alias itself: an expanded, stride-0 view would make
+    the writes race, their result depending on the order. Symbolic layouts are checked when
+    the compiled graph runs the op on real tensors."""
     if not is_concrete(*t.shape, *t.stride()):
         return
     if torch._debug_has_internal_overlap(t) == 1:
         raise input_error(op, provider, name, "a tensor whose elements do not overlap "
                           "(no stride-0 dimension of size > 1)",
-                          f"strides {list(t.stride())} for {_shape(t)}")
+                          f"strides {list(t.stride())} for {shape_text(t)}")
 
 
-def _check_cache_pair(op: str, provider: str, key_cache: Tensor,
+def check_cache_pair(op: str, provider: str, key_cache: Tensor,
                       value_cache: Tensor) -> tuple[int, int, int, int]:
-    """Shapes, dtypes and device of the paged caches; returns ``(num_blocks, block_size,
-    Hkv, D)`` (symbolic under ``torch.compile``, never ``int()``-ed).
+    """Shapes, dtypes and device of the paged caches of ``op``; returns ``(num_blocks,
+    block_size, Hkv, D)`` (symbolic under ``torch.compile``, never ``int()``-ed).
 
     Any strides are accepted (#19): NHD or permuted HND buffers, K and V as two views of one
     allocation (``kv[:, 0]``, ``kv[:, 1]``), block-sliced views.
@@ -59,18 +68,19 @@ def _check_cache_pair(op: str, provider: str, key_cache: Tensor,
     check_rank(op, provider, "value_cache", value_cache, 4, _CACHE_LAYOUT)
     for a, b in zip(value_cache.shape, key_cache.shape, strict=True):
         require(a == b, op, provider, "value_cache",
-                lambda: f"key_cache's shape {list(key_cache.shape)}", lambda: _shape(value_cache))
+                lambda: f"key_cache's shape {list(key_cache.shape)}",
+                lambda: shape_text(value_cache))
     if value_cache.dtype != key_cache.dtype:
         raise input_error(op, provider, "value_cache", f"key_cache's dtype {key_cache.dtype}",
                           value_cache.dtype)
     check_same_device(op, provider, key_cache, value_cache=value_cache)
     nb, bs, hkv, d = key_cache.shape
     require(bs > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive block_size "
-            "in dim 1", lambda: _shape(key_cache))
+            "in dim 1", lambda: shape_text(key_cache))
     require(hkv > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive Hkv in "
-            "dim 2", lambda: _shape(key_cache))
+            "dim 2", lambda: shape_text(key_cache))
     require(d > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive D in dim 3",
-            lambda: _shape(key_cache))
+            lambda: shape_text(key_cache))
     return nb, bs, hkv, d
 
 
@@ -98,21 +108,21 @@ _RESHAPE_AND_CACHE: Final = StaticMemo()
 def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor,
                               key_cache: Tensor, value_cache: Tensor,
                               slot_mapping: Tensor) -> None:
-    _, _, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
-    _no_overlap(op, provider, "key_cache", key_cache)
-    _no_overlap(op, provider, "value_cache", value_cache)
+    _, _, hkv, d = check_cache_pair(op, provider, key_cache, value_cache)
+    check_no_overlap(op, provider, "key_cache", key_cache)
+    check_no_overlap(op, provider, "value_cache", value_cache)
     key = check_tensor(op, provider, "key", key)
     value = check_tensor(op, provider, "value", value)
     slot_mapping = check_tensor(op, provider, "slot_mapping", slot_mapping)
     check_rank(op, provider, "key", key, 3, "[T, Hkv, D]")
     require(key.shape[1] == hkv, op, provider, "key",
-            lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: _shape(key))
+            lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: shape_text(key))
     require(key.shape[2] == d, op, provider, "key",
-            lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: _shape(key))
+            lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: shape_text(key))
     check_rank(op, provider, "value", value, 3, "[T, Hkv, D] (key's shape)")
     for a, b in zip(value.shape, key.shape, strict=True):
         require(a == b, op, provider, "value", lambda: f"key's shape {list(key.shape)}",
-                lambda: _shape(value))
+                lambda: shape_text(value))
     for name, t in (("key", key), ("value", value)):
         if t.dtype != key_cache.dtype:
             raise input_error(op, provider, name, f"the cache's dtype {key_cache.dtype}",
@@ -120,7 +130,8 @@ def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor
     check_dtype(op, provider, "slot_mapping", slot_mapping, (torch.int64,))
     check_rank(op, provider, "slot_mapping", slot_mapping, 1, "[T] (one slot per token)")
     require(slot_mapping.shape[0] == key.shape[0], op, provider, "slot_mapping",
-            lambda: f"shape [{key.shape[0]}] (one slot per token)", lambda: _shape(slot_mapping))
+            lambda: f"shape [{key.shape[0]}] (one slot per token)",
+            lambda: shape_text(slot_mapping))
     check_same_device(op, provider, key_cache, key=key, value=value, slot_mapping=slot_mapping)
 
 
@@ -149,119 +160,6 @@ def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -
         raise input_error(op, provider, "slot_mapping", "distinct slots (each slot written "
                           "at most once per call; -1 may repeat)",
                           f"{repeated} repeated slot(s)")
-
-
-def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
-                          block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
-                          scale: float, sliding_window: int | None = None,
-                          soft_cap: float | None = None, *, provider: str = "native",
-                          read_data: bool = True) -> None:
-    """Validate ``paged_attention``; reads the index tensors when ``read_data``.
-
-    Static checks: the caches as in :func:`check_reshape_and_cache` (any strides, overlap
-    allowed since they are only read); ``query [T, H, D]`` in the caches' dtype with
-    ``H % Hkv == 0``; int32/int64 index tensors of matching lengths; ``scale`` a real
-    number; ``sliding_window`` None or a positive int; ``soft_cap`` None or a positive float
-    (0 and negative values are errors, never "none": one meaning everywhere).
-
-    Value checks: ``query_start_loc`` starts at 0, never decreases and ends at most at T;
-    ``0 <= kv_len <= max_blocks*block_size``; ``q_len <= kv_len``; every block a sequence
-    reads lies in ``[0, num_blocks)``.
-    """
-    op = "paged_attention"
-    args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-            sliding_window, soft_cap)
-    layout = _PAGED_ATTENTION.seen(provider, args)
-    if layout is not True:
-        _static_paged_attention(op, provider, *args)
-        _PAGED_ATTENTION.add(layout)
-    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
-        return
-    qsl = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    num_tokens = query.shape[0]
-    if qsl[0] != 0 or any(b < a for a, b in itertools.pairwise(qsl)) or qsl[-1] > num_tokens:
-        raise input_error(op, provider, "query_start_loc",
-                          f"non-decreasing offsets from 0 to at most T={num_tokens}", qsl)
-    check_paged_lens(op, provider, qsl, lens, block_tables, key_cache.shape[1],
-                     key_cache.shape[0])
-
-
-_PAGED_ATTENTION: Final = StaticMemo()
-
-
-def _static_paged_attention(op: str, provider: str, query: Tensor, key_cache: Tensor,
-                            value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
-                            query_start_loc: Tensor, scale: float, sliding_window: int | None,
-                            soft_cap: float | None) -> None:
-    query = check_tensor(op, provider, "query", query)
-    _, _, hkv, d = _check_cache_pair(op, provider, key_cache, value_cache)
-    check_rank(op, provider, "query", query, 3, "[T, H, D]")
-    if query.dtype != key_cache.dtype:
-        raise input_error(op, provider, "query", f"the cache's dtype {key_cache.dtype}",
-                          query.dtype)
-    # sizes stay symbolic under torch.compile: int() would specialise them (#11 item 6)
-    _, heads, head_size = query.shape
-    require(head_size == d, op, provider, "query",
-            lambda: f"head size {d} (the cache's D) in dim 2", lambda: _shape(query))
-    require(heads % hkv == 0, op, provider, "query",
-            lambda: f"a head count divisible by the cache's Hkv={hkv}", lambda: f"H={heads}")
-    block_tables = check_tensor(op, provider, "block_tables", block_tables)
-    seq_lens = check_tensor(op, provider, "seq_lens", seq_lens)
-    query_start_loc = check_tensor(op, provider, "query_start_loc", query_start_loc)
-    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens),
-                    ("query_start_loc", query_start_loc)):
-        check_dtype(op, provider, name, t, INDEX_DTYPES)
-    check_rank(op, provider, "block_tables", block_tables, 2, "[S, max_blocks]")
-    num_seqs = block_tables.shape[0]
-    check_rank(op, provider, "seq_lens", seq_lens, 1, "[S] (block_tables' S)")
-    require(seq_lens.shape[0] == num_seqs, op, provider, "seq_lens",
-            lambda: f"shape [{num_seqs}] (block_tables' S)", lambda: _shape(seq_lens))
-    check_rank(op, provider, "query_start_loc", query_start_loc, 1, "[S + 1]")
-    require(query_start_loc.shape[0] == num_seqs + 1, op, provider, "query_start_loc",
-            lambda: f"shape [{num_seqs + 1}] (S + 1)", lambda: _shape(query_start_loc))
-    check_real(op, provider, "scale", scale)
-    if sliding_window is not None:
-        if isinstance(sliding_window, bool) or not isinstance(sliding_window,
-                                                              (int, torch.SymInt)):
-            raise input_error(op, provider, "sliding_window", "None or a positive int",
-                              _type_name(sliding_window))
-        require(sliding_window > 0, op, provider, "sliding_window", "None or a positive int",
-                sliding_window)
-    if soft_cap is not None:
-        check_real(op, provider, "soft_cap", soft_cap)
-        require(soft_cap > 0, op, provider, "soft_cap", "None or a positive float", soft_cap)
-    # the cache (the engine's persistent state) sets the device the others must match
-    check_same_device(op, provider, key_cache, query=query, block_tables=block_tables,
-                      seq_lens=seq_lens, query_start_loc=query_start_loc)
-
-
-def check_paged_lens(op: str, provider: str, qsl: list[int], lens: list[int],
-                     block_tables: Tensor, bs: int, nb: int) -> None:
-    """Check a paged batch's data: every ``seq_lens`` value fits its block-table row and
-    covers its queries (``qsl``: the query offsets, already checked), and the block ids in
-    use are in ``[0, nb)``."""
-    max_blocks = int(block_tables.shape[1])
-    for i, kv_len in enumerate(lens):
-        q_len = qsl[i + 1] - qsl[i]
-        if kv_len < 0 or kv_len > max_blocks * bs:
-            raise input_error(op, provider, "seq_lens", f"values in [0, {max_blocks * bs}] "
-                              f"(max_blocks*block_size) for sequence {i}", kv_len)
-        if kv_len < q_len:
-            raise input_error(op, provider, "seq_lens", f"kv_len >= q_len={q_len} (the "
-                              f"queries are the last tokens of the sequence) for sequence {i}",
-                              kv_len)
-    needed = [(n + bs - 1) // bs for n in lens]
-    if lens and max(needed) > 0:
-        cols = torch.arange(max_blocks, device=block_tables.device)
-        used = cols.unsqueeze(0) < torch.tensor(needed, device=block_tables.device).unsqueeze(1)
-        # unused columns read as block 0 (valid), so they never hide a bad id in use
-        ids = torch.where(used, block_tables, 0)
-        lo, hi = (int(v) for v in torch.aminmax(ids))
-        if lo < 0 or hi >= nb:
-            raise input_error(op, provider, "block_tables",
-                              f"block ids in [0, {nb}) (num_blocks) for the blocks in use",
-                              f"ids in [{lo}, {hi}]")
 
 
 def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
@@ -293,29 +191,29 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
         check_dtype(op, provider, name, t, (dtype,))
         check_rank(op, provider, name, t, 1, "[num_seqs]")
         require(t.shape[0] == num_seqs, op, provider, name,
-                lambda: f"shape [{num_seqs}] (num_seqs)", lambda t=t: _shape(t))
-        _no_overlap(op, provider, name, t)
+                lambda: f"shape [{num_seqs}] (num_seqs)", lambda t=t: shape_text(t))
+        check_no_overlap(op, provider, name, t)
     sampled = check_tensor(op, provider, "sampled_token_ids", sampled_token_ids)
     check_dtype(op, provider, "sampled_token_ids", sampled, (torch.int64,))
     if sampled.dim() == 1:
         require(sampled.shape[0] == num_queries, op, provider, "sampled_token_ids",
                 lambda: f"shape [{num_queries}, 1] or [{num_queries}] (num_queries)",
-                lambda: _shape(sampled))
+                lambda: shape_text(sampled))
     elif sampled.dim() == 2:
         require(sampled.shape[0] >= num_queries, op, provider, "sampled_token_ids",
                 lambda: f"shape [{num_queries}, 1] (num_queries; extra rows are ignored)",
-                lambda: _shape(sampled))
+                lambda: shape_text(sampled))
         require(sampled.shape[1] == 1, op, provider, "sampled_token_ids",
-                lambda: f"shape [{num_queries}, 1] (num_queries)", lambda: _shape(sampled))
+                lambda: f"shape [{num_queries}, 1] (num_queries)", lambda: shape_text(sampled))
     else:
         raise input_error(op, provider, "sampled_token_ids",
-                          f"shape [{num_queries}, 1] (num_queries)", _shape(sampled))
+                          f"shape [{num_queries}, 1] (num_queries)", shape_text(sampled))
     block_tables = check_tensor(op, provider, "block_tables", block_tables)
     check_dtype(op, provider, "block_tables", block_tables, (torch.int32,))
     check_rank(op, provider, "block_tables", block_tables, 2, "[num_seqs, max_blocks]")
     require(block_tables.shape[0] == num_seqs, op, provider, "block_tables",
             lambda: f"shape [{num_seqs}, max_blocks] (num_seqs rows)",
-            lambda: _shape(block_tables))
+            lambda: shape_text(block_tables))
     check_same_device(op, provider, input_tokens, sampled_token_ids=sampled,
                       input_positions=input_positions, seq_lens=seq_lens,
                       slot_mapping=slot_mapping, block_tables=block_tables)

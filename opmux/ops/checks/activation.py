@@ -1,36 +1,62 @@
-"""Input validation of the activation ops added for vLLM's activation rows (issue 13).
+"""Input checks of the activation ops (:mod:`opmux.ops.activation`).
 
-Same contract as :mod:`opmux.ops._checks`: each ``check_<op>`` takes the op's arguments plus
-``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built by
-:func:`~opmux.ops._checks.input_error`) naming op, provider, argument, expected and got,
-before anything is written.
+Same contract as every module of :mod:`opmux.ops.checks`: each ``check_<op>`` takes the op's
+arguments plus ``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built
+by :func:`~opmux.ops.checks.arguments.input_error`) naming op, provider, argument, expected
+and got, before anything is written.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from torch import Tensor
 
-from opmux.ops._checks import FLOAT_DTYPES, GELU_APPROXIMATIONS, input_error
+from opmux.ops.checks._memo import StaticMemo
+from opmux.ops.checks.arguments import (
+    check_float_tensor,
+    check_floating,
+    check_tensor,
+    input_error,
+    require,
+    shape_text,
+)
 
 __all__ = [
+    "GELU_APPROXIMATIONS",
     "check_elementwise",
     "check_fatrelu_and_mul",
     "check_gated",
+    "check_gelu_and_mul",
     "check_gelu_and_mul_sparse",
+    "check_silu_and_mul",
     "check_swigluoai_and_mul",
     "check_xielu",
 ]
 
+GELU_APPROXIMATIONS: Final = ("none", "tanh")
+"""Valid values of ``gelu_and_mul``'s ``approximate``."""
 
-def _float_tensor(op: str, provider: str, name: str, t: object) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise input_error(op, provider, name, "a torch.Tensor", type(t).__name__)
-    if t.dtype not in FLOAT_DTYPES:
-        raise input_error(op, provider, name, "a floating tensor (float32/float16/bfloat16)",
-                          t.dtype)
-    return t
+# layouts that passed the static checks (engines call silu_and_mul every step)
+_SILU_AND_MUL: Final = StaticMemo()
+
+
+def check_silu_and_mul(x: Tensor, *, provider: str = "native", read_data: bool = True) -> None:
+    """Validate ``silu_and_mul(x)``: a floating ``x[..., 2*d]`` (at least 1-d)."""
+    layout = _SILU_AND_MUL.seen(provider, (x,))
+    if layout is not True:
+        check_gated("silu_and_mul", x, provider=provider)
+        _SILU_AND_MUL.add(layout)
+
+
+def check_gelu_and_mul(x: Tensor, approximate: str = "none", *, provider: str = "native",
+                       read_data: bool = True) -> None:
+    """Validate ``gelu_and_mul(x, approximate)``; ``approximate`` is ``"none"``/``"tanh"``."""
+    check_gated("gelu_and_mul", x, provider=provider)
+    if not isinstance(approximate, str) or approximate not in GELU_APPROXIMATIONS:
+        raise input_error("gelu_and_mul", provider, "approximate",
+                          f"one of {sorted(GELU_APPROXIMATIONS)}", repr(approximate))
 
 
 def _finite(op: str, provider: str, name: str, value: object) -> float:
@@ -43,15 +69,18 @@ def _finite(op: str, provider: str, name: str, value: object) -> float:
 def check_elementwise(op: str, x: Tensor, *, provider: str = "native") -> None:
     """Validate the one-tensor activations (``gelu_new``, ``gelu_fast``, ``quick_gelu``,
     ``relu2``): any shape, floating."""
-    _float_tensor(op, provider, "x", x)
+    check_float_tensor(op, provider, "x", x)
 
 
 def check_gated(op: str, x: Tensor, *, provider: str = "native") -> None:
-    """Validate a gated activation's ``x[..., 2*d]``."""
-    x = _float_tensor(op, provider, "x", x)
-    if x.dim() < 1 or x.shape[-1] % 2 != 0:
-        raise input_error(op, provider, "x", "a tensor [..., 2*d] with an even last dimension",
-                          f"shape {list(x.shape)}")
+    """Validate a gated activation's floating ``x[..., 2*d]`` (at least 1-d)."""
+    x = check_tensor(op, provider, "x", x)
+    check_floating(op, provider, "x", x)
+    if x.dim() < 1:
+        raise input_error(op, provider, "x", "a tensor [..., 2*d] with at least one dimension",
+                          shape_text(x))
+    require(x.shape[-1] % 2 == 0, op, provider, "x",
+            "a tensor [..., 2*d] with an even last dimension", lambda: shape_text(x))
 
 
 def check_fatrelu_and_mul(x: Tensor, threshold: float = 0.0, *, provider: str = "native",
@@ -90,9 +119,9 @@ def check_xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: f
                 provider: str = "native", read_data: bool = True) -> None:
     """Validate ``xielu``: ``alpha_p``/``alpha_n`` hold one value each (shape [1] or [])."""
     op = "xielu"
-    x = _float_tensor(op, provider, "x", x)
+    x = check_float_tensor(op, provider, "x", x)
     for name, t in (("alpha_p", alpha_p), ("alpha_n", alpha_n)):
-        t = _float_tensor(op, provider, name, t)
+        t = check_float_tensor(op, provider, name, t)
         if t.dim() > 1 or t.numel() != 1:
             raise input_error(op, provider, name, "one value (shape [1] or [])",
                               f"shape {list(t.shape)}")
