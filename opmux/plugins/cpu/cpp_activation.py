@@ -1,4 +1,4 @@
-"""The ``cpp`` provider's impls of vLLM's other activation rows (``csrc/cpu/activation_more.cpp``).
+"""The ``cpp`` provider's impls of vLLM's other activation rows (``csrc/cpu/activation.cpp``).
 
 Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each impl allocates its output and calls the
 out-variant kernel; ``supports_args`` accepts CPU fp32/bf16/fp16 contiguous input (anything
@@ -33,7 +33,7 @@ def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
     return out
 
 
-_fatrelu_and_mul_ok = predicate(fatrelu_and_mul, _ok)
+fatrelu_and_mul_supports = predicate(fatrelu_and_mul, _ok)
 
 
 def mul_and_silu(x: Tensor) -> Tensor:
@@ -52,7 +52,7 @@ def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
     return out
 
 
-_gelu_and_mul_sparse_ok = predicate(gelu_and_mul_sparse, _ok)
+gelu_and_mul_sparse_supports = predicate(gelu_and_mul_sparse, _ok)
 
 
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
@@ -62,7 +62,7 @@ def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Te
     return out
 
 
-_swigluoai_and_mul_ok = predicate(swigluoai_and_mul, _ok)
+swigluoai_and_mul_supports = predicate(swigluoai_and_mul, _ok)
 
 
 def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
@@ -111,19 +111,27 @@ def _xielu_params_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> bool:
             and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype)
 
 
-_xielu_ok = predicate(xielu, _xielu_params_ok)
+xielu_supports = predicate(xielu, _xielu_params_ok)
+
+
+# the ops without parameters take what their kernels take: a contiguous CPU float tensor
+mul_and_silu_supports = _ok
+gelu_new_supports = _ok
+gelu_fast_supports = _ok
+quick_gelu_supports = _ok
+relu2_supports = _ok
 
 
 OPS: OpTable = op_table(
-    (fatrelu_and_mul, _fatrelu_and_mul_ok),
-    (mul_and_silu, _ok),
-    (gelu_and_mul_sparse, _gelu_and_mul_sparse_ok),
-    (swigluoai_and_mul, _swigluoai_and_mul_ok),
-    (gelu_new, _ok),
-    (gelu_fast, _ok),
-    (quick_gelu, _ok),
-    (relu2, _ok),
-    (xielu, _xielu_ok),
+    (fatrelu_and_mul, fatrelu_and_mul_supports),
+    (mul_and_silu, mul_and_silu_supports),
+    (gelu_and_mul_sparse, gelu_and_mul_sparse_supports),
+    (swigluoai_and_mul, swigluoai_and_mul_supports),
+    (gelu_new, gelu_new_supports),
+    (gelu_fast, gelu_fast_supports),
+    (quick_gelu, quick_gelu_supports),
+    (relu2, relu2_supports),
+    (xielu, xielu_supports),
 )
 """Op name -> (impl, supports_args), merged into :data:`opmux.plugins.cpu.cpp_ops.OPS`."""
 

@@ -65,5 +65,7 @@ def _fused_moe_args_ok(hidden_states: Tensor, w1: Tensor, topk_ids: Tensor) -> b
             or topk_ids.numel() <= FP32_MAX_ROWS_PER_EXPERT * w1.shape[0])
 
 
-OPS: OpTable = op_table((fused_moe, predicate(fused_moe, _fused_moe_args_ok)))
+fused_moe_supports = predicate(fused_moe, _fused_moe_args_ok)
+
+OPS: OpTable = op_table((fused_moe, fused_moe_supports))
 """Op name -> (impl, supports_args) of the MoE op this provider serves."""

@@ -21,9 +21,9 @@ OPS = ("encoder_attention", "concat_and_cache_mla", "mla_attention")
 
 @pytest.fixture(scope="module")
 def k() -> Any:
-    from opmux.plugins.cuda import triton_attention_extra
+    from opmux.plugins.cuda import triton_attention
 
-    return triton_attention_extra
+    return triton_attention
 
 
 def _all_cases() -> list[tuple[str, Case]]:

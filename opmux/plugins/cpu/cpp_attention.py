@@ -48,8 +48,8 @@ def encoder_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     return out
 
 
-def _encoder_attention_ok(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
-                          max_seqlen: Optional[int], scale: float) -> bool:
+def encoder_attention_supports(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                               max_seqlen: Optional[int], scale: float) -> bool:
     return (q.is_cpu and q.dtype in FLOATS and q.dim() == 3 and k.dim() == 3 and v.dim() == 3
             and k.dtype == q.dtype and v.dtype == q.dtype and k.is_cpu and v.is_cpu
             and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
@@ -62,8 +62,8 @@ def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
     call("concat_and_cache_mla", K.concat_and_cache_mla, kv_c, k_pe, kv_cache, slot_mapping)
 
 
-def _concat_and_cache_mla_ok(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
-                             slot_mapping: Tensor) -> bool:
+def concat_and_cache_mla_supports(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
+                                  slot_mapping: Tensor) -> bool:
     return (kv_cache.is_cpu and kv_cache.dtype in FLOATS and kv_c.dim() == 2
             and k_pe.dim() == 2 and kv_c.stride(1) == 1 and k_pe.stride(1) == 1
             and slot_mapping.is_contiguous())
@@ -88,17 +88,17 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
     return out.transpose(0, 1).to(q.dtype).contiguous()
 
 
-def _mla_attention_ok(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
-                      seq_lens: Tensor, query_start_loc: Tensor, scale: float,
-                      qk_nope_head_dim: int) -> bool:
+def mla_attention_supports(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
+                           seq_lens: Tensor, query_start_loc: Tensor, scale: float,
+                           qk_nope_head_dim: int) -> bool:
     return (q.is_cpu and q.dtype in FLOATS and q.dim() == 3 and kv_cache.dim() == 3
             and kv_cache.dtype == q.dtype and kv_cache.is_contiguous()
             and kv_b_weight.dim() == 2 and kv_b_weight.is_contiguous())
 
 
 OPS: OpTable = op_table(
-    (encoder_attention, _encoder_attention_ok),
-    (concat_and_cache_mla, _concat_and_cache_mla_ok),
-    (mla_attention, _mla_attention_ok),
+    (encoder_attention, encoder_attention_supports),
+    (concat_and_cache_mla, concat_and_cache_mla_supports),
+    (mla_attention, mla_attention_supports),
 )
 """Op name -> (impl, supports_args) of the ops this module serves."""

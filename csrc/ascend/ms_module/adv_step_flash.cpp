@@ -2,10 +2,10 @@
 // the caller's tensors in place.
 //
 // Backends:
-//   Ascend  the AscendC kernel (csrc/ascendc), compiled in only when the CANN
+//   Ascend  the AscendC kernel (csrc/ascend/ascendc), compiled in only when the CANN
 //           toolkit is present (OPMUX_WITH_ASCENDC) and MindSpore runs on Ascend;
 //   CPU     a C++ loop with the same semantics.
-// Semantics: DESIGN.md section 5 and csrc/ascendc/adv_step_flash.h.
+// Semantics: DESIGN.md section 5 and csrc/ascend/ascendc/adv_step_flash.h.
 //
 // Every argument is checked synchronously, on the caller's thread, before the
 // op is dispatched, so a bad call raises ValueError and writes nothing.
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ms_extension/api.h"
-#include "module/module.h"
+#include "ms_module/module.h"
 #include "utils/ms_context.h"
 
 #ifdef OPMUX_WITH_ASCENDC

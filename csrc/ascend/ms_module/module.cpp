@@ -1,5 +1,5 @@
 // The one Python module of the MindSpore extension; see module.h.
-#include "module/module.h"
+#include "ms_module/module.h"
 
 #include <utility>
 

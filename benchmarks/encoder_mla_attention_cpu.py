@@ -14,7 +14,7 @@ Shapes (defaults):
 
 ``--small`` runs small shapes (a quick check while developing).
 
-    python benchmarks/attention_extra_cpu.py [--small] [--dtype float32|bfloat16] [--iters N]
+    python benchmarks/encoder_mla_attention_cpu.py [--small] [--dtype float32|bfloat16] [--iters N]
 """
 
 from __future__ import annotations

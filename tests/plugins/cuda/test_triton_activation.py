@@ -51,7 +51,7 @@ def test_dispatch_reaches_triton(act_ops: dict[str, opmux.Op], device: torch.dev
 
 
 def test_bad_arguments_are_rejected(act_ops: dict[str, opmux.Op], device: torch.device) -> None:
-    from opmux.plugins.cuda import triton_activation_more as k
+    from opmux.plugins.cuda import triton_activation as k
 
     x = torch.randn(3, 10, device=device)
     with pytest.raises(opmux.OpInputError, match=r"gelu_and_mul_sparse.*'activation_sparsity'"):

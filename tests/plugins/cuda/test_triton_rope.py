@@ -18,7 +18,7 @@ from opmux.testing import cases_for
 
 pytestmark = pytest.mark.triton
 
-KERNELS = "triton_rope_more"
+KERNELS = "triton_rope"
 """The kernel module the ``k`` fixture (conftest) imports."""
 OPS = ("apply_rotary_emb", "dual_chunk_rotary_embedding")
 
