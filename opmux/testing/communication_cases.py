@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from opmux.testing.cases import Case, register_cases
+from opmux.testing.case_table import Case, register_cases
 
 __all__ = ["register_communication_cases"]
 

@@ -14,7 +14,7 @@ import torch
 
 import opmux
 from opmux.testing import Case, cases_for
-from opmux.testing.attention_extra_cases import mla_case
+from opmux.testing.attention_cases import mla_case
 
 opmux.load_plugins()
 
