@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from opmux.testing.case_table import Case, CaseGenerator, register_cases
+from opmux.testing.case_table import Case, register_cases
 from opmux.testing.seeded import DTYPES, seeded_generator, seeded_randn
 
 __all__ = ["GATED_SHAPES", "gelu_and_mul_cases", "register_activation_cases",
@@ -161,23 +161,10 @@ def xielu_cases() -> Iterator[Case]:
     yield Case("fp32-near-zero", (small, *_xielu_params(torch.float32), 0.5, -1e-6))
 
 
-#: the case generators of the activation ops, by op name
-_GENERATORS: dict[str, CaseGenerator] = {
-    "silu_and_mul": silu_and_mul_cases,
-    "gelu_and_mul": gelu_and_mul_cases,
-    "fatrelu_and_mul": fatrelu_and_mul_cases,
-    "mul_and_silu": mul_and_silu_cases,
-    "gelu_and_mul_sparse": gelu_and_mul_sparse_cases,
-    "swigluoai_and_mul": swigluoai_and_mul_cases,
-    "gelu_new": gelu_new_cases,
-    "gelu_fast": gelu_fast_cases,
-    "quick_gelu": quick_gelu_cases,
-    "relu2": relu2_cases,
-    "xielu": xielu_cases,
-}
-
-
 def register_activation_cases() -> None:
-    """Register the generators above (replacing earlier ones)."""
-    for name, generator in _GENERATORS.items():
-        register_cases(name, generator, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (silu_and_mul_cases, gelu_and_mul_cases, fatrelu_and_mul_cases,
+                      mul_and_silu_cases, gelu_and_mul_sparse_cases, swigluoai_and_mul_cases,
+                      gelu_new_cases, gelu_fast_cases, quick_gelu_cases, relu2_cases, xielu_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

@@ -219,8 +219,8 @@ def paged_attention_cases() -> Iterator[Case]:
 
 
 def register_attention_cases() -> None:
-    """Register the generators above (replacing earlier ones)."""
-    register_cases("paged_attention", paged_attention_cases, replace=True)
-    register_cases("encoder_attention", encoder_attention_cases, replace=True)
-    register_cases("concat_and_cache_mla", concat_and_cache_mla_cases, replace=True)
-    register_cases("mla_attention", mla_attention_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (paged_attention_cases, encoder_attention_cases, concat_and_cache_mla_cases,
+                      mla_attention_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

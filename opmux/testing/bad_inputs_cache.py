@@ -12,17 +12,10 @@ from typing import Any
 
 import torch
 
-from opmux.testing.bad_input_table import (
-    BadInput,
-    register_bad_inputs,
-    row_randn,
-    variants,
-)
+from opmux.testing.bad_input_table import BadInput, register_bad_inputs, row_randn, variants
 
 __all__ = [
-    "advance_step_bad_inputs",
-    "paged_attention_bad_inputs",
-    "register_cache_bad_inputs",
+    "advance_step_bad_inputs", "paged_attention_bad_inputs", "register_cache_bad_inputs",
     "reshape_and_cache_bad_inputs",
 ]
 

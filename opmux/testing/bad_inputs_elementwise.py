@@ -14,9 +14,7 @@ from opmux.ops.rotary import make_cos_sin_cache
 from opmux.testing.bad_input_table import BadInput, register_bad_inputs
 
 __all__ = [
-    "gated_bad_inputs",
-    "norm_bad_inputs",
-    "register_elementwise_bad_inputs",
+    "gated_bad_inputs", "norm_bad_inputs", "register_elementwise_bad_inputs",
     "rotary_bad_inputs",
 ]
 

@@ -12,17 +12,10 @@ from typing import Any
 
 import torch
 
-from opmux.testing.bad_input_table import (
-    BadInput,
-    register_bad_inputs,
-    row_randn,
-    variants,
-)
+from opmux.testing.bad_input_table import BadInput, register_bad_inputs, row_randn, variants
 
 __all__ = [
-    "fused_moe_bad_inputs",
-    "grouped_topk_bad_inputs",
-    "register_moe_bad_inputs",
+    "fused_moe_bad_inputs", "grouped_topk_bad_inputs", "register_moe_bad_inputs",
     "topk_softmax_bad_inputs",
 ]
 

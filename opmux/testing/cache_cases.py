@@ -118,6 +118,7 @@ def advance_step_flashattn_cases() -> Iterator[Case]:
 
 
 def register_cache_cases() -> None:
-    """Register the generators above (replacing earlier ones)."""
-    register_cases("reshape_and_cache", reshape_and_cache_cases, replace=True)
-    register_cases("advance_step_flashattn", advance_step_flashattn_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (reshape_and_cache_cases, advance_step_flashattn_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

@@ -93,9 +93,8 @@ def rms_norm_gated_cases() -> Iterator[Case]:
 
 
 def register_layernorm_cases() -> None:
-    """Register the generators above (replacing earlier ones)."""
-    register_cases("rms_norm", rms_norm_cases, replace=True)
-    register_cases("fused_add_rms_norm", fused_add_rms_norm_cases, replace=True)
-    register_cases("gemma_rms_norm", gemma_rms_norm_cases, replace=True)
-    register_cases("gemma_fused_add_rms_norm", gemma_fused_add_rms_norm_cases, replace=True)
-    register_cases("rms_norm_gated", rms_norm_gated_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (rms_norm_cases, fused_add_rms_norm_cases, gemma_rms_norm_cases,
+                      gemma_fused_add_rms_norm_cases, rms_norm_gated_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

@@ -54,7 +54,7 @@ def fused_moe_cases() -> Iterator[Case]:
 
 
 def register_moe_cases() -> None:
-    """Register the generators above (idempotent)."""
-    register_cases("topk_softmax", topk_softmax_cases, replace=True)
-    register_cases("grouped_topk", grouped_topk_cases, replace=True)
-    register_cases("fused_moe", fused_moe_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (topk_softmax_cases, grouped_topk_cases, fused_moe_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

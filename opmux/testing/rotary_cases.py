@@ -132,7 +132,8 @@ def dual_chunk_rotary_embedding_cases() -> Iterator[Case]:
 
 
 def register_rotary_cases() -> None:
-    """Register the generators above (replacing earlier ones)."""
-    register_cases("rotary_embedding", rotary_embedding_cases, replace=True)
-    register_cases("apply_rotary_emb", apply_rotary_emb_cases, replace=True)
-    register_cases("dual_chunk_rotary_embedding", dual_chunk_rotary_embedding_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (rotary_embedding_cases, apply_rotary_emb_cases,
+                      dual_chunk_rotary_embedding_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

@@ -100,6 +100,7 @@ def ssd_state_update_cases() -> Iterator[Case]:
 
 
 def register_ssd_cases() -> None:
-    """Register the generators above (idempotent)."""
-    register_cases("ssd_chunk_scan", ssd_chunk_scan_cases, replace=True)
-    register_cases("ssd_state_update", ssd_state_update_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (ssd_chunk_scan_cases, ssd_state_update_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

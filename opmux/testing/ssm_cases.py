@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from opmux.testing.case_table import Case, CaseGenerator, register_cases
+from opmux.testing.case_table import Case, register_cases
 from opmux.testing.seeded import seeded_generator
 
 __all__ = ["make_scan_inputs", "register_ssm_cases"]
@@ -158,16 +158,9 @@ def selective_state_update_cases() -> Iterator[Case]:
             yield Case(f"{tag}-n{dstate}-no-indices", args, dtype=dt)
 
 
-#: the case generators of the state-space ops, by op name
-_GENERATORS: dict[str, CaseGenerator] = {
-    "causal_conv1d": causal_conv1d_cases,
-    "causal_conv1d_update": causal_conv1d_update_cases,
-    "selective_scan": selective_scan_cases,
-    "selective_state_update": selective_state_update_cases,
-}
-
-
 def register_ssm_cases() -> None:
-    """Register the generators above (replacing earlier ones)."""
-    for name, generator in _GENERATORS.items():
-        register_cases(name, generator, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (causal_conv1d_cases, causal_conv1d_update_cases, selective_scan_cases,
+                      selective_state_update_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

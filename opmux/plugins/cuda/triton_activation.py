@@ -21,32 +21,14 @@ import triton.language as tl
 
 from opmux.ops import checks
 from opmux.ops.activation import sparsity_std_multiplier
-from opmux.ops.checks import check_gelu_and_mul, check_silu_and_mul
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, one_config_when_interpreting
 
 __all__ = [
-    "relu2_supports",
-    "quick_gelu_supports",
-    "gelu_fast_supports",
-    "gelu_new_supports",
-    "mul_and_silu_supports",
-    "fatrelu_and_mul",
-    "fatrelu_and_mul_supports",
-    "gelu_and_mul",
-    "gelu_and_mul_sparse",
-    "gelu_and_mul_sparse_supports",
-    "gelu_and_mul_supports",
-    "gelu_fast",
-    "gelu_new",
-    "mul_and_silu",
-    "quick_gelu",
-    "relu2",
-    "silu_and_mul",
-    "silu_and_mul_supports",
-    "swigluoai_and_mul",
-    "swigluoai_and_mul_supports",
-    "xielu",
-    "xielu_supports",
+    "fatrelu_and_mul", "fatrelu_and_mul_supports", "gelu_and_mul", "gelu_and_mul_sparse",
+    "gelu_and_mul_sparse_supports", "gelu_and_mul_supports", "gelu_fast", "gelu_fast_supports",
+    "gelu_new", "gelu_new_supports", "mul_and_silu", "mul_and_silu_supports", "quick_gelu",
+    "quick_gelu_supports", "relu2", "relu2_supports", "silu_and_mul", "silu_and_mul_supports",
+    "swigluoai_and_mul", "swigluoai_and_mul_supports", "xielu", "xielu_supports",
 ]
 
 
@@ -113,7 +95,7 @@ def _launch(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` (Triton)."""
-    check_silu_and_mul(x, provider=PROVIDER)
+    checks.check_silu_and_mul(x, provider=PROVIDER)
     return _launch(x, _ACT_SILU)
 
 
@@ -125,7 +107,7 @@ def silu_and_mul_supports(x: torch.Tensor) -> bool:
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]`` (Triton)."""
-    check_gelu_and_mul(x, approximate, provider=PROVIDER)
+    checks.check_gelu_and_mul(x, approximate, provider=PROVIDER)
     return _launch(x, _ACT_GELU if approximate == "none" else _ACT_GELU_TANH)
 
 

@@ -46,13 +46,8 @@ from opmux.plugins.cuda.triton_runtime import (
 from opmux.plugins.cuda.validation import check
 
 __all__ = [
-    "concat_and_cache_mla",
-    "concat_and_cache_mla_supports",
-    "encoder_attention",
-    "encoder_attention_supports",
-    "mla_attention",
-    "mla_attention_supports",
-    "paged_attention",
+    "concat_and_cache_mla", "concat_and_cache_mla_supports", "encoder_attention",
+    "encoder_attention_supports", "mla_attention", "mla_attention_supports", "paged_attention",
     "paged_attention_supports",
 ]
 

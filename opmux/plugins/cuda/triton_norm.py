@@ -30,16 +30,9 @@ from opmux.ops.checks import (
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
-    "fused_add_rms_norm",
-    "fused_add_rms_norm_supports",
-    "gemma_fused_add_rms_norm",
-    "gemma_fused_add_rms_norm_supports",
-    "gemma_rms_norm",
-    "gemma_rms_norm_supports",
-    "rms_norm",
-    "rms_norm_gated",
-    "rms_norm_gated_supports",
-    "rms_norm_supports",
+    "fused_add_rms_norm", "fused_add_rms_norm_supports", "gemma_fused_add_rms_norm",
+    "gemma_fused_add_rms_norm_supports", "gemma_rms_norm", "gemma_rms_norm_supports",
+    "rms_norm", "rms_norm_gated", "rms_norm_gated_supports", "rms_norm_supports",
 ]
 
 _MAX_SINGLE = 16384

@@ -35,12 +35,8 @@ from opmux.ops.checks import (
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
-    "apply_rotary_emb",
-    "apply_rotary_emb_supports",
-    "dual_chunk_rotary_embedding",
-    "dual_chunk_rotary_embedding_supports",
-    "rotary_embedding",
-    "rotary_embedding_supports",
+    "apply_rotary_emb", "apply_rotary_emb_supports", "dual_chunk_rotary_embedding",
+    "dual_chunk_rotary_embedding_supports", "rotary_embedding", "rotary_embedding_supports",
 ]
 
 
