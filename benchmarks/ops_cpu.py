@@ -61,7 +61,7 @@ def cases(tokens: int, hidden: int, inter: int, dtype: torch.dtype,
     xr_out = torch.empty_like(xr)
     cos_t, sin_t = cache[:tokens, : d // 2], cache[:tokens, d // 2:]
     # dual_chunk_rotary_embedding: chunk 8192, local 1024 (Qwen2.5-1M's config), pos < 4096
-    from opmux.ops.rotary_more import make_dual_chunk_caches
+    from opmux.ops.rotary import make_dual_chunk_caches
 
     dc = make_dual_chunk_caches(8192, 1024, 4096, d, dtype=dtype)
     dq_out = torch.empty(tokens, 5 * heads * d, dtype=dtype)

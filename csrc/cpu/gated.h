@@ -1,4 +1,4 @@
-// Shared by the gated activations (activation.cpp, activation_more.cpp): x [..., 2d] holds
+// Shared by the gated activations of activation.cpp: x [..., 2d] holds
 // the first half (a) and the second half (b) of each row; out is [..., d].
 #pragma once
 

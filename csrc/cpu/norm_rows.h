@@ -1,5 +1,6 @@
-// Shared by the RMS norms (layernorm.cpp, norm_more.cpp): the argument check, the row grain,
-// the fp32 sum of squares of a row, and the row loop of the plain and the Gemma norm.
+// Shared by the RMS norms of layernorm.cpp (plain, fused-add, Gemma, gated): the argument
+// check, the row grain, the fp32 sum of squares of a row, and the row loop of the plain and the
+// Gemma norm.
 #pragma once
 
 #include "vec_common.h"

@@ -1,4 +1,4 @@
-// The rotation of a head and of a token's heads, shared by rotary.cpp and rotary_more.cpp.
+// The rotation of a head and of a token's heads, shared by the rotary kernels of rotary.cpp.
 #pragma once
 
 #include "vec_common.h"

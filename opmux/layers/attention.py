@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from opmux.layers.custom_op import CustomOp, _OpLayer
-from opmux.ops import attention_extra as ops
+from opmux.ops import attention as ops
 
 __all__ = [
     "MLAAttentionMetadata",

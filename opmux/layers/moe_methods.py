@@ -46,7 +46,7 @@ from torch import Tensor
 from opmux.core.errors import ConfigError
 from opmux.layers._tensor_parallel import set_weight_attrs
 from opmux.layers.custom_op import CustomOp, _runs
-from opmux.ops._checks import input_error
+from opmux.ops.checks import input_error
 from opmux.ops.moe import fused_moe
 
 __all__ = [

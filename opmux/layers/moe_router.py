@@ -22,7 +22,7 @@ from torch import Tensor
 from opmux.core.errors import ConfigError
 from opmux.layers._keep import keep
 from opmux.layers.custom_op import CustomOp, _runs
-from opmux.ops._checks import input_error
+from opmux.ops.checks import input_error
 from opmux.ops.moe import grouped_topk
 
 __all__ = ["GroupedTopk"]

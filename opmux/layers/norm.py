@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.layers.custom_op import CustomOp
-from opmux.ops._norm_quant_checks import GATE_ACTIVATIONS
+from opmux.ops.checks import GATE_ACTIVATIONS
 from opmux.ops.layernorm import (
     fused_add_rms_norm,
     gemma_fused_add_rms_norm,

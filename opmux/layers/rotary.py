@@ -39,11 +39,11 @@ from torch import Tensor
 from opmux.core.errors import ConfigError
 from opmux.layers._rope import _RopeLayer
 from opmux.layers.custom_op import CustomOp
-from opmux.ops.rotary import rotary_embedding
-from opmux.ops.rotary_more import (
+from opmux.ops.rotary import (
     apply_rotary_emb,
     dual_chunk_rotary_embedding,
     make_dual_chunk_caches,
+    rotary_embedding,
 )
 
 __all__ = [
@@ -398,7 +398,7 @@ class DualChunkRotaryEmbedding(_RopeLayer):
 
     Buffers (not persistent): ``cos_sin_q_cache``, ``cos_sin_qc_cache``,
     ``cos_sin_k_cache``, ``cos_sin_qc_no_clamp_cache``, ``cos_sin_q_inter_cache`` (see
-    :func:`opmux.ops.rotary_more.make_dual_chunk_caches`), built on the default device.
+    :func:`opmux.ops.rotary.make_dual_chunk_caches`), built on the default device.
     ``forward(positions, query, key, offsets=None)`` returns new tensors: the query rotated
     five ways and concatenated along the last dimension (``[T, 5*H*D]``), and the key
     (``[T, Hkv*D]``); like vLLM's layer, a leading dimension of size 1 is squeezed away

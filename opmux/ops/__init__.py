@@ -2,7 +2,8 @@
 
 Importing this package registers every catalog op in the global registry (namespace
 ``opmux``); each op is re-exported here, e.g. ``opmux.ops.rms_norm``. The validation
-helpers that the references use live in :mod:`opmux.ops._checks`, for providers to call.
+helpers that the references use live in :mod:`opmux.ops.checks` (one module per family), for
+providers to call.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from opmux.ops.activation import (
     swigluoai_and_mul,
     xielu,
 )
-from opmux.ops.attention import paged_attention
-from opmux.ops.attention_extra import concat_and_cache_mla, encoder_attention, mla_attention
+from opmux.ops.attention import (
+    concat_and_cache_mla,
+    encoder_attention,
+    mla_attention,
+    paged_attention,
+)
 from opmux.ops.cache import advance_step_flashattn, reshape_and_cache
 from opmux.ops.communication import all_gather, all_reduce, all_reduce_, reduce_scatter
 from opmux.ops.layernorm import (
@@ -34,8 +39,7 @@ from opmux.ops.layernorm import (
 )
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.quant import quant_fp8
-from opmux.ops.rotary import rotary_embedding
-from opmux.ops.rotary_more import apply_rotary_emb, dual_chunk_rotary_embedding
+from opmux.ops.rotary import apply_rotary_emb, dual_chunk_rotary_embedding, rotary_embedding
 from opmux.ops.ssd import ssd_chunk_scan, ssd_state_update
 from opmux.ops.ssm import (
     causal_conv1d,

@@ -16,15 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._activation_checks import (
-    check_elementwise,
-    check_fatrelu_and_mul,
-    check_gated,
-    check_gelu_and_mul_sparse,
-    check_swigluoai_and_mul,
-    check_xielu,
-)
-from opmux.ops._checks import check_gelu_and_mul, check_silu_and_mul
+from opmux.ops.checks import activation as checks
 
 __all__ = [
     "fatrelu_and_mul",
@@ -50,7 +42,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
     :returns: a new tensor ``[..., d]``.
     :raises opmux.OpInputError: for a non-floating ``x`` or an odd last dimension.
     """
-    check_silu_and_mul(x)
+    checks.check_silu_and_mul(x)
     d = x.shape[-1] // 2
     xf = x.float()
     return (F.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
@@ -65,7 +57,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     :returns: a new tensor ``[..., d]``.
     :raises opmux.OpInputError: for a bad ``x`` or an unknown ``approximate``.
     """
-    check_gelu_and_mul(x, approximate)
+    checks.check_gelu_and_mul(x, approximate)
     d = x.shape[-1] // 2
     xf = x.float()
     return (F.gelu(xf[..., :d], approximate=approximate) * xf[..., d:]).to(x.dtype)
@@ -80,7 +72,7 @@ def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
 
     :raises opmux.OpInputError: a bad ``x`` or a non-finite ``threshold``.
     """
-    check_fatrelu_and_mul(x, threshold)
+    checks.check_fatrelu_and_mul(x, threshold)
     d = x.shape[-1] // 2
     return F.threshold(x[..., :d], threshold, 0.0) * x[..., d:]
 
@@ -88,7 +80,7 @@ def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
 @register_op
 def mul_and_silu(x: Tensor) -> Tensor:
     """``x[..., :d] * silu(x[..., d:])`` in ``x.dtype`` (vLLM MulAndSilu)."""
-    check_gated("mul_and_silu", x)
+    checks.check_gated("mul_and_silu", x)
     d = x.shape[-1] // 2
     return x[..., :d] * F.silu(x[..., d:])
 
@@ -135,7 +127,7 @@ def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
     :raises opmux.OpInputError: a bad ``x``, sparsity outside (0, 1) or unknown
         ``approximate``.
     """
-    check_gelu_and_mul_sparse(x, activation_sparsity, approximate)
+    checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate)
     multiplier = sparsity_std_multiplier(float(activation_sparsity))
     d = x.shape[-1] // 2
     if x.numel() == 0:  # nothing to compute (torch.std would warn about 0 degrees of freedom)
@@ -155,7 +147,7 @@ def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Te
     ``gate = min(gate, limit)``, ``up = clamp(up, -limit, limit)``, result
     ``(up + 1) * gate * sigmoid(alpha * gate)``.
     """
-    check_swigluoai_and_mul(x, alpha, limit)
+    checks.check_swigluoai_and_mul(x, alpha, limit)
     gate = x[..., ::2].clamp(min=None, max=limit)
     up = x[..., 1::2].clamp(min=-limit, max=limit)
     return (up + 1) * (gate * torch.sigmoid(gate * alpha))
@@ -165,7 +157,7 @@ def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Te
 def gelu_new(x: Tensor) -> Tensor:
     """GPT-2's tanh GELU (vLLM NewGELU), in ``x.dtype``:
     ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
-    check_elementwise("gelu_new", x)
+    checks.check_elementwise("gelu_new", x)
     c = math.sqrt(2.0 / math.pi)
     return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * torch.pow(x, 3.0))))
 
@@ -174,21 +166,21 @@ def gelu_new(x: Tensor) -> Tensor:
 def gelu_fast(x: Tensor) -> Tensor:
     """The fast tanh GELU (vLLM FastGELU), in ``x.dtype``:
     ``0.5 x (1 + tanh(0.7978845608 x (1 + 0.044715 x^2)))``."""
-    check_elementwise("gelu_fast", x)
+    checks.check_elementwise("gelu_fast", x)
     return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
 
 
 @register_op
 def quick_gelu(x: Tensor) -> Tensor:
     """``x * sigmoid(1.702 x)`` in ``x.dtype`` (vLLM QuickGELU)."""
-    check_elementwise("quick_gelu", x)
+    checks.check_elementwise("quick_gelu", x)
     return x * torch.sigmoid(1.702 * x)
 
 
 @register_op
 def relu2(x: Tensor) -> Tensor:
     """``relu(x)^2`` in ``x.dtype`` (vLLM ReLUSquaredActivation)."""
-    check_elementwise("relu2", x)
+    checks.check_elementwise("relu2", x)
     return torch.square(F.relu(x))
 
 
@@ -206,7 +198,7 @@ def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) 
     :param beta: the linear coefficient (the layer passes its buffer's value).
     :param eps: the clamp of the negative branch (likewise).
     """
-    check_xielu(x, alpha_p, alpha_n, beta, eps)
+    checks.check_xielu(x, alpha_p, alpha_n, beta, eps)
     a_p = F.softplus(alpha_p)
     a_n = beta + F.softplus(alpha_n)
     return torch.where(x > 0, a_p * x * x + beta * x,

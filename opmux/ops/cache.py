@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._checks import check_advance_step_flashattn, check_reshape_and_cache
+from opmux.ops.checks import check_advance_step_flashattn, check_reshape_and_cache
 
 __all__ = ["advance_step_flashattn", "reshape_and_cache"]
 

@@ -28,67 +28,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from opmux.core.errors import OpInputError, OpmuxError
+from opmux.core.errors import OpInputError
 from opmux.core.registry import register_op
-from opmux.ops.process_groups import resolve_group
+from opmux.ops.checks.communication import (
+    check_all_gather,
+    check_reduce_scatter,
+    group_size,
+    resolve_group_for,
+)
 
 __all__ = ["all_gather", "all_reduce", "all_reduce_", "group_size", "reduce_scatter"]
-
-
-def _group(op: str, provider: str, group_name: str) -> object:
-    try:
-        return resolve_group(group_name)
-    except OpmuxError as exc:
-        raise OpInputError(f"{op} [{provider}]: argument 'group_name': {exc}",
-                           op=f"opmux::{op}", provider=provider,
-                           argument="group_name") from None
-
-
-def group_size(group_name: str, op: str = "group_size", provider: str = "native") -> int:
-    """The number of ranks of the group called ``group_name`` (1 for an unknown name
-    while ``torch.distributed`` is not initialised). Providers and fakes use it.
-
-    :param op: named in the error message, with ``provider``.
-    :raises opmux.OpInputError: ``torch.distributed`` is initialised and knows no such group.
-    """
-    group = _group(op, provider, group_name)
-    return 1 if group is None else int(group.size())  # type: ignore[attr-defined]
-
-
-def _check_dim(op: str, provider: str, x: Tensor, dim: int) -> int:
-    if x.dim() == 0:
-        raise OpInputError(f"{op} [{provider}]: argument 'x': expected a tensor with at least "
-                           f"one dimension, got a 0-d tensor", op=f"opmux::{op}",
-                           provider=provider, argument="x")
-    if not -x.dim() <= dim < x.dim():
-        raise OpInputError(f"{op} [{provider}]: argument 'dim': expected a dimension in "
-                           f"[{-x.dim()}, {x.dim()}) for shape {tuple(x.shape)}, got {dim}",
-                           op=f"opmux::{op}", provider=provider, argument="dim")
-    return dim % x.dim()
-
-
-def check_all_gather(provider: str, x: Tensor, dim: int, group_name: str
-                     ) -> tuple[int, list[int]]:
-    """Validate an ``all_gather`` call: ``(normalised dim, output shape)``."""
-    d = _check_dim("all_gather", provider, x, dim)
-    shape = list(x.shape)
-    shape[d] *= group_size(group_name, "all_gather", provider)
-    return d, shape
-
-
-def check_reduce_scatter(provider: str, x: Tensor, dim: int, group_name: str
-                         ) -> tuple[int, int, list[int]]:
-    """Validate a ``reduce_scatter`` call: ``(normalised dim, world size, output shape)``."""
-    d = _check_dim("reduce_scatter", provider, x, dim)
-    world = group_size(group_name, "reduce_scatter", provider)
-    if x.shape[d] % world:
-        raise OpInputError(
-            f"reduce_scatter [{provider}]: argument 'x': expected dimension {d} (size "
-            f"{x.shape[d]}) divisible by the {world} ranks of group {group_name!r}, got shape "
-            f"{tuple(x.shape)}", op="opmux::reduce_scatter", provider=provider, argument="x")
-    shape = list(x.shape)
-    shape[d] //= world
-    return d, world, shape
 
 
 @register_op
@@ -100,7 +49,7 @@ def all_reduce(x: Tensor, group_name: str) -> Tensor:
     :returns: a new contiguous tensor of ``x``'s shape and dtype.
     :raises opmux.OpInputError: an unknown group while ``torch.distributed`` is initialised.
     """
-    group = _group("all_reduce", "native", group_name)
+    group = resolve_group_for("all_reduce", "native", group_name)
     out = x.clone(memory_format=torch.contiguous_format)
     if group is None or group.size() == 1 or not out.numel():  # type: ignore[attr-defined]
         return out
@@ -126,7 +75,7 @@ def all_reduce_(x: Tensor, group_name: str) -> None:
                            f"tensor (reduced in place), got strides {x.stride()} for shape "
                            f"{tuple(x.shape)}", op="opmux::all_reduce_", provider="native",
                            argument="x")
-    group = _group("all_reduce_", "native", group_name)
+    group = resolve_group_for("all_reduce_", "native", group_name)
     if group is None or group.size() == 1 or not x.numel():  # type: ignore[attr-defined]
         return
     dist.all_reduce(x, group=group)  # type: ignore[arg-type]
@@ -148,7 +97,7 @@ def all_gather(x: Tensor, dim: int, group_name: str) -> Tensor:
     :raises opmux.OpInputError: a bad ``dim``, a 0-d ``x``, or an unknown group.
     """
     d, shape = check_all_gather("native", x, dim, group_name)
-    group = _group("all_gather", "native", group_name)
+    group = resolve_group_for("all_gather", "native", group_name)
     if group is None or group.size() == 1:  # type: ignore[attr-defined]
         return x.clone(memory_format=torch.contiguous_format)
     world = group.size()  # type: ignore[attr-defined]
@@ -179,7 +128,7 @@ def reduce_scatter(x: Tensor, dim: int, group_name: str) -> Tensor:
     :raises opmux.OpInputError: a bad ``dim``, an indivisible size, or an unknown group.
     """
     d, world, shape = check_reduce_scatter("native", x, dim, group_name)
-    group = _group("reduce_scatter", "native", group_name)
+    group = resolve_group_for("reduce_scatter", "native", group_name)
     if group is None or world == 1:
         return x.clone(memory_format=torch.contiguous_format)
     if not x.numel():

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._checks import check_fused_add_rms_norm, check_rms_norm
-from opmux.ops._norm_quant_checks import (
+from opmux.ops.checks import (
+    check_fused_add_rms_norm,
     check_gemma_fused_add_rms_norm,
     check_gemma_rms_norm,
+    check_rms_norm,
     check_rms_norm_gated,
 )
 

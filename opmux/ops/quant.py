@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._norm_quant_checks import check_quant_fp8
+from opmux.ops.checks import check_quant_fp8
 
 __all__ = ["FP8_DTYPE", "FP8_MAX", "FP8_MIN_SCALE", "group_broadcast", "quant_fp8"]
 

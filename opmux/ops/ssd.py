@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._checks import checked_fake
-from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update, checked_fake
 
 __all__ = ["ssd_chunk_scan", "ssd_state_update"]
 

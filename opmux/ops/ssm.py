@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.core.registry import register_op
-from opmux.ops._checks import checked_fake
-from opmux.ops._ssm_checks import (
+from opmux.ops.checks import (
     check_causal_conv1d,
     check_causal_conv1d_update,
     check_selective_scan,
     check_selective_state_update,
+    checked_fake,
 )
 
 __all__ = ["causal_conv1d", "causal_conv1d_update", "selective_scan", "selective_state_update"]

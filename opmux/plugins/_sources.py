@@ -12,7 +12,7 @@ __all__ = ["csrc_root"]
 
 
 def csrc_root() -> Path:
-    """The folder holding ``cpu/``, ``cuda/``, ``ascendc/`` and ``module/``."""
+    """The folder holding ``cpu/``, ``cuda/`` and ``ascend/`` (``ascendc/``, ``ms_module/``)."""
     package = Path(__file__).resolve().parents[1]
     shipped = package / "_csrc"
     return shipped if shipped.is_dir() else package.parent / "csrc"

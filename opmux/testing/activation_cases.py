@@ -1,41 +1,55 @@
-"""Conformance cases of vLLM's other activation rows (``fatrelu_and_mul`` ... ``xielu``).
+"""Seeded conformance cases of the activation ops (:mod:`opmux.ops.activation`).
 
-Each op gets every dtype, several ranks, odd widths, an empty tensor and strided views
-(a column slice and a transposed tensor), so providers that decline strided input are seen
-declining and those that take it are checked on it.
-"""
+``silu_and_mul`` and ``gelu_and_mul`` run on :data:`GATED_SHAPES`. vLLM's other activation rows
+(``fatrelu_and_mul`` ... ``xielu``) get every dtype, several ranks, odd widths, an empty tensor
+and strided views (a column slice and a transposed tensor), so providers that decline strided
+input are seen declining and those that take it are checked on it."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 
 import torch
 
-from opmux.testing.cases import Case, CaseGenerator, _register_all
+from opmux.testing.case_table import Case, register_cases
+from opmux.testing.seeded import DTYPES, seeded_generator, seeded_randn
 
-__all__ = ["GATED_SHAPES", "register_activation_cases"]
-
-_DTYPES: tuple[tuple[str, torch.dtype], ...] = (
-    ("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
-
-
-def _gen(name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(name.encode()))
+__all__ = ["GATED_SHAPES", "gelu_and_mul_cases", "register_activation_cases",
+           "silu_and_mul_cases"]
 
 
 def _randn(name: str, shape: Sequence[int], dtype: torch.dtype, scale: float) -> torch.Tensor:
-    return (torch.randn(tuple(shape), generator=_gen(name)) * scale).to(dtype)
+    return seeded_randn(seeded_generator(name), shape, dtype, scale)
 
 
 #: ``(case name, dtype, shape)`` of the inputs ``[..., 2*d]`` of the gated activations.
 GATED_SHAPES: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
-    *((f"{tag}-basic", dt, (9, 2 * 64)) for tag, dt in _DTYPES),
+    *((f"{tag}-basic", dt, (9, 2 * 64)) for tag, dt in DTYPES),
     ("fp32-odd-d", torch.float32, (5, 2 * 45)),
     ("fp32-3d", torch.float32, (2, 3, 2 * 40)),
     ("fp32-wide", torch.float32, (3, 2 * 1100)),
     ("bf16-3d", torch.bfloat16, (2, 5, 2 * 24)),
     ("fp32-empty", torch.float32, (0, 2 * 16))]
+
+
+def _activation_cases(with_approximate: bool) -> Iterator[Case]:
+    for name, dt, shape in GATED_SHAPES:
+        x = seeded_randn(seeded_generator(name), shape, dt, scale=3.0)
+        if with_approximate:
+            for approx in ("none", "tanh"):
+                yield Case(f"{name}-{approx}", (x, approx))
+        else:
+            yield Case(name, (x,))
+
+
+def silu_and_mul_cases() -> Iterator[Case]:
+    """Cases of ``silu_and_mul``."""
+    return _activation_cases(False)
+
+
+def gelu_and_mul_cases() -> Iterator[Case]:
+    """Cases of ``gelu_and_mul`` (both approximations)."""
+    return _activation_cases(True)
 
 
 def _gated_inputs(op: str, scale: float) -> Iterator[tuple[str, torch.Tensor]]:
@@ -86,7 +100,7 @@ def swigluoai_and_mul_cases() -> Iterator[Case]:
 
 def _unary_inputs(op: str, scale: float) -> Iterator[tuple[str, torch.Tensor]]:
     specs: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
-        (f"{tag}-basic", dt, (9, 130)) for tag, dt in _DTYPES]
+        (f"{tag}-basic", dt, (9, 130)) for tag, dt in DTYPES]
     specs += [("fp32-1d", torch.float32, (257,)),
               ("fp32-3d", torch.float32, (2, 3, 50)),
               ("bf16-large", torch.bfloat16, (4, 4096)),
@@ -147,20 +161,10 @@ def xielu_cases() -> Iterator[Case]:
     yield Case("fp32-near-zero", (small, *_xielu_params(torch.float32), 0.5, -1e-6))
 
 
-#: the case generators of the activation ops, by op name
-_GENERATORS: dict[str, CaseGenerator] = {
-    "fatrelu_and_mul": fatrelu_and_mul_cases,
-    "mul_and_silu": mul_and_silu_cases,
-    "gelu_and_mul_sparse": gelu_and_mul_sparse_cases,
-    "swigluoai_and_mul": swigluoai_and_mul_cases,
-    "gelu_new": gelu_new_cases,
-    "gelu_fast": gelu_fast_cases,
-    "quick_gelu": quick_gelu_cases,
-    "relu2": relu2_cases,
-    "xielu": xielu_cases,
-}
-
-
 def register_activation_cases() -> None:
-    """Register the generators above (idempotent)."""
-    _register_all(_GENERATORS)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (silu_and_mul_cases, gelu_and_mul_cases, fatrelu_and_mul_cases,
+                      mul_and_silu_cases, gelu_and_mul_sparse_cases, swigluoai_and_mul_cases,
+                      gelu_new_cases, gelu_fast_cases, quick_gelu_cases, relu2_cases, xielu_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

@@ -1,10 +1,9 @@
 """Bad inputs of the KV-cache ops: ``reshape_and_cache``, ``paged_attention`` and
 ``advance_step_flashattn`` (#11).
 
-Registered with :func:`opmux.testing.bad_inputs.register_bad_inputs` on import. Every row is
-refused by native and by every provider with an :class:`opmux.OpInputError` naming the
-argument in the row, before anything is written.
-"""
+Registered by :func:`register_cache_bad_inputs` (called by :mod:`opmux.testing.bad_inputs`).
+Every row is refused by native and by every provider with an :class:`opmux.OpInputError` naming
+the argument in the row, before anything is written."""
 
 from __future__ import annotations
 
@@ -13,10 +12,12 @@ from typing import Any
 
 import torch
 
-from opmux.testing.bad_inputs import BadInput, _randn, _variants, register_bad_inputs
+from opmux.testing.bad_input_table import BadInput, register_bad_inputs, row_randn, variants
 
-__all__ = ["advance_step_bad_inputs", "paged_attention_bad_inputs",
-           "reshape_and_cache_bad_inputs"]
+__all__ = [
+    "advance_step_bad_inputs", "paged_attention_bad_inputs", "register_cache_bad_inputs",
+    "reshape_and_cache_bad_inputs",
+]
 
 _META = torch.device("meta")
 
@@ -24,15 +25,15 @@ _META = torch.device("meta")
 # ------------------------------------------------------------------- reshape_and_cache
 def reshape_and_cache_bad_inputs() -> Iterator[BadInput]:
     """Rows of ``reshape_and_cache`` (T=3, Hkv=2, D=8, caches [4, 4, 2, 8])."""
-    key, value = _randn(1, 3, 2, 8), _randn(2, 3, 2, 8)
+    key, value = row_randn(1, 3, 2, 8), row_randn(2, 3, 2, 8)
 
     def caches() -> tuple[torch.Tensor, torch.Tensor]:
-        return _randn(3, 4, 4, 2, 8), _randn(4, 4, 4, 2, 8)
+        return row_randn(3, 4, 4, 2, 8), row_randn(4, 4, 4, 2, 8)
 
     kc, vc = caches()
     base = {"key": key, "value": value, "key_cache": kc, "value_cache": vc,
             "slot_mapping": torch.tensor([0, 5, -1])}
-    cache = _randn(5, 4, 4, 2, 8)
+    cache = row_randn(5, 4, 4, 2, 8)
     rows: list[tuple[str, str, dict[str, Any]]] = [
         ("key-none", "key", {"key": None}),
         ("value-none", "value", {"value": None}),
@@ -41,7 +42,7 @@ def reshape_and_cache_bad_inputs() -> Iterator[BadInput]:
         ("key_cache-3d", "key_cache", {"key_cache": cache[0], "value_cache": cache[1]}),
         ("key_cache-int", "key_cache", {"key_cache": cache.long(),
                                         "value_cache": cache.long()}),
-        ("value_cache-shape", "value_cache", {"value_cache": _randn(6, 4, 8, 2, 8)}),
+        ("value_cache-shape", "value_cache", {"value_cache": row_randn(6, 4, 8, 2, 8)}),
         ("value_cache-dtype", "value_cache", {"value_cache": cache.half()}),
         ("value_cache-meta", "value_cache", {"value_cache": cache.to(_META)}),
         ("key_cache-block-size-0", "key_cache", {"key_cache": cache[:, :0],
@@ -50,10 +51,10 @@ def reshape_and_cache_bad_inputs() -> Iterator[BadInput]:
         ("value_cache-expanded", "value_cache",
          {"value_cache": cache[:, :1].expand(4, 4, 2, 8)}),
         ("key-2d", "key", {"key": key.reshape(3, 16)}),
-        ("key-wrong-heads", "key", {"key": _randn(7, 3, 1, 8), "value": _randn(8, 3, 1, 8)}),
-        ("key-wrong-head-size", "key", {"key": _randn(9, 3, 2, 4),
-                                        "value": _randn(10, 3, 2, 4)}),
-        ("value-shape", "value", {"value": _randn(11, 2, 2, 8)}),
+        ("key-wrong-heads", "key", {"key": row_randn(7, 3, 1, 8), "value": row_randn(8, 3, 1, 8)}),
+        ("key-wrong-head-size", "key", {"key": row_randn(9, 3, 2, 4),
+                                        "value": row_randn(10, 3, 2, 4)}),
+        ("value-shape", "value", {"value": row_randn(11, 2, 2, 8)}),
         ("key-dtype", "key", {"key": key.half(), "value": value.half()}),
         ("value-dtype", "value", {"value": value.double()}),
         ("key-meta", "key", {"key": key.to(_META)}),
@@ -69,18 +70,18 @@ def reshape_and_cache_bad_inputs() -> Iterator[BadInput]:
         ("slot_mapping-meta", "slot_mapping",
          {"slot_mapping": torch.tensor([0, 5, -1], device=_META)}),
     ]
-    yield from _variants(base, rows)
+    yield from variants(base, rows)
 
 
 # --------------------------------------------------------------------- paged_attention
 def paged_attention_bad_inputs() -> Iterator[BadInput]:
     """Rows of ``paged_attention`` (3 sequences, q_lens [2, 1, 0], kv_lens [5, 9, 3], 8/2
     heads, D=8, block size 4, 8 blocks)."""
-    kc, vc = _randn(21, 8, 4, 2, 8), _randn(22, 8, 4, 2, 8)
+    kc, vc = row_randn(21, 8, 4, 2, 8), row_randn(22, 8, 4, 2, 8)
     tables = torch.tensor([[0, 1, 7], [2, 3, 4], [5, 6, 6]], dtype=torch.int32)
     lens = torch.tensor([5, 9, 3], dtype=torch.int32)
     qsl = torch.tensor([0, 2, 3, 3], dtype=torch.int32)
-    query = _randn(23, 3, 8, 8)
+    query = row_randn(23, 3, 8, 8)
     base: dict[str, Any] = {
         "query": query, "key_cache": kc, "value_cache": vc, "block_tables": tables,
         "seq_lens": lens, "query_start_loc": qsl, "scale": 8 ** -0.5,
@@ -97,8 +98,8 @@ def paged_attention_bad_inputs() -> Iterator[BadInput]:
         ("query-none", "query", {"query": None}),
         ("query-2d", "query", {"query": query.reshape(3, 64)}),
         ("query-dtype", "query", {"query": query.half()}),
-        ("query-head-size", "query", {"query": _randn(24, 3, 8, 4)}),
-        ("query-heads-not-multiple", "query", {"query": _randn(25, 3, 3, 8)}),
+        ("query-head-size", "query", {"query": row_randn(24, 3, 8, 4)}),
+        ("query-heads-not-multiple", "query", {"query": row_randn(25, 3, 3, 8)}),
         ("query-meta", "query", {"query": query.to(_META)}),
         ("key_cache-none", "key_cache", {"key_cache": None}),
         ("key_cache-3d", "key_cache", {"key_cache": kc[0], "value_cache": vc[0]}),
@@ -137,7 +138,7 @@ def paged_attention_bad_inputs() -> Iterator[BadInput]:
         ("soft_cap-negative", "soft_cap", {"soft_cap": -30.0}),
         ("soft_cap-nan", "soft_cap", {"soft_cap": float("nan")}),
     ]
-    yield from _variants(base, rows)
+    yield from variants(base, rows)
 
 
 # -------------------------------------------------------------- advance_step_flashattn
@@ -202,9 +203,11 @@ def advance_step_bad_inputs() -> Iterator[BadInput]:
         ("block_tables-negative-next-block", "block_tables", {"block_tables": hole}),
         ("block_tables-meta", "block_tables", {"block_tables": tables.to(_META)}),
     ]
-    yield from _variants(base, rows)
+    yield from variants(base, rows)
 
 
-register_bad_inputs("reshape_and_cache", reshape_and_cache_bad_inputs)
-register_bad_inputs("paged_attention", paged_attention_bad_inputs)
-register_bad_inputs("advance_step_flashattn", advance_step_bad_inputs)
+def register_cache_bad_inputs() -> None:
+    """Register the generators above."""
+    register_bad_inputs("reshape_and_cache", reshape_and_cache_bad_inputs)
+    register_bad_inputs("paged_attention", paged_attention_bad_inputs)
+    register_bad_inputs("advance_step_flashattn", advance_step_bad_inputs)

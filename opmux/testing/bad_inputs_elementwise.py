@@ -1,9 +1,8 @@
 """Bad inputs of the activations, the RMS norms and ``rotary_embedding`` (#11).
 
-Registered with :func:`opmux.testing.bad_inputs.register_bad_inputs` on import. Every row is
-refused by native and by every provider with an :class:`opmux.OpInputError` naming the
-argument in the row.
-"""
+Registered by :func:`register_elementwise_bad_inputs` (called by
+:mod:`opmux.testing.bad_inputs`). Every row is refused by native and by every provider with an
+:class:`opmux.OpInputError` naming the argument in the row."""
 
 from __future__ import annotations
 
@@ -12,9 +11,12 @@ from collections.abc import Iterator
 import torch
 
 from opmux.ops.rotary import make_cos_sin_cache
-from opmux.testing.bad_inputs import BadInput, register_bad_inputs
+from opmux.testing.bad_input_table import BadInput, register_bad_inputs
 
-__all__ = ["gated_bad_inputs", "norm_bad_inputs", "rotary_bad_inputs"]
+__all__ = [
+    "gated_bad_inputs", "norm_bad_inputs", "register_elementwise_bad_inputs",
+    "rotary_bad_inputs",
+]
 
 _META = torch.device("meta")
 
@@ -139,8 +141,10 @@ def rotary_bad_inputs() -> Iterator[BadInput]:
               head_size=12, cos_sin_cache=make_cos_sin_cache(max_pos, 12))
 
 
-register_bad_inputs("silu_and_mul", lambda: gated_bad_inputs(False))
-register_bad_inputs("gelu_and_mul", lambda: gated_bad_inputs(True))
-register_bad_inputs("rms_norm", lambda: norm_bad_inputs(False))
-register_bad_inputs("fused_add_rms_norm", lambda: norm_bad_inputs(True))
-register_bad_inputs("rotary_embedding", rotary_bad_inputs)
+def register_elementwise_bad_inputs() -> None:
+    """Register the generators above."""
+    register_bad_inputs("silu_and_mul", lambda: gated_bad_inputs(False))
+    register_bad_inputs("gelu_and_mul", lambda: gated_bad_inputs(True))
+    register_bad_inputs("rms_norm", lambda: norm_bad_inputs(False))
+    register_bad_inputs("fused_add_rms_norm", lambda: norm_bad_inputs(True))
+    register_bad_inputs("rotary_embedding", rotary_bad_inputs)

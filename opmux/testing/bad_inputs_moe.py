@@ -1,10 +1,9 @@
 """Bad inputs of the mixture-of-experts ops: ``topk_softmax``, ``grouped_topk`` and
 ``fused_moe`` (#11).
 
-Registered with :func:`opmux.testing.bad_inputs.register_bad_inputs` on import. Every row is
-refused by native and by every provider with an :class:`opmux.OpInputError` naming the
-argument in the row.
-"""
+Registered by :func:`register_moe_bad_inputs` (called by :mod:`opmux.testing.bad_inputs`). Every
+row is refused by native and by every provider with an :class:`opmux.OpInputError` naming the
+argument in the row."""
 
 from __future__ import annotations
 
@@ -13,18 +12,21 @@ from typing import Any
 
 import torch
 
-from opmux.testing.bad_inputs import BadInput, _randn, _variants, register_bad_inputs
+from opmux.testing.bad_input_table import BadInput, register_bad_inputs, row_randn, variants
 
-__all__ = ["fused_moe_bad_inputs", "grouped_topk_bad_inputs", "topk_softmax_bad_inputs"]
+__all__ = [
+    "fused_moe_bad_inputs", "grouped_topk_bad_inputs", "register_moe_bad_inputs",
+    "topk_softmax_bad_inputs",
+]
 
 _META = torch.device("meta")
 
 
 def topk_softmax_bad_inputs() -> Iterator[BadInput]:
     """Rows of ``topk_softmax`` (5 tokens, 8 experts, top 2)."""
-    logits = _randn(31, 5, 8)
+    logits = row_randn(31, 5, 8)
     base: dict[str, Any] = {"gating_output": logits, "topk": 2, "renormalize": True}
-    yield from _variants(base, [
+    yield from variants(base, [
         ("gating_output-none", "gating_output", {"gating_output": None}),
         ("gating_output-1d", "gating_output", {"gating_output": logits[0]}),
         ("gating_output-3d", "gating_output", {"gating_output": logits[None]}),
@@ -36,12 +38,12 @@ def topk_softmax_bad_inputs() -> Iterator[BadInput]:
 
 def grouped_topk_bad_inputs() -> Iterator[BadInput]:
     """Rows of ``grouped_topk`` (5 tokens, 8 experts in 4 groups, top 2 of 2 groups)."""
-    logits = _randn(32, 5, 8)
+    logits = row_randn(32, 5, 8)
     base: dict[str, Any] = {
         "gating_output": logits, "topk": 2, "renormalize": True, "num_expert_group": 4,
-        "topk_group": 2, "scoring_func": "sigmoid", "e_score_correction_bias": _randn(33, 8),
+        "topk_group": 2, "scoring_func": "sigmoid", "e_score_correction_bias": row_randn(33, 8),
         "routed_scaling_factor": 2.5}
-    yield from _variants(base, [
+    yield from variants(base, [
         ("gating_output-none", "gating_output", {"gating_output": None}),
         ("gating_output-int", "gating_output", {"gating_output": logits.int()}),
         ("topk-zero", "topk", {"topk": 0}),
@@ -51,8 +53,8 @@ def grouped_topk_bad_inputs() -> Iterator[BadInput]:
         ("topk_group-zero", "topk_group", {"topk_group": 0}),
         ("topk_group-above-groups", "topk_group", {"topk_group": 5}),
         ("scoring_func-unknown", "scoring_func", {"scoring_func": "relu"}),
-        ("bias-shape", "e_score_correction_bias", {"e_score_correction_bias": _randn(34, 4)}),
-        ("bias-2d", "e_score_correction_bias", {"e_score_correction_bias": _randn(35, 1, 8)}),
+        ("bias-shape", "e_score_correction_bias", {"e_score_correction_bias": row_randn(34, 4)}),
+        ("bias-2d", "e_score_correction_bias", {"e_score_correction_bias": row_randn(35, 1, 8)}),
         ("bias-int", "e_score_correction_bias",
          {"e_score_correction_bias": torch.zeros(8, dtype=torch.int64)}),
         ("bias-meta", "e_score_correction_bias",
@@ -64,9 +66,9 @@ def grouped_topk_bad_inputs() -> Iterator[BadInput]:
 
 def fused_moe_bad_inputs() -> Iterator[BadInput]:
     """Rows of ``fused_moe`` (4 tokens, hidden 8, 4 experts, intermediate 6, top 2)."""
-    x = _randn(41, 4, 8)
-    w1, w2 = _randn(42, 4, 12, 8), _randn(43, 4, 8, 6)
-    weights = torch.softmax(_randn(44, 4, 2), -1)
+    x = row_randn(41, 4, 8)
+    w1, w2 = row_randn(42, 4, 12, 8), row_randn(43, 4, 8, 6)
+    weights = torch.softmax(row_randn(44, 4, 2), -1)
     ids = torch.tensor([[0, 1], [2, 3], [1, 2], [3, 0]], dtype=torch.int32)
     base: dict[str, Any] = {"hidden_states": x, "w1": w1, "w2": w2, "topk_weights": weights,
                             "topk_ids": ids}
@@ -74,15 +76,15 @@ def fused_moe_bad_inputs() -> Iterator[BadInput]:
     out_of_range[2, 1] = 4
     negative = ids.clone()
     negative[0, 0] = -1
-    yield from _variants(base, [
+    yield from variants(base, [
         ("hidden_states-none", "hidden_states", {"hidden_states": None}),
         ("hidden_states-1d", "hidden_states", {"hidden_states": x[0]}),
         ("hidden_states-3d", "hidden_states", {"hidden_states": x[None]}),
         ("hidden_states-int", "hidden_states", {"hidden_states": x.long()}),
         ("w1-none", "w1", {"w1": None}),
         ("w1-2d", "w1", {"w1": w1[0]}),
-        ("w1-wrong-hidden", "w1", {"w1": _randn(45, 4, 12, 6)}),
-        ("w1-odd-rows", "w1", {"w1": _randn(46, 4, 11, 8)}),
+        ("w1-wrong-hidden", "w1", {"w1": row_randn(45, 4, 12, 6)}),
+        ("w1-odd-rows", "w1", {"w1": row_randn(46, 4, 11, 8)}),
         ("w1-dtype", "w1", {"w1": w1.double()}),
         ("w1-meta", "w1", {"w1": w1.to(_META)}),
         ("w2-none", "w2", {"w2": None}),
@@ -104,6 +106,8 @@ def fused_moe_bad_inputs() -> Iterator[BadInput]:
     ])
 
 
-register_bad_inputs("topk_softmax", topk_softmax_bad_inputs)
-register_bad_inputs("grouped_topk", grouped_topk_bad_inputs)
-register_bad_inputs("fused_moe", fused_moe_bad_inputs)
+def register_moe_bad_inputs() -> None:
+    """Register the generators above."""
+    register_bad_inputs("topk_softmax", topk_softmax_bad_inputs)
+    register_bad_inputs("grouped_topk", grouped_topk_bad_inputs)
+    register_bad_inputs("fused_moe", fused_moe_bad_inputs)

@@ -1,146 +1,78 @@
-"""Conformance cases: what a case is, and the per-op generator registry.
+"""Conformance cases of every op: the catalog's, loaded on first use, and those plugins add.
 
-A generator is a function with no arguments returning an iterable of :class:`Case`
-objects built on the CPU from fixed seeds (so every run, on every machine, sees the same
-inputs); the kit moves them to the device under test. The catalog's generators live in
-:mod:`opmux.testing.catalog_cases`; plugins that add ops register theirs with
-:func:`register_cases`.
+:func:`cases_for` and :func:`has_cases` look an op up in the case table
+(:mod:`opmux.testing.case_table`, re-exported here with :class:`Case` and
+:func:`register_cases`) after loading the catalog's cases: this module is the one loader of
+the family modules, each of which registers its ops' generators through
+:func:`~opmux.testing.case_table.register_cases`. Loading happens again after
+:func:`opmux.core.state.reset_for_tests` empties the table.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-import torch
-
-from opmux.core.errors import RegistrationError, UnknownOpError
+from opmux.core.errors import UnknownOpError
 from opmux.core.state import register_reset
+from opmux.testing.activation_cases import register_activation_cases
+from opmux.testing.attention_cases import register_attention_cases
+from opmux.testing.cache_cases import register_cache_cases
+from opmux.testing.case_table import (
+    Case,
+    CaseGenerator,
+    check_unique,
+    generator_for,
+    register_cases,
+    registered_ops,
+    unregister_cases,
+)
+from opmux.testing.communication_cases import register_communication_cases
+from opmux.testing.layernorm_cases import register_layernorm_cases
+from opmux.testing.moe_cases import register_moe_cases
+from opmux.testing.quant_cases import register_quant_cases
+from opmux.testing.rotary_cases import register_rotary_cases
+from opmux.testing.ssd_cases import register_ssd_cases
+from opmux.testing.ssm_cases import register_ssm_cases
+from opmux.testing.xla_cases import register_xla_cases
 
-__all__ = ["Case", "CaseGenerator", "cases_for", "has_cases", "register_cases"]
+__all__ = ["Case", "CaseGenerator", "cases_for", "has_cases", "load_catalog_cases",
+           "register_cases", "unregister_cases"]
 
+FAMILIES: tuple[Callable[[], None], ...] = (
+    register_activation_cases,
+    register_attention_cases,
+    register_cache_cases,
+    register_communication_cases,
+    register_layernorm_cases,
+    register_moe_cases,
+    register_quant_cases,
+    register_rotary_cases,
+    register_ssd_cases,
+    register_ssm_cases,
+    register_xla_cases,
+)
+"""The registration function of each family module of the catalog's cases."""
 
-@dataclass(frozen=True)
-class Case:
-    """One set of arguments for an op.
-
-    :ivar name: short id, unique within the op (``"bf16-gqa4-decode"``); used in test ids.
-    :ivar args: positional arguments (tensors on the CPU).
-    :ivar kwargs: keyword arguments.
-    :ivar dtype: dtype whose tolerance applies (default: first floating tensor argument).
-    :ivar atol: absolute tolerance override for this case.
-    :ivar rtol: relative tolerance override for this case.
-    """
-
-    name: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    dtype: torch.dtype | None = None
-    atol: float | None = None
-    rtol: float | None = None
-
-    def materialize(self, device: str | torch.device) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Fresh copies of the arguments on ``device`` (safe to mutate).
-
-        A strided, non-overlapping tensor keeps its sizes, strides and storage offset (a
-        case may hold a cache that is one half of a K/V buffer, #19); an overlapping one
-        (expanded) becomes contiguous.
-        """
-        def move(a: Any) -> Any:
-            return _fresh_copy(a, device) if isinstance(a, torch.Tensor) else a
-
-        return tuple(move(a) for a in self.args), {k: move(v) for k, v in self.kwargs.items()}
-
-    def tolerance_dtype(self) -> torch.dtype | None:
-        """The dtype that selects the tolerance (``None``: exact comparison)."""
-        if self.dtype is not None:
-            return self.dtype
-        for a in (*self.args, *self.kwargs.values()):
-            if isinstance(a, torch.Tensor) and a.is_floating_point():
-                return a.dtype
-        return None
-
-    def args_with(self, names: Sequence[str], **over: Any) -> list[Any]:
-        """The positional arguments, named in order by ``names``, with the ones named in
-        ``over`` replaced (to build a bad call from a good case)."""
-        values = dict(zip(names, self.args, strict=True))
-        values.update(over)
-        return [values[n] for n in names]
+_LOADED: list[bool] = [False]  # one flag read on every lookup; reset with the table
 
 
-def _fresh_copy(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
-    t = t.detach()
-    if t.is_contiguous() or t.numel() == 0 or torch._debug_has_internal_overlap(t) != 0:
-        return t.clone(memory_format=torch.contiguous_format).to(device)
-    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-    buf = torch.empty(t.storage_offset() + extent, dtype=t.dtype, device=device)
-    out = buf.as_strided(t.shape, t.stride(), t.storage_offset())
-    out.copy_(t)
-    return out
-
-
-CaseGenerator = Callable[[], Iterable[Case]]
-"""A function returning an op's cases (built on the CPU, deterministic)."""
-
-_GENERATORS: dict[str, CaseGenerator] = {}
-_LOCK = threading.Lock()
-_CATALOG_LOADED: list[bool] = [False]
-
-
-def _qualify(op_name: str) -> str:
-    return op_name if "::" in op_name else f"opmux::{op_name}"
-
-
-def register_cases(op_name: str, generator: CaseGenerator, *, replace: bool = False) -> None:
-    """Register the conformance cases of ``op_name`` (``"ns::name"``; bare = ``opmux::``).
-
-    :param generator: no-argument function returning :class:`Case` objects.
-    :param replace: allow replacing an existing generator.
-    :raises RegistrationError: when the op already has a generator and ``replace`` is false.
-    """
-    qualname = _qualify(op_name)
-    with _LOCK:
-        if qualname in _GENERATORS and not replace:
-            raise RegistrationError(
-                f"conformance cases for op {qualname!r} are already registered; pass "
-                f"replace=True to override them", op=qualname)
-        _GENERATORS[qualname] = generator
-
-
-def _register_all(generators: Mapping[str, CaseGenerator]) -> None:
-    """Register (replacing) the generator of each op name in ``generators``."""
-    for name, fn in generators.items():
-        register_cases(name, fn, replace=True)
-
-
-def unregister_cases(op_name: str) -> None:
-    """Remove the generator of ``op_name`` (tests)."""
-    with _LOCK:
-        _GENERATORS.pop(_qualify(op_name), None)
-
-
-def _ensure_catalog() -> None:
-    if not _CATALOG_LOADED[0]:
-        from opmux.testing.catalog_cases import register_catalog_cases
-
-        register_catalog_cases()  # idempotent (replace=True); again after a reset
-        _CATALOG_LOADED[0] = True
+def load_catalog_cases() -> None:
+    """Register the catalog's cases (once; again after a reset)."""
+    if not _LOADED[0]:
+        for register in FAMILIES:
+            register()
+        _LOADED[0] = True
 
 
 @register_reset
 def _reset_for_tests() -> None:
-    """Forget every registered generator; the catalog's come back on the next lookup."""
-    with _LOCK:
-        _GENERATORS.clear()
-        _CATALOG_LOADED[0] = False
+    _LOADED[0] = False
 
 
 def has_cases(op_name: str) -> bool:
     """Whether ``op_name`` has registered conformance cases."""
-    _ensure_catalog()
-    return _qualify(op_name) in _GENERATORS
+    load_catalog_cases()
+    return generator_for(op_name) is not None
 
 
 def cases_for(op_name: str) -> list[Case]:
@@ -148,21 +80,14 @@ def cases_for(op_name: str) -> list[Case]:
 
     :raises UnknownOpError: when no generator is registered for the op.
     """
-    _ensure_catalog()
-    qualname = _qualify(op_name)
-    gen = _GENERATORS.get(qualname)
+    load_catalog_cases()
+    qualname = op_name if "::" in op_name else f"opmux::{op_name}"
+    gen = generator_for(qualname)
     if gen is None:
         raise UnknownOpError(
             f"no conformance cases registered for op {qualname!r}; register a generator with "
             f"opmux.testing.register_cases({qualname!r}, fn). Ops with cases: "
-            f"{sorted(_GENERATORS)}")
+            f"{registered_ops()}")
     cases = list(gen())
-    _check_unique(qualname, "conformance cases", "names", [c.name for c in cases])
+    check_unique(qualname, "conformance cases", "names", [c.name for c in cases])
     return cases
-
-
-def _check_unique(qualname: str, what: str, key: str, labels: list[str]) -> None:
-    """The generated ``what`` of an op must not repeat a ``key``."""
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise RegistrationError(f"{what} of op {qualname!r} repeat {key} {dup}", op=qualname)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from opmux.testing.cases import Case, register_cases
+from opmux.testing.case_table import Case, register_cases
 
 __all__ = ["register_communication_cases"]
 
@@ -58,8 +58,8 @@ def reduce_scatter_cases() -> Iterator[Case]:
 
 
 def register_communication_cases() -> None:
-    """Register the generators above (idempotent)."""
-    register_cases("all_reduce", all_reduce_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
     register_cases("all_reduce_", all_reduce_inplace_cases, replace=True)
-    register_cases("all_gather", all_gather_cases, replace=True)
-    register_cases("reduce_scatter", reduce_scatter_cases, replace=True)
+    for generator in (all_reduce_cases, all_gather_cases, reduce_scatter_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

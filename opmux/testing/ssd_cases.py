@@ -9,16 +9,15 @@ sequences. The state cache starts random, so unused slots that change are caught
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 
 import torch
 
-from opmux.testing.cases import Case, register_cases
+from opmux.testing.case_table import Case, register_cases
+from opmux.testing.seeded import DTYPES, seeded_generator
 
 __all__ = ["register_ssd_cases", "ssd_inputs"]
 
-_DTYPES = (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
 
 
 def ssd_inputs(name: str, lens: list[int], heads: int = 4, head_dim: int = 8,
@@ -28,7 +27,7 @@ def ssd_inputs(name: str, lens: list[int], heads: int = 4, head_dim: int = 8,
     """Seeded inputs for ``len(lens)`` sequences of the given token counts: ``x``, ``dt``,
     ``A``, ``B``, ``C``, ``D``, ``z``, ``dt_bias``, ``ssm_state``, ``state_indices``,
     ``query_start_loc`` (int32) and ``has_initial_state`` (every other sequence)."""
-    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    g = seeded_generator(name)
     tokens, batch = sum(lens), len(lens)
 
     def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -61,7 +60,7 @@ def ssd_inputs(name: str, lens: list[int], heads: int = 4, head_dim: int = 8,
 
 def ssd_chunk_scan_cases() -> Iterator[Case]:
     """Cases of ``ssd_chunk_scan`` (chunk size 4 so that sequences span several chunks)."""
-    for tag, dt in _DTYPES:
+    for tag, dt in DTYPES:
         i = ssd_inputs(f"{tag}-ragged", [5, 1, 0, 9], dtype=dt)
         yield Case(f"{tag}-ragged", (i["x"], i["dt"], i["A"], i["B"], i["C"], i["ssm_state"],
                                      i["state_indices"], i["query_start_loc"],
@@ -86,7 +85,7 @@ def ssd_chunk_scan_cases() -> Iterator[Case]:
 
 def ssd_state_update_cases() -> Iterator[Case]:
     """Cases of ``ssd_state_update`` (one token per sequence)."""
-    for tag, dt in _DTYPES:
+    for tag, dt in DTYPES:
         i = ssd_inputs(f"{tag}-decode", [1, 1, 1], dtype=dt)
         yield Case(f"{tag}-decode", (i["x"], i["dt"], i["A"], i["B"], i["C"], i["ssm_state"],
                                      i["state_indices"], i["D"], i["z"], i["dt_bias"], True))
@@ -101,6 +100,7 @@ def ssd_state_update_cases() -> Iterator[Case]:
 
 
 def register_ssd_cases() -> None:
-    """Register the generators above (idempotent)."""
-    register_cases("ssd_chunk_scan", ssd_chunk_scan_cases, replace=True)
-    register_cases("ssd_state_update", ssd_state_update_cases, replace=True)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (ssd_chunk_scan_cases, ssd_state_update_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

@@ -10,21 +10,17 @@ input are seen declining and those that take it are checked on it.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from opmux.testing.cases import Case, CaseGenerator, _register_all
+from opmux.testing.case_table import Case, register_cases
+from opmux.testing.seeded import seeded_generator
 
 __all__ = ["make_scan_inputs", "register_ssm_cases"]
 
 _DTYPES: tuple[tuple[str, torch.dtype], ...] = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-
-
-def _gen(name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(name.encode()))
 
 
 def _randn(g: torch.Generator, shape: Sequence[int], dtype: torch.dtype = torch.float32,
@@ -52,7 +48,7 @@ def causal_conv1d_cases() -> Iterator[Case]:
     for tag, dt in _DTYPES:
         for name, lens, slots, init, n_slots in _BATCHES:
             for width, act in ((4, "silu"), (2, None), (3, "swish")):
-                g = _gen(f"conv-{tag}-{name}-{width}")
+                g = seeded_generator(f"conv-{tag}-{name}-{width}")
                 dim = 24
                 x = _randn(g, (sum(lens), dim), dt)
                 w = _randn(g, (dim, width), dt, 0.5)
@@ -60,7 +56,7 @@ def causal_conv1d_cases() -> Iterator[Case]:
                 states = _randn(g, (n_slots, dim, width - 1), dt)
                 qsl, idx, hi = _batch(lens, slots, init)
                 yield Case(f"{tag}-{name}-w{width}-{act}", (x, w, b, states, qsl, idx, hi, act))
-    g = _gen("conv-single")
+    g = seeded_generator("conv-single")
     x = _randn(g, (11, 20))
     yield Case("fp32-single-defaults", (x, _randn(g, (20, 4)), None, torch.zeros(1, 20, 3)))
     qsl, idx, hi = _batch((6, 5), (1, 0), (True, True))
@@ -78,7 +74,7 @@ def causal_conv1d_update_cases() -> Iterator[Case]:
     """Cases of ``causal_conv1d_update``: shuffled slots, a padding row, no indices."""
     for tag, dt in _DTYPES:
         for width, act in ((4, "silu"), (2, None)):
-            g = _gen(f"conv-update-{tag}-{width}")
+            g = seeded_generator(f"conv-update-{tag}-{width}")
             dim = 40
             x = _randn(g, (5, dim), dt)
             w = _randn(g, (dim, width), dt, 0.5)
@@ -86,7 +82,7 @@ def causal_conv1d_update_cases() -> Iterator[Case]:
             idx = torch.tensor([6, 0, -1, 3, 2], dtype=torch.int32)
             yield Case(f"{tag}-w{width}-{act}", (x, states, w, _randn(g, (dim,), dt), act, idx))
             yield Case(f"{tag}-w{width}-no-indices", (x, states, w, None, act))
-    g = _gen("conv-update-t")
+    g = seeded_generator("conv-update-t")
     xt = _randn(g, (16, 3)).t()
     yield Case("fp32-transposed", (xt, _randn(g, (3, 16, 3)), _randn(g, (16, 4)), None,
                                    "silu", torch.tensor([2, 0, 1], dtype=torch.int64)))
@@ -124,7 +120,7 @@ def selective_scan_cases() -> Iterator[Case]:
     for tag, dt in _DTYPES:
         for name, lens, slots, init, n_slots in _BATCHES:
             for dstate, full in ((16, True), (5, False)):
-                g = _gen(f"scan-{tag}-{name}-{dstate}")
+                g = seeded_generator(f"scan-{tag}-{name}-{dstate}")
                 dim = 20
                 p = make_scan_inputs(g, sum(lens), dim, dstate, dt)
                 states = _randn(g, (n_slots, dim, dstate), scale=0.5)
@@ -132,11 +128,11 @@ def selective_scan_cases() -> Iterator[Case]:
                 kw = {"query_start_loc": qsl, "cache_indices": idx, "has_initial_state": hi}
                 yield Case(f"{tag}-{name}-n{dstate}{'-full' if full else ''}",
                            _scan_args(p, states, full), kw, dtype=dt)
-        g = _gen(f"scan-{tag}-bf16-state")
+        g = seeded_generator(f"scan-{tag}-bf16-state")
         p = make_scan_inputs(g, 9, 16, 8, dt)
         yield Case(f"{tag}-single-defaults", _scan_args(p, torch.zeros(1, 16, 8, dtype=dt), True),
                    dtype=dt)
-    g = _gen("scan-t")
+    g = seeded_generator("scan-t")
     p = make_scan_inputs(g, 7, 18, 4, torch.float32)
     p["u"] = _randn(g, (18, 7)).t()
     p["delta"] = (_randn(g, (18, 7)) * 0.5 - 1.0).t()
@@ -149,7 +145,7 @@ def selective_state_update_cases() -> Iterator[Case]:
     """Cases of ``selective_state_update``: shuffled slots, a padding row, no indices."""
     for tag, dt in _DTYPES:
         for dstate, full in ((16, True), (3, False)):
-            g = _gen(f"ssu-{tag}-{dstate}")
+            g = seeded_generator(f"ssu-{tag}-{dstate}")
             dim = 36
             p = make_scan_inputs(g, 5, dim, dstate, dt)
             states = _randn(g, (6, dim, dstate), scale=0.5)
@@ -162,15 +158,9 @@ def selective_state_update_cases() -> Iterator[Case]:
             yield Case(f"{tag}-n{dstate}-no-indices", args, dtype=dt)
 
 
-#: the case generators of the state-space ops, by op name
-_GENERATORS: dict[str, CaseGenerator] = {
-    "causal_conv1d": causal_conv1d_cases,
-    "causal_conv1d_update": causal_conv1d_update_cases,
-    "selective_scan": selective_scan_cases,
-    "selective_state_update": selective_state_update_cases,
-}
-
-
 def register_ssm_cases() -> None:
-    """Register the generators above (idempotent)."""
-    _register_all(_GENERATORS)
+    """Register the generators above, ``<op>_cases`` for op ``<op>`` (replacing earlier
+    ones)."""
+    for generator in (causal_conv1d_cases, causal_conv1d_update_cases, selective_scan_cases,
+                      selective_state_update_cases):
+        register_cases(generator.__name__.removesuffix("_cases"), generator, replace=True)

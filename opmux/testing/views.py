@@ -36,7 +36,7 @@ from typing import Any, Final
 import torch
 
 from opmux.core.op import NATIVE, Op
-from opmux.testing.cases import Case
+from opmux.testing.case_table import Case
 from opmux.testing.conformance import CaseResult, _compare_all, _provider, tolerance
 
 __all__ = ["VIEW_KINDS", "StridedVariant", "run_variant", "strided_variants", "strided_view"]

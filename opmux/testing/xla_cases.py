@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import torch
 
-from opmux.testing.cases import Case, register_cases
-from opmux.testing.catalog_cases import paged_attention_cases
+from opmux.testing.attention_cases import paged_attention_cases
+from opmux.testing.case_table import Case, register_cases
 
 __all__ = ["register_xla_cases", "xla_paged_attention_cases"]
 

@@ -25,7 +25,7 @@ def test_wheel_ships_sources_typing_and_entry_points(tmp_path: Path) -> None:
         entry_points = next(zf.read(n).decode() for n in names
                             if n.endswith(".dist-info/entry_points.txt"))
     for src in ("cpu/bindings.cpp", "cpu/paged_attention.cpp", "cuda/bindings.cpp",
-                "module/module.cpp", "ascendc/adv_step_flash.c"):
+                "ascend/ms_module/module.cpp", "ascend/ascendc/adv_step_flash.c"):
         assert f"opmux/_csrc/{src}" in names
     assert "opmux/py.typed" in names
     assert "[opmux.plugins]" in entry_points and "cpu = opmux.plugins.cpu" in entry_points

@@ -21,7 +21,8 @@ import torch
 
 import opmux
 from opmux.ops import paged_attention, reshape_and_cache
-from opmux.testing.catalog_cases import CACHE_LAYOUTS, attention_case, cache_layout
+from opmux.testing.attention_cases import attention_case
+from opmux.testing.cache_cases import CACHE_LAYOUTS, cache_layout
 
 NUM_TOKENS, NUM_HEADS, NUM_BLOCKS = 21, 8, 64
 HEAD_SIZES = [64, 80, 256]

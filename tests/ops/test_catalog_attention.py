@@ -10,7 +10,7 @@ import torch
 import opmux
 from opmux.ops import paged_attention
 from opmux.testing import cases_for
-from opmux.testing.catalog_cases import attention_case
+from opmux.testing.attention_cases import attention_case
 
 
 def oracle(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,

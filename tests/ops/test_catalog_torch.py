@@ -9,7 +9,7 @@ import torch._dynamo
 import opmux
 from opmux.ops.rotary import make_cos_sin_cache
 from opmux.testing import Case, cases_for, run_opcheck
-from opmux.testing.catalog_cases import attention_case
+from opmux.testing.attention_cases import attention_case
 
 CATALOG = ["advance_step_flashattn", "fused_add_rms_norm", "gelu_and_mul", "paged_attention",
            "reshape_and_cache", "rms_norm", "rotary_embedding", "silu_and_mul"]

@@ -2,12 +2,13 @@
 ``mindspore``.
 
 The provider serves torch tensors through a zero-copy DLPack bridge into a MindSpore
-``PyboostRunner`` extension (``csrc/module``; the AscendC kernel in ``csrc/ascendc`` is compiled
-in when the CANN toolkit is present). The plugin applies to the ``ascend`` platform and also to
-``cpu``: MindSpore runs on CPU, where the extension is built for its CPU backend with the same
-semantics, so the bridge, the build and the op are tested on machines without an NPU. On CPU the
-provider is registered but not placed in the default priority (``cpp`` and ``native`` are faster
-there); select it with ``op.set_priority(["mindspore", "native"])`` or ``OPMUX_PRIORITY``.
+``PyboostRunner`` extension (``csrc/ascend/ms_module``; the AscendC kernel in
+``csrc/ascend/ascendc`` is compiled in when the CANN toolkit is present). The plugin applies to
+the ``ascend`` platform and also to ``cpu``: MindSpore runs on CPU, where the extension is built
+for its CPU backend with the same semantics, so the bridge, the build and the op are tested on
+machines without an NPU. On CPU the provider is registered but not placed in the default
+priority (``cpp`` and ``native`` are faster there); select it with
+``op.set_priority(["mindspore", "native"])`` or ``OPMUX_PRIORITY``.
 
 MindSpore is imported only when it is used: on the ``ascend`` platform the extension is built
 (or loaded) at registration; on ``cpu`` the provider registers without importing MindSpore and

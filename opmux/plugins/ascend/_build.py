@@ -1,4 +1,5 @@
-"""Building and loading the MindSpore extension ``_C_ops`` (``csrc/module`` + ``csrc/ascendc``).
+"""Building and loading the MindSpore extension ``_C_ops`` (``csrc/ascend/ms_module`` +
+``csrc/ascend/ascendc``).
 
 The extension is compiled by :class:`mindspore.ops.CustomOpBuilder` (g++ and ninja) for the
 ``Ascend`` backend when the CANN toolkit is found (``ASCEND_HOME_PATH`` or
@@ -6,14 +7,14 @@ The extension is compiled by :class:`mindspore.ops.CustomOpBuilder` (g++ and nin
 otherwise for the ``CPU`` backend, where the same PyboostRunner runs a C++ loop.
 
 Caching: the library lives in ``$OPMUX_CACHE_DIR/ascend/<backend>-<key>`` (default
-``~/.cache/opmux``), where ``<key>`` hashes every file under ``csrc/module`` and
-``csrc/ascendc``, the backend, the MindSpore and Python versions and the CANN location; the
-entry is built, stamped, verified before import and rebuilt when damaged by
-:mod:`opmux.plugins._build_cache`. CustomOpBuilder's own cache is per process only (an
-in-memory table of name, sources and flags, then a ninja run that re-checks every object; a
-repeated request after a failed build is skipped and answered with a path that does not
-exist), so a process that finds a verified entry imports the library directly, without
-CustomOpBuilder or ninja, and a build is only requested when the entry is missing or damaged.
+``~/.cache/opmux``), where ``<key>`` hashes every file under ``csrc/ascend/ms_module`` and
+``csrc/ascend/ascendc``, the backend, the MindSpore and Python versions and the CANN location;
+the entry is built, stamped, verified before import and rebuilt when damaged by
+:mod:`opmux.plugins._build_cache`. CustomOpBuilder's own cache is per process only (an in-memory
+table of name, sources and flags, then a ninja run that re-checks every object; a repeated
+request after a failed build is skipped and answered with a path that does not exist), so a
+process that finds a verified entry imports the library directly, without CustomOpBuilder or
+ninja, and a build is only requested when the entry is missing or damaged.
 
 :func:`build_status` never raises: it returns ``(False, message)`` with the compiler output so
 that the plugin registers its provider as unsupported, with that message as the reason.
@@ -53,7 +54,7 @@ EXTENSION_NAME: Final = "_C_ops"
 """Python module name of the extension (``MS_EXTENSION_NAME``)."""
 
 ASCENDC_LIBRARY: Final = "opmux_ascendc_kernels"
-"""Static library the AscendC kernels are archived into (``csrc/ascendc/CMakeLists.txt``)."""
+"""Static library the AscendC kernels are archived into (``csrc/ascend/ascendc/CMakeLists.txt``)."""
 
 CACHE = BuildCache("ascend", f"{EXTENSION_NAME}.so", "opmux ascend extension")
 """The cache entry, lock and per-process status of the MindSpore extension."""
@@ -63,15 +64,16 @@ _module: ModuleType | None = None
 
 
 def source_root() -> Path:
-    """The ``csrc`` folder (shipped in wheels, or the source tree's)."""
+    """The Ascend sources, ``csrc/ascend`` (shipped in wheels, or the source tree's): the
+    MindSpore module in ``ms_module/``, the AscendC kernels in ``ascendc/``."""
     from opmux.plugins._sources import csrc_root
 
-    return csrc_root()
+    return csrc_root() / "ascend"
 
 
 def sources() -> list[Path]:
     """The translation units of the MindSpore module, sorted."""
-    return sorted((source_root() / "module").glob("*.cpp"))
+    return sorted((source_root() / "ms_module").glob("*.cpp"))
 
 
 def backend() -> str:
@@ -83,7 +85,7 @@ def _key(target: str) -> str:
     from importlib.metadata import version
 
     root = source_root()
-    inputs = [path for sub in ("module", "ascendc") for path in (root / sub).rglob("*")
+    inputs = [path for sub in ("ms_module", "ascendc") for path in (root / sub).rglob("*")
               if path.is_file() and "__pycache__" not in path.parts]
     return hash_key(root, inputs, (target, version("mindspore"), sys.implementation.cache_tag or "",
                                    str(cann_home() or ""), config.cxx("g++")))
@@ -129,7 +131,7 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def _build_ascendc(directory: Path, cann: Path) -> Path:
-    """Configure and build ``csrc/ascendc`` with CMake; return the folder of the archive."""
+    """Configure and build ``csrc/ascend/ascendc`` with CMake; return the folder of the archive."""
     if shutil.which("cmake") is None:
         raise BuildError("opmux ascend extension: cmake is required to build the AscendC "
                          "kernels (CANN toolkit found at " + str(cann) + ")")
@@ -207,7 +209,7 @@ def build(target: str | None = None) -> Path:
                          f"got {target!r}")
     srcs = sources()
     if not srcs:
-        raise BuildError(f"opmux ascend extension: no sources under {source_root() / 'module'}")
+        raise BuildError(f"opmux ascend extension: no sources under {source_root() / 'ms_module'}")
     key = build_dir(target).name
 
     def compile_into(directory: Path) -> Path:

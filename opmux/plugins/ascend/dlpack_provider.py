@@ -34,13 +34,14 @@ import torch
 from torch import Tensor
 
 from opmux.core.state import register_reset
-from opmux.ops._checks import check_advance_step_flashattn
+from opmux.ops.checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:
     from opmux.plugins._registration import RegistryLike
 
-__all__ = ["PROVIDER", "advance_step_flashattn", "register", "supports_args", "to_mindspore"]
+__all__ = ["PROVIDER", "advance_step_flashattn", "advance_step_flashattn_supports", "register",
+           "to_mindspore"]
 
 PROVIDER = _custom_ops.PROVIDER
 """Provider name: ``"mindspore"``."""
@@ -140,9 +141,10 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
         raise _custom_ops.as_opmux_error(exc) from None
 
 
-def supports_args(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
-                  sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
-                  slot_mapping: Tensor, block_tables: Tensor) -> bool:
+def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size: int,
+                                    input_tokens: Tensor, sampled_token_ids: Tensor,
+                                    input_positions: Tensor, seq_lens: Tensor,
+                                    slot_mapping: Tensor, block_tables: Tensor) -> bool:
     """Dtypes and layouts the extension takes; anything else is left to the next provider.
 
     The kernel reads ``sampled_token_ids`` as consecutive elements and ``block_tables`` by
@@ -185,6 +187,6 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool 
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
         ok, message = _build.build_status()
-    table = {"advance_step_flashattn": (advance_step_flashattn, supports_args)}
+    table = {"advance_step_flashattn": (advance_step_flashattn, advance_step_flashattn_supports)}
     return register_table(registry, PROVIDER, dispatch_key, table, supported=ok,
                           reason=None if ok else message)

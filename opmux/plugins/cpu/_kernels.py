@@ -7,7 +7,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from opmux.ops._checks import kernel_error
+from opmux.ops.checks import kernel_error
 
 PROVIDER: Final = "cpp"
 """Provider name of the C++ CPU kernels."""

@@ -1,4 +1,4 @@
-"""The ``cpp`` provider's impls of vLLM's other activation rows (``csrc/cpu/activation_more.cpp``).
+"""The ``cpp`` provider's impls of vLLM's other activation rows (``csrc/cpu/activation.cpp``).
 
 Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each impl allocates its output and calls the
 out-variant kernel; ``supports_args`` accepts CPU fp32/bf16/fp16 contiguous input (anything
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from opmux.ops import _activation_checks as _checks
+from opmux.ops import checks
 from opmux.ops.activation import sparsity_std_multiplier
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
@@ -27,17 +27,17 @@ def _half(x: Tensor) -> Tensor:
 
 
 def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
-    _checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
+    checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     out = _half(x)
     call("fatrelu_and_mul", K.fatrelu_and_mul_out, out, x, threshold)
     return out
 
 
-_fatrelu_and_mul_ok = predicate(fatrelu_and_mul, _ok)
+fatrelu_and_mul_supports = predicate(fatrelu_and_mul, _ok)
 
 
 def mul_and_silu(x: Tensor) -> Tensor:
-    _checks.check_gated("mul_and_silu", x, provider=PROVIDER)
+    checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     out = _half(x)
     call("mul_and_silu", K.mul_and_silu_out, out, x)
     return out
@@ -45,28 +45,28 @@ def mul_and_silu(x: Tensor) -> Tensor:
 
 def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
                         approximate: str = "none") -> Tensor:
-    _checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
+    checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     out = _half(x)
     call("gelu_and_mul_sparse", K.gelu_and_mul_sparse_out, out, x,
          sparsity_std_multiplier(float(activation_sparsity)), approximate)
     return out
 
 
-_gelu_and_mul_sparse_ok = predicate(gelu_and_mul_sparse, _ok)
+gelu_and_mul_sparse_supports = predicate(gelu_and_mul_sparse, _ok)
 
 
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-    _checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
+    checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     out = _half(x)
     call("swigluoai_and_mul", K.swigluoai_and_mul_out, out, x, alpha, limit)
     return out
 
 
-_swigluoai_and_mul_ok = predicate(swigluoai_and_mul, _ok)
+swigluoai_and_mul_supports = predicate(swigluoai_and_mul, _ok)
 
 
 def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
-    _checks.check_elementwise(op, x, provider=PROVIDER)
+    checks.check_elementwise(op, x, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call(op, kernel, out, x)
     return out
@@ -89,7 +89,7 @@ def relu2(x: Tensor) -> Tensor:
 
 
 def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> Tensor:
-    _checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
+    checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call("xielu", K.xielu_out, out, x, alpha_p, alpha_n, beta, eps)
     return out
@@ -111,19 +111,27 @@ def _xielu_params_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> bool:
             and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype)
 
 
-_xielu_ok = predicate(xielu, _xielu_params_ok)
+xielu_supports = predicate(xielu, _xielu_params_ok)
+
+
+# the ops without parameters take what their kernels take: a contiguous CPU float tensor
+mul_and_silu_supports = _ok
+gelu_new_supports = _ok
+gelu_fast_supports = _ok
+quick_gelu_supports = _ok
+relu2_supports = _ok
 
 
 OPS: OpTable = op_table(
-    (fatrelu_and_mul, _fatrelu_and_mul_ok),
-    (mul_and_silu, _ok),
-    (gelu_and_mul_sparse, _gelu_and_mul_sparse_ok),
-    (swigluoai_and_mul, _swigluoai_and_mul_ok),
-    (gelu_new, _ok),
-    (gelu_fast, _ok),
-    (quick_gelu, _ok),
-    (relu2, _ok),
-    (xielu, _xielu_ok),
+    (fatrelu_and_mul, fatrelu_and_mul_supports),
+    (mul_and_silu, mul_and_silu_supports),
+    (gelu_and_mul_sparse, gelu_and_mul_sparse_supports),
+    (swigluoai_and_mul, swigluoai_and_mul_supports),
+    (gelu_new, gelu_new_supports),
+    (gelu_fast, gelu_fast_supports),
+    (quick_gelu, quick_gelu_supports),
+    (relu2, relu2_supports),
+    (xielu, xielu_supports),
 )
 """Op name -> (impl, supports_args), merged into :data:`opmux.plugins.cpu.cpp_ops.OPS`."""
 

@@ -26,7 +26,7 @@ Numbers in ``benchmarks/moe_cpu.py``'s README section.
 import torch
 from torch import Tensor
 
-from opmux.ops.moe import check_expert_ids, check_fused_moe_args
+from opmux.ops.checks import check_expert_ids, check_fused_moe_args
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
 
@@ -65,5 +65,7 @@ def _fused_moe_args_ok(hidden_states: Tensor, w1: Tensor, topk_ids: Tensor) -> b
             or topk_ids.numel() <= FP32_MAX_ROWS_PER_EXPERT * w1.shape[0])
 
 
-OPS: OpTable = op_table((fused_moe, predicate(fused_moe, _fused_moe_args_ok)))
+fused_moe_supports = predicate(fused_moe, _fused_moe_args_ok)
+
+OPS: OpTable = op_table((fused_moe, fused_moe_supports))
 """Op name -> (impl, supports_args) of the MoE op this provider serves."""

@@ -1,6 +1,6 @@
 """The ``cpp`` provider: opmux's C++ CPU kernels (``csrc/cpu``) behind the native signatures.
 
-Each impl first runs the op's shared check (:mod:`opmux.ops._checks`, the one native runs,
+Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one native runs,
 with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
 :class:`opmux.OpInputError` (#11); then it allocates its outputs and calls the matching
 out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
@@ -16,26 +16,24 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._checks import (
+from opmux.ops.checks import (
     check_fused_add_rms_norm,
     check_gelu_and_mul,
+    check_gemma_fused_add_rms_norm,
+    check_gemma_rms_norm,
     check_paged_attention,
+    check_quant_fp8,
     check_reshape_and_cache,
     check_rms_norm,
+    check_rms_norm_gated,
     check_rotary_embedding,
     check_silu_and_mul,
     checked_advance_step,
     kernel_error,
 )
-from opmux.ops._norm_quant_checks import (
-    check_gemma_fused_add_rms_norm,
-    check_gemma_rms_norm,
-    check_quant_fp8,
-    check_rms_norm_gated,
-)
 from opmux.plugins._registration import OpTable, op_table, predicate
 
-from . import _build, cpp_activation, cpp_attention_extra, cpp_moe, cpp_ssd, cpp_ssm
+from . import _build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
 
 if TYPE_CHECKING:
@@ -128,13 +126,13 @@ fused_add_rms_norm = _fused_add_norm_impl("fused_add_rms_norm", check_fused_add_
                                           "fused_add_rms_norm_out")
 
 
-def _rms_norm_ok(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+def rms_norm_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
     # contiguous x and weight only: strided and stride-0 views go to native
     return (cpu_float(x) and isinstance(weight, Tensor) and weight.dtype == x.dtype
             and weight.is_cpu and x.is_contiguous() and weight.is_contiguous())
 
 
-_fused_add_rms_norm_ok = _fused_add_ok(_rms_norm_ok)
+fused_add_rms_norm_supports = _fused_add_ok(rms_norm_supports)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -145,7 +143,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
     return out
 
 
-def _silu_and_mul_ok(x: Tensor) -> bool:
+def silu_and_mul_supports(x: Tensor) -> bool:
     return cpu_float(x) and x.is_contiguous()
 
 
@@ -156,7 +154,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
     return out
 
 
-_gelu_and_mul_ok = predicate(gelu_and_mul, _silu_and_mul_ok)
+gelu_and_mul_supports = predicate(gelu_and_mul, silu_and_mul_supports)
 
 
 # ----------------------------------------------------------------------------- rotary
@@ -192,7 +190,7 @@ def _rotary_tensors_ok(positions: Tensor, query: Tensor, key: Tensor,
             and key.is_cpu and cos_sin_cache.is_cpu and cos_sin_cache.is_contiguous())
 
 
-_rotary_embedding_ok = predicate(rotary_embedding, _rotary_tensors_ok)
+rotary_embedding_supports = predicate(rotary_embedding, _rotary_tensors_ok)
 
 
 # ----------------------------------------------------------------------------- kv cache
@@ -210,8 +208,8 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
           slot_mapping)
 
 
-def _reshape_and_cache_ok(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                          slot_mapping: Tensor) -> bool:
+def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                               slot_mapping: Tensor) -> bool:
     # any cache and slot_mapping strides; heads must be contiguous rows of D elements
     return (_tensors(key, value, key_cache, value_cache, slot_mapping)
             and key_cache.is_cpu and key.is_cpu and value.is_cpu and value_cache.is_cpu
@@ -253,10 +251,10 @@ def _dense_blocks(cache: Tensor) -> bool:
             and cache.stride(1) == cache.shape[2] * cache.shape[3])
 
 
-def _paged_attention_ok(query: Tensor, key_cache: Tensor, value_cache: Tensor,
-                        block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
-                        scale: float, sliding_window: Optional[int] = None,
-                        soft_cap: Optional[float] = None) -> bool:
+def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tensor,
+                             block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
+                             scale: float, sliding_window: Optional[int] = None,
+                             soft_cap: Optional[float] = None) -> bool:
     # the kernel reads caches whose blocks are dense [bs, Hkv, D] and share strides (blocks
     # may lie apart: key and value halves of one buffer); other views run on the next provider
     return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
@@ -296,7 +294,7 @@ def _advance_step_tensors_ok(input_tokens: Tensor, sampled_token_ids: Tensor,
             and block_tables.dtype == torch.int32)
 
 
-_advance_step_ok = predicate(advance_step_flashattn, _advance_step_tensors_ok)
+advance_step_flashattn_supports = predicate(advance_step_flashattn, _advance_step_tensors_ok)
 
 
 # ----------------------------------------------------------------------------- more rotary
@@ -320,7 +318,7 @@ def _apply_rotary_tensors_ok(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
             and sin.stride(1) == 1)
 
 
-_apply_rotary_emb_ok = predicate(apply_rotary_emb, _apply_rotary_tensors_ok)
+apply_rotary_emb_supports = predicate(apply_rotary_emb, _apply_rotary_tensors_ok)
 
 
 def dual_chunk_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
@@ -354,7 +352,8 @@ def _dual_chunk_tensors_ok(positions: Tensor, query: Tensor, key: Tensor,
                     for c in caches))
 
 
-_dual_chunk_ok = predicate(dual_chunk_rotary_embedding, _dual_chunk_tensors_ok)
+dual_chunk_rotary_embedding_supports = predicate(dual_chunk_rotary_embedding,
+                                                 _dual_chunk_tensors_ok)
 
 
 # ------------------------------------------------------- gemma / gated norms, fp8 quant
@@ -366,10 +365,10 @@ def _norm_weight_ok(x: Tensor, weight: Tensor) -> bool:
 gemma_rms_norm = _norm_impl("gemma_rms_norm", check_gemma_rms_norm, "gemma_rms_norm_out")
 gemma_fused_add_rms_norm = _fused_add_norm_impl(
     "gemma_fused_add_rms_norm", check_gemma_fused_add_rms_norm, "gemma_fused_add_rms_norm_out")
-_gemma_fused_add_rms_norm_ok = _fused_add_ok(_norm_weight_ok)
+gemma_fused_add_rms_norm_supports = _fused_add_ok(_norm_weight_ok)
 
 
-_gemma_rms_norm_ok = predicate(gemma_rms_norm, _norm_weight_ok)
+gemma_rms_norm_supports = predicate(gemma_rms_norm, _norm_weight_ok)
 
 
 def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-5,
@@ -388,7 +387,7 @@ def _gated_tensors_ok(x: Tensor, weight: Tensor, z: Optional[Tensor]) -> bool:
         z is None or (z.dtype == x.dtype and z.is_cpu and z.is_contiguous()))
 
 
-_rms_norm_gated_ok = predicate(rms_norm_gated, _gated_tensors_ok)
+rms_norm_gated_supports = predicate(rms_norm_gated, _gated_tensors_ok)
 
 
 def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
@@ -418,26 +417,26 @@ def _quant_tensors_ok(x: Tensor, scale: Optional[Tensor], scale_ub: Optional[Ten
             and (scale_ub is None or scale_ub.is_cpu))
 
 
-_quant_fp8_ok = predicate(quant_fp8, _quant_tensors_ok)
+quant_fp8_supports = predicate(quant_fp8, _quant_tensors_ok)
 
 
 OPS: OpTable = op_table(
-    (rms_norm, _rms_norm_ok),
-    (fused_add_rms_norm, _fused_add_rms_norm_ok),
-    (silu_and_mul, _silu_and_mul_ok),
-    (gelu_and_mul, _gelu_and_mul_ok),
-    (rotary_embedding, _rotary_embedding_ok),
-    (reshape_and_cache, _reshape_and_cache_ok),
-    (paged_attention, _paged_attention_ok),
-    (advance_step_flashattn, _advance_step_ok),
-    (gemma_rms_norm, _gemma_rms_norm_ok),
-    (gemma_fused_add_rms_norm, _gemma_fused_add_rms_norm_ok),
-    (rms_norm_gated, _rms_norm_gated_ok),
-    (quant_fp8, _quant_fp8_ok),
+    (rms_norm, rms_norm_supports),
+    (fused_add_rms_norm, fused_add_rms_norm_supports),
+    (silu_and_mul, silu_and_mul_supports),
+    (gelu_and_mul, gelu_and_mul_supports),
+    (rotary_embedding, rotary_embedding_supports),
+    (reshape_and_cache, reshape_and_cache_supports),
+    (paged_attention, paged_attention_supports),
+    (advance_step_flashattn, advance_step_flashattn_supports),
+    (gemma_rms_norm, gemma_rms_norm_supports),
+    (gemma_fused_add_rms_norm, gemma_fused_add_rms_norm_supports),
+    (rms_norm_gated, rms_norm_gated_supports),
+    (quant_fp8, quant_fp8_supports),
     cpp_activation.OPS,
-    (apply_rotary_emb, _apply_rotary_emb_ok),
-    (dual_chunk_rotary_embedding, _dual_chunk_ok),
-    cpp_attention_extra.OPS,
+    (apply_rotary_emb, apply_rotary_emb_supports),
+    (dual_chunk_rotary_embedding, dual_chunk_rotary_embedding_supports),
+    cpp_attention.OPS,
     cpp_ssm.OPS,
     cpp_ssd.OPS,
     cpp_moe.OPS,

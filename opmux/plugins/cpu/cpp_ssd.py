@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update
 from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 
@@ -64,7 +64,7 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
     return out
 
 
-_ssd_chunk_scan_ok = predicate(ssd_chunk_scan, _ok)
+ssd_chunk_scan_supports = predicate(ssd_chunk_scan, _ok)
 
 
 def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
@@ -81,11 +81,11 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     return out
 
 
-_ssd_state_update_ok = predicate(ssd_state_update, _ok)
+ssd_state_update_supports = predicate(ssd_state_update, _ok)
 
 
 OPS: OpTable = op_table(
-    (ssd_chunk_scan, _ssd_chunk_scan_ok),
-    (ssd_state_update, _ssd_state_update_ok),
+    (ssd_chunk_scan, ssd_chunk_scan_supports),
+    (ssd_state_update, ssd_state_update_supports),
 )
 """Op name -> (impl, supports_args) of the Mamba-2 ops this provider serves."""

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops._ssm_checks import (
+from opmux.ops.checks import (
     check_causal_conv1d,
     check_causal_conv1d_update,
     check_selective_scan,
@@ -135,28 +135,28 @@ def _scan_ok(u: Tensor, states: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: 
             and _state_ok(u, states) and _index_ok(*index) and _slots_ok(slots))
 
 
-_causal_conv1d_ok = predicate(
+causal_conv1d_supports = predicate(
     causal_conv1d,
     lambda x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state:
     _conv_ok(x, weight, bias, conv_states, cache_indices, query_start_loc, has_initial_state))
-_causal_conv1d_update_ok = predicate(
+causal_conv1d_update_supports = predicate(
     causal_conv1d_update,
     lambda x, conv_state, weight, bias, conv_state_indices:
     _conv_ok(x, weight, bias, conv_state, conv_state_indices))
-_selective_scan_ok = predicate(
+selective_scan_supports = predicate(
     selective_scan,
     lambda u, ssm_states, delta, A, B, C, z, query_start_loc, cache_indices, has_initial_state:
     _scan_ok(u, ssm_states, delta, A, B, C, z, cache_indices, query_start_loc, has_initial_state))
-_selective_state_update_ok = predicate(
+selective_state_update_supports = predicate(
     selective_state_update,
     lambda ssm_states, x, dt, A, B, C, z, state_batch_indices:
     _scan_ok(x, ssm_states, dt, A, B, C, z, state_batch_indices))
 
 
 OPS: OpTable = op_table(
-    (causal_conv1d, _causal_conv1d_ok),
-    (causal_conv1d_update, _causal_conv1d_update_ok),
-    (selective_scan, _selective_scan_ok),
-    (selective_state_update, _selective_state_update_ok),
+    (causal_conv1d, causal_conv1d_supports),
+    (causal_conv1d_update, causal_conv1d_update_supports),
+    (selective_scan, selective_scan_supports),
+    (selective_state_update, selective_state_update_supports),
 )
 """Op name -> (impl, supports_args) of the state-space ops this provider serves."""

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from opmux.ops.moe import check_expert_ids, check_fused_moe_args
+from opmux.ops.checks import check_expert_ids, check_fused_moe_args
 from opmux.plugins._registration import OpTable, RegistryLike, register_table
 
 __all__ = ["OPS", "PROVIDER", "fused_moe_grouped", "register"]

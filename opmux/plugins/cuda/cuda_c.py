@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from opmux.core.errors import BuildError
-from opmux.ops._checks import (
+from opmux.ops.checks import (
     check_reshape_and_cache,
     check_rms_norm,
     check_silu_and_mul,
@@ -183,19 +183,19 @@ advance_step_flashattn = checked_advance_step(
     PROVIDER, lambda *args: torch.ops.opmux_cuda.advance_step_flashattn(*args))
 
 
-def _silu_supports(x: Tensor) -> bool:
+def silu_and_mul_supports(x: Tensor) -> bool:
     return (isinstance(x, Tensor) and x.dtype in _FLOATS and x.dim() >= 1
             and x.shape[-1] % 2 == 0)
 
 
-def _rms_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+def rms_norm_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
     return (isinstance(x, Tensor) and isinstance(weight, Tensor) and x.dtype in _FLOATS
             and weight.dtype in _FLOATS and x.dim() >= 1 and weight.dim() == 1
             and weight.shape[0] == x.shape[-1])
 
 
-def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                  slot_mapping: Tensor) -> bool:
+def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                               slot_mapping: Tensor) -> bool:
     # the kernel writes rows of Hkv*D contiguous elements inside each cache block, at one
     # block stride shared by both caches (so K and V may be two views of one buffer, as
     # kv[:, 0] and kv[:, 1]); other layouts run on the next provider
@@ -210,9 +210,10 @@ def _rac_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Te
             and value_cache.stride() == key_cache.stride())
 
 
-def _adv_supports(num_seqs: int, num_queries: int, block_size: int, input_tokens: Tensor,
-                  sampled_token_ids: Tensor, input_positions: Tensor, seq_lens: Tensor,
-                  slot_mapping: Tensor, block_tables: Tensor) -> bool:
+def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size: int,
+                                    input_tokens: Tensor, sampled_token_ids: Tensor,
+                                    input_positions: Tensor, seq_lens: Tensor,
+                                    slot_mapping: Tensor, block_tables: Tensor) -> bool:
     # the kernel reads sampled ids through their row stride and block tables by rows with
     # contiguous columns, and writes contiguous state vectors; other layouts run on the
     # next provider
@@ -223,10 +224,10 @@ def _adv_supports(num_seqs: int, num_queries: int, block_size: int, input_tokens
 
 
 _IMPLS: OpTable = op_table(
-    (silu_and_mul, _silu_supports),
-    (rms_norm, _rms_supports),
-    (reshape_and_cache, _rac_supports),
-    (advance_step_flashattn, _adv_supports),
+    (silu_and_mul, silu_and_mul_supports),
+    (rms_norm, rms_norm_supports),
+    (reshape_and_cache, reshape_and_cache_supports),
+    (advance_step_flashattn, advance_step_flashattn_supports),
 )
 
 

@@ -1,15 +1,28 @@
-"""Triton kernel for ``paged_attention``: decode and prefill in one ragged launch.
+"""Triton kernels of the attention ops.
 
-Grid: ``(T // BLOCK_Q + S, Hkv)``. Program ``(i, kvh)`` finds its sequence by binary search
-over ``query_start_loc[s] // BLOCK_Q + s`` (the first query tile of sequence ``s``), so the
-grid needs only host-known sizes (no device sync, CUDA-graph friendly); surplus programs
-exit at once. A program owns ``BLOCK_Q`` query tokens of its sequence times all
-``G = H / Hkv`` query heads that share kv head ``kvh`` (GQA): its ``BLOCK_M = BLOCK_Q * G_PAD``
-rows share every K/V tile it loads. It walks the KV positions its rows can see (causal end,
-sliding-window start) in tiles of ``BLOCK_N`` tokens gathered through the block table, with
-an online softmax in fp32 (scores scaled, soft-capped, masked, then exponentiated). A
-program whose accumulators come out inf or NaN (a damaged cache) walks its keys a second time
-with the value products taken key by key, so a value a row does not see never reaches it.
+``paged_attention``: decode and prefill in one ragged launch. Grid: ``(T // BLOCK_Q + S, Hkv)``.
+Program ``(i, kvh)`` finds its sequence by binary search over ``query_start_loc[s] // BLOCK_Q +
+s`` (the first query tile of sequence ``s``), so the grid needs only host-known sizes (no device
+sync, CUDA-graph friendly); surplus programs exit at once. A program owns ``BLOCK_Q`` query
+tokens of its sequence times all ``G = H / Hkv`` query heads that share kv head ``kvh`` (GQA):
+its ``BLOCK_M = BLOCK_Q * G_PAD`` rows share every K/V tile it loads. It walks the KV positions
+its rows can see (causal end, sliding-window start) in tiles of ``BLOCK_N`` tokens gathered
+through the block table, with an online softmax in fp32 (scores scaled, soft-capped, masked,
+then exponentiated). A program whose accumulators come out inf or NaN (a damaged cache) walks
+its keys a second time with the value products taken key by key, so a value a row does not see
+never reaches it.
+
+
+- ``encoder_attention``: grid ``(ceil(max_seqlen / BLOCK_M), S, H)``; a program owns
+  ``BLOCK_M`` query rows of one sequence and head and walks that sequence's keys in tiles of
+  ``BLOCK_N`` with an online softmax in fp32 (non-causal). Without ``max_seqlen`` the grid
+  size is read from ``cu_seqlens`` (one device sync).
+- ``mla_attention``: the absorbed form for every row. ``q_nope @ W_UK`` and the final
+  ``@ W_UV^T`` are batched GEMMs (``torch.bmm`` in fp32); the kernel between them has grid
+  ``(T, H)``: a program finds its sequence by binary search over ``query_start_loc``, then
+  walks the visible latent rows through the block table in tiles of ``BLOCK_N`` (scores from
+  the latent and rope parts, online softmax, the weighted latent sum).
+- ``concat_and_cache_mla``: one program per token writes ``cat(kv_c, k_pe)`` into its slot.
 """
 
 from typing import Optional
@@ -18,7 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._checks import check_paged_attention
+from opmux.ops.checks import (
+    check_concat_and_cache_mla,
+    check_encoder_attention,
+    check_mla_attention,
+    check_paged_attention,
+)
 from opmux.plugins.cuda.triton_runtime import (
     DTYPES,
     interpreting,
@@ -27,7 +45,11 @@ from opmux.plugins.cuda.triton_runtime import (
 )
 from opmux.plugins.cuda.validation import check
 
-__all__ = ["paged_attention", "paged_attention_supports"]
+__all__ = [
+    "concat_and_cache_mla", "concat_and_cache_mla_supports", "encoder_attention",
+    "encoder_attention_supports", "mla_attention", "mla_attention_supports", "paged_attention",
+    "paged_attention_supports",
+]
 
 _INDEX = (torch.int32, torch.int64)
 
@@ -251,3 +273,234 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
             and query.shape[1] % key_cache.shape[2] == 0
             and block_tables.dtype in _INDEX and seq_lens.dtype in _INDEX
             and query_start_loc.dtype in _INDEX)
+
+
+_FP32_DOT_BF16 = interpreting()
+
+
+"""Under the interpreter bf16 ``tl.dot`` operands are upcast (see ``triton_attention``)."""
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _encoder_kernel(  # type: ignore[no-untyped-def]
+    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, scale,
+    q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
+    G: tl.constexpr, HEAD_D: tl.constexpr, D_PAD: tl.constexpr, FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    start = tl.load(cu_ptr + seq)
+    n = tl.load(cu_ptr + seq + 1) - start
+    if tile * BLOCK_M < n:
+        kvh = head // G
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n
+        dims = tl.arange(0, D_PAD)
+        d_ok = dims < HEAD_D
+        tok = (start + rows).to(tl.int64)
+        q = tl.load(q_ptr + tok[:, None] * q_st + head * q_sh + dims[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if FP32_DOT:
+            q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+        for n0 in range(0, n, BLOCK_N):
+            cols = n0 + tl.arange(0, BLOCK_N)
+            c_ok = cols < n
+            ktok = (start + cols).to(tl.int64)
+            kv_mask = c_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_ptr + ktok[:, None] * k_st + kvh * k_sh + dims[None, :], mask=kv_mask,
+                        other=0.0)
+            v = tl.load(v_ptr + ktok[:, None] * v_st + kvh * v_sh + dims[None, :], mask=kv_mask,
+                        other=0.0)
+            if FP32_DOT:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(c_ok[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if FP32_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + tok[:, None] * o_st + head * o_sh + dims[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cu_seqlens: torch.Tensor, max_seqlen: Optional[int],
+                      scale: float) -> torch.Tensor:
+    """Packed non-causal attention (Triton)."""
+    check_encoder_attention(q, k, v, cu_seqlens, max_seqlen, scale, provider="triton",
+                            read_data=q.device.type == "cpu")
+    tokens, heads, d = q.shape
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    num_seqs = cu_seqlens.shape[0] - 1
+    if max_seqlen is None:
+        lens = cu_seqlens[1:] - cu_seqlens[:-1]
+        max_seqlen = int(lens.max()) if num_seqs > 0 else 0
+    if tokens == 0 or num_seqs == 0 or heads == 0 or d == 0 or max_seqlen == 0:
+        return out
+    q, k, v = (t if t.stride(2) == 1 else t.contiguous() for t in (q, k, v))
+    block_m = 16
+    grid = (triton.cdiv(max_seqlen, block_m), num_seqs, heads)
+    _encoder_kernel[grid](
+        q, k, v, out, cu_seqlens.contiguous(), float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        G=heads // k.shape[1], HEAD_D=d, D_PAD=max(next_pow2(d), 16),
+        FP32_DOT=q.dtype == torch.float32 or (_FP32_DOT_BF16 and q.dtype == torch.bfloat16),
+        BLOCK_M=block_m, BLOCK_N=32,
+    )
+    return out
+
+
+def encoder_attention_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cu_seqlens: torch.Tensor, max_seqlen: Optional[int],
+                               scale: float) -> bool:
+    """Float q/k/v of one dtype, 3-D; int32/int64 offsets."""
+    return (q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
+            and q.dim() == 3 and k.dim() == 3 and v.dim() == 3 and cu_seqlens.dtype in _INDEX)
+
+
+# ------------------------------------------------------------------------------- MLA cache
+@triton.jit  # type: ignore[untyped-decorator]
+def _concat_kernel(  # type: ignore[no-untyped-def]
+    c_ptr, pe_ptr, cache_ptr, slot_ptr, c_st, pe_st,
+    LORA: tl.constexpr, ROPE: tl.constexpr, L_PAD: tl.constexpr, R_PAD: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        row = cache_ptr + slot.to(tl.int64) * (LORA + ROPE)
+        cl = tl.arange(0, L_PAD)
+        cr = tl.arange(0, R_PAD)
+        c = tl.load(c_ptr + t.to(tl.int64) * c_st + cl, mask=cl < LORA)
+        tl.store(row + cl, c, mask=cl < LORA)
+        pe = tl.load(pe_ptr + t.to(tl.int64) * pe_st + cr, mask=cr < ROPE)
+        tl.store(row + LORA + cr, pe, mask=cr < ROPE)
+
+
+def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor) -> None:
+    """Write latent rows into the paged latent cache (Triton)."""
+    check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, provider="triton",
+                               read_data=kv_cache.device.type == "cpu")
+    tokens, lora = kv_c.shape
+    rope = k_pe.shape[1]
+    if tokens == 0:
+        return
+    kv_c = kv_c if kv_c.stride(1) == 1 else kv_c.contiguous()
+    k_pe = k_pe if k_pe.stride(1) == 1 else k_pe.contiguous()
+    _concat_kernel[(tokens,)](kv_c, k_pe, kv_cache, slot_mapping.contiguous(), kv_c.stride(0),
+                              k_pe.stride(0), LORA=lora, ROPE=rope, L_PAD=next_pow2(lora),
+                              R_PAD=next_pow2(rope))
+
+
+def concat_and_cache_mla_supports(kv_c: torch.Tensor, k_pe: torch.Tensor,
+                                  kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+    """Float tensors of one dtype, 2-D rows, a 3-D cache."""
+    return (kv_cache.dtype in DTYPES and kv_c.dtype == kv_cache.dtype
+            and k_pe.dtype == kv_cache.dtype and kv_c.dim() == 2 and k_pe.dim() == 2
+            and kv_cache.dim() == 3)
+
+
+# --------------------------------------------------------------------------- MLA attention
+@triton.jit  # type: ignore[untyped-decorator]
+def _mla_latent_kernel(  # type: ignore[no-untyped-def]
+    q_ptr, cache_ptr, o_ptr, bt_ptr, lens_ptr, qsl_ptr, scale, num_seqs, block_size, bt_s,
+    HEADS: tl.constexpr, LORA: tl.constexpr, ROPE: tl.constexpr, L_PAD: tl.constexpr,
+    R_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    lo = 0
+    hi = num_seqs
+    while lo < hi:   # the sequence of row r: first s with query_start_loc[s + 1] > r
+        mid = (lo + hi) // 2
+        if tl.load(qsl_ptr + mid + 1) <= r:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < num_seqs:
+        seq = lo
+        q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
+        kv_len = tl.load(lens_ptr + seq)
+        visible = kv_len - q_len + (r - q_start) + 1
+        width = LORA + ROPE
+        cl = tl.arange(0, L_PAD)
+        cr = tl.arange(0, R_PAD)
+        l_ok = cl < LORA
+        r_ok = cr < ROPE
+        q_row = q_ptr + (r.to(tl.int64) * HEADS + h) * width
+        q_c = tl.load(q_row + cl, mask=l_ok, other=0.0)
+        q_r = tl.load(q_row + LORA + cr, mask=r_ok, other=0.0)
+        m_i = float("-inf")
+        l_i = 0.0
+        acc = tl.zeros([L_PAD], dtype=tl.float32)
+        for t0 in range(0, visible, BLOCK_N):
+            t = t0 + tl.arange(0, BLOCK_N)
+            t_ok = t < visible
+            blk = tl.load(bt_ptr + seq * bt_s + t // block_size, mask=t_ok, other=0)
+            rows = (blk.to(tl.int64) * block_size + t % block_size) * width
+            c = tl.load(cache_ptr + rows[:, None] + cl[None, :],
+                        mask=t_ok[:, None] & l_ok[None, :], other=0.0).to(tl.float32)
+            pe = tl.load(cache_ptr + rows[:, None] + LORA + cr[None, :],
+                         mask=t_ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
+            s = (tl.sum(c * q_c[None, :], axis=1) + tl.sum(pe * q_r[None, :], axis=1)) * scale
+            s = tl.where(t_ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * c, axis=0)
+            m_i = m_new
+        tl.store(o_ptr + (r.to(tl.int64) * HEADS + h) * LORA + cl, acc / l_i, mask=l_ok)
+
+
+def mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  query_start_loc: torch.Tensor, scale: float,
+                  qk_nope_head_dim: int) -> torch.Tensor:
+    """Multi-head latent attention over the paged latent cache, absorbed form (Triton)."""
+    lora, rope, v_dim = check_mla_attention(q, kv_cache, kv_b_weight, block_tables, seq_lens,
+                                            query_start_loc, scale, qk_nope_head_dim,
+                                            provider="triton",
+                                            read_data=q.device.type == "cpu")
+    tokens, heads, _ = q.shape
+    nope = qk_nope_head_dim
+    num_seqs = block_tables.shape[0]
+    w = kv_b_weight.reshape(heads, nope + v_dim, lora).float()
+    qh = q.transpose(0, 1).float()
+    q_lat = torch.cat([torch.bmm(qh[..., :nope], w[:, :nope]), qh[..., nope:]], dim=-1)
+    q_lat = q_lat.transpose(0, 1).contiguous()                  # [T, H, L + R] fp32
+    o_lat = torch.zeros((tokens, heads, lora), dtype=torch.float32, device=q.device)
+    if tokens > 0 and num_seqs > 0 and heads > 0:
+        bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+        _mla_latent_kernel[(tokens, heads)](
+            q_lat, kv_cache.contiguous(), o_lat, bt, seq_lens.contiguous(),
+            query_start_loc.contiguous(), float(scale), num_seqs, kv_cache.shape[1],
+            bt.stride(0), HEADS=heads, LORA=lora, ROPE=rope, L_PAD=next_pow2(lora),
+            R_PAD=next_pow2(rope), BLOCK_N=16,
+        )
+    out = torch.bmm(o_lat.transpose(0, 1), w[:, nope:].transpose(1, 2))   # [H, T, v]
+    return out.transpose(0, 1).to(q.dtype).contiguous()
+
+
+def mla_attention_supports(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           query_start_loc: torch.Tensor, scale: float,
+                           qk_nope_head_dim: int) -> bool:
+    """Float tensors of one dtype, a 3-D cache, int32/int64 index tensors."""
+    return (q.dtype in DTYPES and kv_cache.dtype == q.dtype and kv_b_weight.dtype == q.dtype
+            and q.dim() == 3 and kv_cache.dim() == 3 and block_tables.dtype in _INDEX
+            and seq_lens.dtype in _INDEX and query_start_loc.dtype in _INDEX)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._checks import check_advance_step_flashattn, check_reshape_and_cache
+from opmux.ops.checks import check_advance_step_flashattn, check_reshape_and_cache
 from opmux.plugins.cuda.triton_runtime import DTYPES, next_pow2
 
 __all__ = [

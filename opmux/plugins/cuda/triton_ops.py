@@ -1,11 +1,10 @@
 """Provider ``triton``: registers the Triton kernels of this package on an opmux registry.
 
 The kernel modules (``triton_activation``, ``triton_norm``, ``triton_rope``, ``triton_cache``,
-``triton_attention``) are imported here, inside :func:`register`, so that the Triton
-interpreter choice (made when ``@triton.jit`` runs) follows the process state at
-registration time. Without Triton installed the provider is registered as unsupported, with
-the reason, so ``explain`` and ``opmux info`` say why it never runs.
-"""
+``triton_attention``, ...; one per op family) are imported here, inside :func:`register`, so
+that the Triton interpreter choice (made when ``@triton.jit`` runs) follows the process state at
+registration time. Without Triton installed the provider is registered as unsupported, with the
+reason, so ``explain`` and ``opmux info`` say why it never runs."""
 
 from __future__ import annotations
 
@@ -30,28 +29,28 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "reshape_and_cache": ("triton_cache", "reshape_and_cache_supports"),
     "paged_attention": ("triton_attention", "paged_attention_supports"),
     "advance_step_flashattn": ("triton_cache", None),
-    "fatrelu_and_mul": ("triton_activation_more", "fatrelu_and_mul_supports"),
-    "mul_and_silu": ("triton_activation_more", "supports"),
-    "gelu_and_mul_sparse": ("triton_activation_more", "gelu_and_mul_sparse_supports"),
-    "swigluoai_and_mul": ("triton_activation_more", "swigluoai_and_mul_supports"),
-    "gelu_new": ("triton_activation_more", "supports"),
-    "gelu_fast": ("triton_activation_more", "supports"),
-    "quick_gelu": ("triton_activation_more", "supports"),
-    "relu2": ("triton_activation_more", "supports"),
-    "xielu": ("triton_activation_more", "xielu_supports"),
-    "apply_rotary_emb": ("triton_rope_more", "apply_rotary_emb_supports"),
-    "dual_chunk_rotary_embedding": ("triton_rope_more", "dual_chunk_rotary_embedding_supports"),
+    "fatrelu_and_mul": ("triton_activation", "fatrelu_and_mul_supports"),
+    "mul_and_silu": ("triton_activation", "mul_and_silu_supports"),
+    "gelu_and_mul_sparse": ("triton_activation", "gelu_and_mul_sparse_supports"),
+    "swigluoai_and_mul": ("triton_activation", "swigluoai_and_mul_supports"),
+    "gelu_new": ("triton_activation", "gelu_new_supports"),
+    "gelu_fast": ("triton_activation", "gelu_fast_supports"),
+    "quick_gelu": ("triton_activation", "quick_gelu_supports"),
+    "relu2": ("triton_activation", "relu2_supports"),
+    "xielu": ("triton_activation", "xielu_supports"),
+    "apply_rotary_emb": ("triton_rope", "apply_rotary_emb_supports"),
+    "dual_chunk_rotary_embedding": ("triton_rope", "dual_chunk_rotary_embedding_supports"),
     "causal_conv1d": ("triton_ssm", "causal_conv1d_supports"),
     "causal_conv1d_update": ("triton_ssm", "causal_conv1d_update_supports"),
     "selective_scan": ("triton_ssm", "selective_scan_supports"),
     "selective_state_update": ("triton_ssm", "selective_state_update_supports"),
-    "gemma_rms_norm": ("triton_norm_more", "gemma_rms_norm_supports"),
-    "gemma_fused_add_rms_norm": ("triton_norm_more", "gemma_fused_add_rms_norm_supports"),
-    "rms_norm_gated": ("triton_norm_more", "rms_norm_gated_supports"),
+    "gemma_rms_norm": ("triton_norm", "gemma_rms_norm_supports"),
+    "gemma_fused_add_rms_norm": ("triton_norm", "gemma_fused_add_rms_norm_supports"),
+    "rms_norm_gated": ("triton_norm", "rms_norm_gated_supports"),
     "quant_fp8": ("triton_quant", "quant_fp8_supports"),
-    "encoder_attention": ("triton_attention_extra", "encoder_attention_supports"),
-    "concat_and_cache_mla": ("triton_attention_extra", "concat_and_cache_mla_supports"),
-    "mla_attention": ("triton_attention_extra", "mla_attention_supports"),
+    "encoder_attention": ("triton_attention", "encoder_attention_supports"),
+    "concat_and_cache_mla": ("triton_attention", "concat_and_cache_mla_supports"),
+    "mla_attention": ("triton_attention", "mla_attention_supports"),
     "ssd_chunk_scan": ("triton_ssd", "ssd_chunk_scan_supports"),
     "ssd_state_update": ("triton_ssd", "ssd_state_update_supports"),
 }

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._norm_quant_checks import check_quant_fp8
+from opmux.ops.checks import check_quant_fp8
 from opmux.ops.quant import FP8_MAX, FP8_MIN_SCALE
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, interpreting, next_pow2
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._ssd_checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [

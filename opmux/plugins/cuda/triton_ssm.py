@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops._ssm_checks import (
+from opmux.ops.checks import (
     check_causal_conv1d,
     check_causal_conv1d_update,
     check_selective_scan,

@@ -32,7 +32,7 @@ def test_cache_key_tracks_sources_and_backend(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     pytest.importorskip("mindspore")
     csrc = tmp_path / "csrc"
-    shutil.copytree(_build.source_root() / "module", csrc / "module")
+    shutil.copytree(_build.source_root() / "ms_module", csrc / "ms_module")
     shutil.copytree(_build.source_root() / "ascendc", csrc / "ascendc")
     monkeypatch.setattr(_build, "source_root", lambda: csrc)
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
@@ -83,8 +83,8 @@ def test_build_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     pytest.importorskip("mindspore")
     bad = tmp_path / "csrc"
-    (bad / "module").mkdir(parents=True)
-    (bad / "module" / "broken.cpp").write_text("this is not C++;\n")
+    (bad / "ms_module").mkdir(parents=True)
+    (bad / "ms_module" / "broken.cpp").write_text("this is not C++;\n")
     monkeypatch.setattr(_build, "source_root", lambda: bad)
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(_build, "_module", None)

@@ -93,7 +93,7 @@ def test_wrong_dtype_raises_and_writes_nothing(provider: ModuleType, name: str,
     t[name] = t[name].to(dtype)
     before = {k: v.clone() for k, v in t.items()}
     args = [t[k] for k in ARGS]
-    assert not provider.supports_args(8, 8, 32, *args)
+    assert not provider.advance_step_flashattn_supports(8, 8, 32, *args)
     with pytest.raises(opmux.OpInputError, match=rf"provider 'mindspore'\): argument '{name}' "
                                                  rf"expected dtype"):
         provider.advance_step_flashattn(8, 8, 32, *args)

@@ -420,7 +420,7 @@ def test_paged_attention_errors(cpp: Any) -> None:
 
     # int64 tables are valid (native takes them): the kernel refuses them, so cpp declines
     wide = {**case, "block_tables": case["block_tables"].long()}
-    assert not cpp._paged_attention_ok(**wide)
+    assert not cpp.paged_attention_supports(**wide)
     with pytest.raises(ValueError, match="must be contiguous int32"):
         kernel(out, *wide.values(), -1, 0.0)
     both(r"kv_len >= q_len=2", "seq_lens", r"has 2 query rows but seq_lens\[0\] = 1",
@@ -513,7 +513,7 @@ def test_advance_step_declines_strided_state(cpp: Any) -> None:
     # declines them and native serves the call
     args = _step_args()
     args[2] = torch.full((8,), 5, dtype=torch.int64)[::2]
-    assert not cpp._advance_step_ok(4, 3, 16, *args)
+    assert not cpp.advance_step_flashattn_supports(4, 3, 16, *args)
     with pytest.raises(OpInputError, match=r"rejected by the kernel: "
                                            r"input_positions must be contiguous"):
         cpp.advance_step_flashattn(4, 3, 16, *args)
@@ -536,7 +536,7 @@ def test_advance_step_reads_strided_ids_and_tables(cpp: Any) -> None:
             got, want = _step_args(), _step_args()
             got[1], got[5] = sampled, bt
             want[1], want[5] = sampled, bt
-            assert cpp._advance_step_ok(4, 3, 5, *got)
+            assert cpp.advance_step_flashattn_supports(4, 3, 5, *got)
             cpp.advance_step_flashattn(4, 3, 5, *got)
             native("advance_step_flashattn")(4, 3, 5, *want)  # type: ignore[misc]
             for g, w in zip(got, want, strict=True):

@@ -21,7 +21,8 @@ REF_DEVICE = {"triton_ssd": "cpu"}
 """Where native runs per kernel module (default: the test device)."""
 
 CASES = [(module, name, case) for name, (module, _) in KERNELS.items()
-         if module in ("triton_rope_more", "triton_ssd", "triton_ssm")
+         if module in ("triton_ssd", "triton_ssm")
+         or name in ("apply_rotary_emb", "dual_chunk_rotary_embedding")
          for case in cases_for(name)]
 
 

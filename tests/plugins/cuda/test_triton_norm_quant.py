@@ -53,12 +53,12 @@ def test_strided_inputs_and_dispatch(ops: dict[str, opmux.Op], device: torch.dev
 
 
 def test_errors_match_native(ops: dict[str, opmux.Op], device: torch.device) -> None:
-    from opmux.plugins.cuda import triton_norm_more, triton_quant
+    from opmux.plugins.cuda import triton_norm, triton_quant
 
     x = torch.randn(4, 8, device=device)
     with pytest.raises(opmux.OpInputError, match=r"opmux::rms_norm_gated \(provider 'triton'\): "
                        r"argument 'group_size' expected"):
-        triton_norm_more.rms_norm_gated(x, torch.ones(8, device=device), None, 1e-5, 3)
+        triton_norm.rms_norm_gated(x, torch.ones(8, device=device), None, 1e-5, 3)
     with pytest.raises(opmux.OpInputError, match=r"opmux::quant_fp8 \(provider 'triton'\): "
                        r"argument 'use_ue8m0' expected False without group_size"):
         triton_quant.quant_fp8(x, None, False, None, None, True)

@@ -1,0 +1,181 @@
+"""The input checks of the catalog ops, one module per op family; providers import them.
+
+Every ``check_<op>`` takes the op's arguments (same names and order) plus ``provider`` (named
+in the error) and ``read_data`` (whether index values may be read), and raises
+:class:`opmux.OpInputError` before anything is written. The native reference and every
+provider of an op call the same check with their own name, so a provider never accepts what
+native rejects::
+
+    from opmux.ops.checks import check_rms_norm
+
+    def my_rms_norm(x, weight, eps=1e-6):
+        check_rms_norm(x, weight, eps, provider="my_vendor", read_data=False)
+        ...
+
+Modules: :mod:`~opmux.ops.checks.arguments` (the one error builder and the checks of a single
+argument every family shares), then one per op family, named like the op modules of
+:mod:`opmux.ops`: ``activation``, ``attention``, ``cache``, ``communication``, ``layernorm``,
+``moe``, ``quant``, ``rotary``, ``ssd``, ``ssm``.
+"""
+
+from __future__ import annotations
+
+from opmux.ops.checks.activation import (
+    GELU_APPROXIMATIONS,
+    check_elementwise,
+    check_fatrelu_and_mul,
+    check_gated,
+    check_gelu_and_mul,
+    check_gelu_and_mul_sparse,
+    check_silu_and_mul,
+    check_swigluoai_and_mul,
+    check_xielu,
+)
+from opmux.ops.checks.arguments import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_bool,
+    check_contiguous,
+    check_devices,
+    check_dtype,
+    check_float_tensor,
+    check_floating,
+    check_int,
+    check_rank,
+    check_real,
+    check_same_device,
+    check_tensor,
+    checked_fake,
+    has_data,
+    input_error,
+    is_concrete,
+    kernel_error,
+    require,
+    shape_text,
+    value_text,
+)
+from opmux.ops.checks.attention import (
+    check_concat_and_cache_mla,
+    check_encoder_attention,
+    check_mla_attention,
+    check_paged_attention,
+    check_paged_lens,
+)
+from opmux.ops.checks.cache import (
+    check_advance_step_flashattn,
+    check_cache_pair,
+    check_no_overlap,
+    check_reshape_and_cache,
+    checked_advance_step,
+)
+from opmux.ops.checks.communication import (
+    check_all_gather,
+    check_reduce_scatter,
+    group_size,
+    resolve_group_for,
+)
+from opmux.ops.checks.layernorm import (
+    GATE_ACTIVATIONS,
+    check_fused_add_rms_norm,
+    check_gemma_fused_add_rms_norm,
+    check_gemma_rms_norm,
+    check_rms_norm,
+    check_rms_norm_gated,
+)
+from opmux.ops.checks.moe import (
+    check_expert_ids,
+    check_fused_moe_args,
+    check_grouped_topk,
+    check_topk_softmax,
+)
+from opmux.ops.checks.quant import (
+    check_quant_fp8,
+)
+from opmux.ops.checks.rotary import (
+    check_apply_rotary_emb,
+    check_dual_chunk_rotary_embedding,
+    check_rotary_embedding,
+    rotary_heads,
+)
+from opmux.ops.checks.ssd import (
+    check_ssd_chunk_scan,
+    check_ssd_state_update,
+)
+from opmux.ops.checks.ssm import (
+    ACTIVATIONS,
+    PAD_SLOT,
+    check_causal_conv1d,
+    check_causal_conv1d_update,
+    check_selective_scan,
+    check_selective_state_update,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "FLOAT_DTYPES",
+    "GATE_ACTIVATIONS",
+    "GELU_APPROXIMATIONS",
+    "INDEX_DTYPES",
+    "PAD_SLOT",
+    "check_advance_step_flashattn",
+    "check_all_gather",
+    "check_apply_rotary_emb",
+    "check_bool",
+    "check_cache_pair",
+    "check_causal_conv1d",
+    "check_causal_conv1d_update",
+    "check_concat_and_cache_mla",
+    "check_contiguous",
+    "check_devices",
+    "check_dtype",
+    "check_dual_chunk_rotary_embedding",
+    "check_elementwise",
+    "check_encoder_attention",
+    "check_expert_ids",
+    "check_fatrelu_and_mul",
+    "check_float_tensor",
+    "check_floating",
+    "check_fused_add_rms_norm",
+    "check_fused_moe_args",
+    "check_gated",
+    "check_gelu_and_mul",
+    "check_gelu_and_mul_sparse",
+    "check_gemma_fused_add_rms_norm",
+    "check_gemma_rms_norm",
+    "check_grouped_topk",
+    "check_int",
+    "check_mla_attention",
+    "check_no_overlap",
+    "check_paged_attention",
+    "check_paged_lens",
+    "check_quant_fp8",
+    "check_rank",
+    "check_real",
+    "check_reduce_scatter",
+    "check_reshape_and_cache",
+    "check_rms_norm",
+    "check_rms_norm_gated",
+    "check_rotary_embedding",
+    "check_same_device",
+    "check_selective_scan",
+    "check_selective_state_update",
+    "check_silu_and_mul",
+    "check_ssd_chunk_scan",
+    "check_ssd_state_update",
+    "check_swigluoai_and_mul",
+    "check_tensor",
+    "check_topk_softmax",
+    "check_xielu",
+    "checked_advance_step",
+    "checked_fake",
+    "group_size",
+    "has_data",
+    "input_error",
+    "is_concrete",
+    "kernel_error",
+    "require",
+    "resolve_group_for",
+    "rotary_heads",
+    "shape_text",
+    "value_text",
+]
