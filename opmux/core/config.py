@@ -284,8 +284,10 @@ def cxx(default: str = "c++") -> str:
 
 def trace_path() -> str | None:
     """``OPMUX_TRACE``: the trace file pattern (``"/tmp/trace-{pid}.json"``, ``{pid}`` not yet
-    expanded; each process writes ``{op: {provider: calls}}`` there at exit), or ``None``."""
-    return _text(ENV_TRACE) or None
+    expanded, ``~`` expanded as in ``OPMUX_CACHE_DIR``; each process writes
+    ``{op: {provider: calls}}`` there at exit), or ``None``."""
+    value = _text(ENV_TRACE)
+    return os.path.expanduser(value) if value else None
 
 
 def vllm_enabled() -> bool:

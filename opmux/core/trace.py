@@ -22,6 +22,7 @@ import contextlib
 import json
 import multiprocessing.util
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ _CELLS: dict[tuple[str, str], list[int]] = {}
 #: (op key, provider) -> count already merged into a shared (no ``{pid}``) file
 _MERGED: dict[tuple[str, str], int] = {}
 _HOOKS: list[int] = []  # pid of the process whose exit hooks are installed
+_EXITED: list[int] = []  # pid of the process whose exit flush has run
 
 
 def _op_key(qualname: str) -> str:
@@ -164,11 +166,17 @@ def _read_merged(path: str) -> dict[str, dict[str, int]] | None:
 
 
 def _flush_at_exit() -> None:
-    # at exit there is no one left to report an I/O error to but stderr (which still works)
+    # at exit there is no one left to report an I/O error to but stderr (which still works);
+    # both exit hooks may run in one process: the second has nothing to add
+    if _EXITED and _EXITED[0] == os.getpid():
+        return
+    _EXITED[:] = [os.getpid()]
     try:
         flush()
     except OSError as exc:
-        print(f"opmux: could not write the OPMUX_TRACE file: {exc}", flush=True)
+        # stderr: stdout may be a --json report that must stay JSON (#39)
+        print(f"opmux: could not write the OPMUX_TRACE file: {exc}", file=sys.stderr,
+              flush=True)
 
 
 def _install_hooks() -> None:
