@@ -13,14 +13,10 @@ a selection lookup per op call).
 from __future__ import annotations
 
 import argparse
-import contextlib
+import datetime
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -33,6 +29,8 @@ __all__ = ["HELP", "add_arguments", "run"]
 HELP = "generate from a Hugging Face checkpoint directory"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DIST_TIMEOUT_S = 120.0
+_TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _text(s: str) -> tuple[str, str]:
@@ -64,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size")
+    parser.add_argument("--dist-timeout", type=float, default=_DIST_TIMEOUT_S,
+                        help="seconds the tensor-parallel ranks wait for each other "
+                             f"(default {_DIST_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
 
 
@@ -71,48 +72,11 @@ def _argv(ns: argparse.Namespace) -> list[str]:
     out = ["--model", str(ns.model), "--max-tokens", str(ns.max_tokens), "--dtype", ns.dtype,
            "--tp", str(ns.tp), "--seed", str(ns.seed), "--temperature", str(ns.temperature),
            "--top-k", str(ns.top_k), "--top-p", str(ns.top_p),
-           "--block-size", str(ns.block_size)]
+           "--block-size", str(ns.block_size), "--dist-timeout", str(ns.dist_timeout)]
     for kind, value in ns.prompts:
         out += ["--prompt" if kind == "text" else "--prompt-ids", value]
     out += ["--ignore-eos"] * ns.ignore_eos + ["--json"] * ns.json
     return out
-
-
-def _launch(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Start ``ns.tp`` ranks of this command on this machine; rank 0 reports.
-
-    When a rank fails, the others (which would wait for it in a collective) are stopped.
-    """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with contextlib.ExitStack() as stack:
-        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(ns.tp + 1)]
-        procs = []
-        for rank in range(ns.tp):
-            env = {**os.environ, "WORLD_SIZE": str(ns.tp), "RANK": str(rank),
-                   "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ns.tp))}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "opmux.cli", "generate", *_argv(ns)], env=env,
-                stdout=logs[ns.tp] if rank == 0 else subprocess.DEVNULL, stderr=logs[rank],
-                text=True))
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode for p in procs):  # one failed: stop the ones waiting on it
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                break
-            time.sleep(0.05)
-        codes = [p.wait() for p in procs]
-        logs[ns.tp].seek(0)
-        out.write(logs[ns.tp].read())
-        for rank, code in enumerate(codes):
-            if code:
-                logs[rank].seek(0)
-                err.write(f"[rank {rank}] exit {code}\n{logs[rank].read()}")
-    return next((c for c in codes if c), 0)
 
 
 def _prompts(ns: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
@@ -159,8 +123,20 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
         raise ConfigError("opmux generate: give at least one --prompt or --prompt-ids")
     if ns.tp < 1:
         raise ConfigError(f"opmux generate: --tp must be >= 1, got {ns.tp}")
-    if ns.tp > 1 and "WORLD_SIZE" not in os.environ:
-        return _launch(ns, out, err)
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and world.strip() != str(ns.tp):
+        # a leftover torchrun environment would wait in the rendezvous for ranks that
+        # never come (#39)
+        held = " ".join(f"{v}={os.environ[v]}" for v in _TORCHRUN_ENV if v in os.environ)
+        raise ConfigError(
+            f"opmux generate: the environment holds {held} (left over from torchrun or "
+            f"another launcher?) but --tp is {ns.tp}; unset {', '.join(_TORCHRUN_ENV)} to "
+            f"run here (--tp N starts its own ranks), or pass --tp {world.strip()} under "
+            f"that launcher")
+    if ns.tp > 1 and world is None:
+        from opmux.cli._tp_launch import launch
+
+        return launch(ns.tp, _argv(ns), out, err)
     import opmux
     from opmux import distributed
     from opmux.models import Engine, ProviderTally, SamplingParams, load_model
@@ -173,7 +149,9 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
         tokenizer = Tokenizer.from_file(str(Path(ns.model) / "tokenizer.json"))
     prompts = _prompts(ns, tokenizer)
     if ns.tp > 1 or "WORLD_SIZE" in os.environ:
-        group = distributed.init_tensor_parallel(tensor_parallel_size=ns.tp)
+        group = distributed.init_tensor_parallel(
+            tensor_parallel_size=ns.tp,
+            timeout=datetime.timedelta(seconds=ns.dist_timeout))
     else:
         group = None
     try:
