@@ -27,6 +27,8 @@ from typing import Any, Final, TextIO
 
 import torch
 
+from opmux.cli._option_checks import int_in
+
 __all__ = ["LOGIT_TOLERANCE", "add_arguments", "run"]
 
 LOGIT_TOLERANCE: Final = {torch.float32: 2e-3, torch.bfloat16: 0.25}
@@ -38,16 +40,19 @@ _DTYPES: Final = {"float32": torch.float32, "bfloat16": torch.bfloat16,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``demo`` options to ``parser``."""
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
-    parser.add_argument("--hidden", type=int, default=256, help="hidden size")
-    parser.add_argument("--heads", type=int, default=8, help="query heads")
-    parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads")
-    parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size")
-    parser.add_argument("--batch", type=int, default=4, help="prompts")
-    parser.add_argument("--steps", type=int, default=32, help="new tokens per prompt")
-    parser.add_argument("--block-size", type=int, default=16, help="KV block size")
+    parser.add_argument("--layers", type=int_in(1, 1024), default=4, help="decoder layers")
+    parser.add_argument("--hidden", type=int_in(1, 1 << 16), default=256, help="hidden size")
+    parser.add_argument("--heads", type=int_in(1, 1024), default=8, help="query heads")
+    parser.add_argument("--kv-heads", type=int_in(1, 1024), default=2, help="key/value heads")
+    parser.add_argument("--vocab", type=int_in(1, 1 << 24), default=1000,
+                        help="vocabulary size")
+    parser.add_argument("--batch", type=int_in(1, 1024), default=4, help="prompts")
+    parser.add_argument("--steps", type=int_in(1, 1 << 16), default=32,
+                        help="new tokens per prompt")
+    parser.add_argument("--block-size", type=int_in(1, 1 << 16), default=16,
+                        help="KV block size")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 3), default=0)
     parser.add_argument("--device", default=None,
                         help="torch device (default: the detected platform's device)")
     parser.add_argument("--model-dir", default=None,
@@ -55,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "directory, removed afterwards); must be new or empty")
     parser.add_argument("--force", action="store_true",
                         help="replace what a non-empty --model-dir holds")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=int_in(0, 4096), default=1,
                         help="torch CPU threads during the run (default 1)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
 
@@ -87,6 +92,13 @@ def _check(ns: argparse.Namespace) -> None:
                               f"use e.g. cpu, cuda or cuda:1") from None
     if ns.model_dir is not None:
         _check_model_dir(Path(ns.model_dir).expanduser(), ns.force)
+    from opmux.models.memory import MemoryNeed, check_fits
+
+    shape = _shape(ns)
+    check_fits([MemoryNeed(  # written in float32, then read back: about three copies
+        "random checkpoint", shape.num_parameters() * 4 * 3,
+        f"--layers {ns.layers}, --hidden {ns.hidden}, --vocab {ns.vocab}",
+        "lower --layers, --hidden or --vocab")], "cpu", "opmux demo")
 
 
 def _check_model_dir(directory: Path, force: bool) -> None:
@@ -140,7 +152,7 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
     out, err = out or sys.stdout, err or sys.stderr
     try:
         _check(ns)
-    except opmux.ConfigError as exc:
+    except opmux.OpmuxError as exc:
         print(str(exc), file=err)
         return 2
     previous = torch.get_num_threads()

@@ -124,3 +124,12 @@ def test_demo_rejects_a_file_as_model_dir_and_a_bad_device(tmp_path: Path) -> No
     assert code == 2 and "is not a directory" in err
     code, _, err = _run(*_SMALL[:-2], "--device", "nope")
     assert code == 2 and "--device 'nope' is not a torch device" in err
+
+
+def test_demo_sizes_are_checked_before_anything_is_written(tmp_path: Path) -> None:
+    code, _, err = _run("--hidden", "65536", "--heads", "1024", "--vocab", "16000000",
+                        "--model-dir", str(tmp_path / "m"))
+    assert code == 2 and "random checkpoint of" in err and "lower --layers" in err
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(SystemExit):
+        _run("--seed", "99999999999999999999999")

@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 import torch
 
+from opmux.cli._option_checks import finite_float, int_in, utf8_text
 from opmux.core.errors import ConfigError
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -30,19 +31,27 @@ HELP = "generate from a Hugging Face checkpoint directory"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _DIST_TIMEOUT_S = 120.0
+_MAX_INT = 2**31 - 1
+_MAX_TP = 1024
+# the Engine's own limits (opmux.models._value_checks), repeated so that parsing the command
+# line imports no model code
+MAX_BLOCK_SIZE = 1 << 16
+MAX_SEED = 2**63 - 1
 _TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _text(s: str) -> tuple[str, str]:
-    return ("text", s)
+    return ("text", utf8_text(s))
 
 
 def _ids(s: str) -> tuple[str, str]:
     try:
-        [int(x) for x in s.split(",")]
+        ids = [int(x, 10) for x in s.split(",")]
     except ValueError:
+        ids = [-1]
+    if not ids or min(ids) < 0 or max(ids) > _MAX_INT:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated token ids, got {s!r}") from None
+            f"expected comma-separated token ids (integers >= 0), got {s[:40]!r}")
     return ("ids", s)
 
 
@@ -53,16 +62,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a text prompt (needs tokenizer.json); repeat for a batch")
     parser.add_argument("--prompt-ids", dest="prompts", action="append", type=_ids,
                         help="a prompt as token ids, e.g. 1,2,3; repeat for a batch")
-    parser.add_argument("--max-tokens", type=int, required=True, help="new tokens per prompt")
+    parser.add_argument("--max-tokens", type=int_in(0, _MAX_INT), required=True,
+                        help="new tokens per prompt")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel processes")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0: all tokens")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--tp", type=int_in(1, _MAX_TP), default=1,
+                        help="tensor-parallel processes")
+    parser.add_argument("--seed", type=int_in(0, MAX_SEED), default=0, help="sampling seed")
+    parser.add_argument("--temperature", type=finite_float(0.0, 1e6), default=0.0,
+                        help="0: greedy")
+    parser.add_argument("--top-k", type=int_in(0, _MAX_INT), default=0, help="0: all tokens")
+    parser.add_argument("--top-p", type=finite_float(0.0, 1.0, low_open=True), default=1.0)
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
-    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size")
-    parser.add_argument("--dist-timeout", type=float, default=_DIST_TIMEOUT_S,
+    parser.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16,
+                        help="KV-cache block size")
+    parser.add_argument("--dist-timeout", type=finite_float(0.0, 86400.0, low_open=True),
+                        default=_DIST_TIMEOUT_S,
                         help="seconds the tensor-parallel ranks wait for each other "
                              f"(default {_DIST_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
@@ -146,7 +160,12 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
     if (Path(ns.model) / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(Path(ns.model) / "tokenizer.json"))
+        try:
+            tokenizer = Tokenizer.from_file(str(Path(ns.model) / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises its own Exception for a bad file
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+            raise ConfigError(f"{Path(ns.model) / 'tokenizer.json'}: not a tokenizers file "
+                              f"({first}); fix or remove it and pass --prompt-ids") from None
     prompts = _prompts(ns, tokenizer)
     if ns.tp > 1 or "WORLD_SIZE" in os.environ:
         group = distributed.init_tensor_parallel(
@@ -158,7 +177,8 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
         opmux.load_plugins()
         model = load_model(ns.model, _DTYPES[ns.dtype])
         engine = Engine(model, ns.block_size)
-        engine.generate(prompts[:1], 1, sampling)  # warm up: kernels load on first use
+        if ns.max_tokens:  # warm up: kernels load on first use
+            engine.generate([prompts[0][:-1] or prompts[0]], 1, sampling)
         callback, close = _progress(ns.max_tokens - 1, err) if not ns.json else (None, None)
         names = [op.name for op in opmux.list_ops() if op.namespace == "opmux"]
         with ProviderTally(names) as tally:
