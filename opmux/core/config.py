@@ -221,9 +221,26 @@ def custom_ops_spec() -> str:
 
 
 def compile_mode_spec() -> str:
-    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset); checked by
-    :func:`opmux.core.custom_op.compile_mode`."""
-    return _text(ENV_COMPILE_MODE).lower()
+    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset): ``inductor``,
+    ``none`` or the name of a registered ``torch.compile`` backend.
+
+    :raises ConfigError: any other name (a typo such as ``indcutor``), with the choices.
+    """
+    value = _text(ENV_COMPILE_MODE).lower()
+    if value in ("", "inductor", "none"):
+        return value
+    from torch._dynamo import list_backends  # only for a name that is not one of ours
+
+    backends = set(list_backends(exclude_tags=()))
+    if value not in backends:
+        import difflib
+
+        close = difflib.get_close_matches(value, sorted({"inductor", "none", *backends}), 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{ENV_COMPILE_MODE}: expected 'inductor', 'none' or a registered "
+                          f"torch.compile backend name, got {value!r}{hint}; registered: "
+                          f"{', '.join(sorted(backends))}")
+    return value
 
 
 def check_outputs() -> bool:
