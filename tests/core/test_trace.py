@@ -115,7 +115,12 @@ assert ext.opmux_trace_flush() == {str(target)!r}  # nothing new: nothing added
 
 
 @pytest.mark.parametrize("damage", [b"{\"rms_norm\": {\"cpp\": 3", b"[1, 2]", b"\xff\xfe\x00",
-                                    b"{\"rms_norm\": {\"cpp\": \"3\"}}"])
+                                    b"{\"rms_norm\": {\"cpp\": \"3\"}}",
+                                    b"{\"rms_norm\": {\"cpp\": -3}}",
+                                    b"{\"rms_norm\": {\"cpp\": true}}",
+                                    b"{\"rms_norm\": {\"cpp\": 1.5}}",
+                                    b"[" * 200_000 + b"]" * 200_000,
+                                    b" " * (5 << 20)])
 def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, damage: bytes) -> None:
     target = tmp_path / "trace.json"
@@ -124,7 +129,7 @@ def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
     trace._reset_counts()
     counted = trace.wrap("mylib::my_op", "fast", lambda a: a)
     counted(1)
-    with pytest.warns(RuntimeWarning, match=r"OPMUX_TRACE file .*trace\.json holds no trace"):
+    with pytest.warns(RuntimeWarning, match=r"OPMUX_TRACE file .*trace\.json: .* holds no trace"):
         assert trace.flush() == str(target)
     assert json.loads(target.read_text()) == {"mylib::my_op": {"fast": 1}}
     trace.flush()  # a good file now: merged into without a word (filterwarnings = error)
