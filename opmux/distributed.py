@@ -195,16 +195,20 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
                 state = TensorParallelGroup(name, 0, 1)
                 _STATE[0] = state
                 return state
-            missing = [v for v in _ENV_REQUIRED if v not in os.environ]
-            if missing:
-                raise DistributedError(
-                    f"WORLD_SIZE is set but {missing} are not: start the processes with "
-                    f"torchrun, or set RANK, MASTER_ADDR and MASTER_PORT yourself")
+            _check_env()
             backend = backend or _default_backend()
             kwargs: dict[str, Any] = {"backend": backend, "init_method": "env://"}
             if timeout is not None:
                 kwargs["timeout"] = timeout
-            dist.init_process_group(**kwargs)
+            try:
+                dist.init_process_group(**kwargs)
+            except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError, timeouts
+                env = " ".join(f"{v}={os.environ.get(v)}" for v in ("WORLD_SIZE", *_ENV_REQUIRED))
+                raise DistributedError(
+                    f"torch.distributed could not start ({env}, backend {backend}): "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; check "
+                    f"that every rank runs and reaches MASTER_ADDR:MASTER_PORT, or unset "
+                    f"WORLD_SIZE to run alone") from None
             owns = True
         try:
             if group is None:
@@ -222,6 +226,30 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
         register_group(name, group)
         _STATE[0] = state
         return state
+
+
+def _check_env() -> None:
+    """The torchrun variables are present and consistent (a leftover or mistyped
+    environment fails here, not after a rendezvous that waits for ranks that never come)."""
+    missing = [v for v in _ENV_REQUIRED if v not in os.environ]
+    if missing:
+        raise DistributedError(
+            f"WORLD_SIZE is set but {missing} are not: start the processes with "
+            f"torchrun, or set RANK, MASTER_ADDR and MASTER_PORT yourself (or unset "
+            f"WORLD_SIZE to run alone)")
+    values = {}
+    for var, low, high in (("WORLD_SIZE", 1, 1 << 20), ("RANK", 0, 1 << 20),
+                           ("MASTER_PORT", 1, 65535)):
+        text = os.environ[var].strip()
+        if not (text.isascii() and text.isdigit() and low <= int(text) <= high):
+            raise DistributedError(
+                f"{var}={os.environ[var]!r} in the environment is not an integer in "
+                f"{low}..{high}; fix or unset it")
+        values[var] = int(text)
+    if values["RANK"] >= values["WORLD_SIZE"]:
+        raise DistributedError(
+            f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']} in the "
+            f"environment (left over from another run?); fix or unset both")
 
 
 def _default_backend() -> str:

@@ -85,3 +85,51 @@ def test_demo_low_precision(dtype: str) -> None:
     code, out, _ = _run(*_SMALL, "--dtype", dtype, "--json")
     assert code == 0, out
     assert json.loads(out)["dtype"] == dtype
+
+
+def test_demo_refuses_a_non_empty_model_dir_unless_forced(tmp_path: Path) -> None:
+    root, tmp_path = tmp_path, tmp_path / "ckpt"
+    tmp_path.mkdir()
+    (tmp_path / "config.json").write_text("{\"mine\": 1}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    code, out, err = _run(*_SMALL, "--json", "--model-dir", str(tmp_path))
+    assert code == 2 and out == ""
+    assert "is not empty (holds config.json, tokenizer.json)" in err and "--force" in err
+    assert (tmp_path / "config.json").read_text() == "{\"mine\": 1}"
+    code, out, err = _run(*_SMALL, "--json", "--model-dir", str(tmp_path), "--force")
+    assert code == 0, err
+    # replaced whole: the foreign tokenizer.json is gone, nothing is left beside the folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    assert [p.name for p in root.iterdir()] == ["ckpt"]
+
+
+def test_demo_model_dir_appears_whole_or_not_at_all(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from opmux.models import synthetic
+
+    def broken(directory: Path, *args: object, **kwargs: object) -> Path:
+        (Path(directory) / "config.json").write_text("{}")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(synthetic, "write_random_llama", broken)
+    target = tmp_path / "new"
+    with pytest.raises(OSError, match="No space"):
+        _run(*_SMALL, "--model-dir", str(target))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_rejects_a_file_as_model_dir_and_a_bad_device(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    code, _, err = _run(*_SMALL, "--model-dir", str(tmp_path / "f"))
+    assert code == 2 and "is not a directory" in err
+    code, _, err = _run(*_SMALL[:-2], "--device", "nope")
+    assert code == 2 and "--device 'nope' is not a torch device" in err
+
+
+def test_demo_sizes_are_checked_before_anything_is_written(tmp_path: Path) -> None:
+    code, _, err = _run("--hidden", "65536", "--heads", "1024", "--vocab", "16000000",
+                        "--model-dir", str(tmp_path / "m"))
+    assert code == 2 and "random checkpoint of" in err and "lower --layers" in err
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(SystemExit):
+        _run("--seed", "99999999999999999999999")

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from opmux.cli import bench, build, check, explain, generate, info, tune
+from opmux.cli._option_checks import OneLineParser
 from opmux.core import config
 
 __all__ = ["main"]
@@ -21,7 +22,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     from opmux.cli import demo
 
-    parser = argparse.ArgumentParser(prog="opmux", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="opmux", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     commands = (("info", info.HELP, info.add_arguments, info.run),
                 ("explain", explain.HELP, explain.add_arguments, explain.run),
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     try:
         return int(ns.run(ns))
-    except (OpmuxError, ValueError, KeyError) as exc:
+    except (OpmuxError, ValueError, KeyError, OSError) as exc:
         if config.debug():
             raise
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

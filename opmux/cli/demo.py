@@ -16,13 +16,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final, TextIO
 
 import torch
+
+from opmux.cli._option_checks import int_in
 
 __all__ = ["LOGIT_TOLERANCE", "add_arguments", "run"]
 
@@ -35,22 +40,27 @@ _DTYPES: Final = {"float32": torch.float32, "bfloat16": torch.bfloat16,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``demo`` options to ``parser``."""
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
-    parser.add_argument("--hidden", type=int, default=256, help="hidden size")
-    parser.add_argument("--heads", type=int, default=8, help="query heads")
-    parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads")
-    parser.add_argument("--vocab", type=int, default=1000, help="vocabulary size")
-    parser.add_argument("--batch", type=int, default=4, help="prompts")
-    parser.add_argument("--steps", type=int, default=32, help="new tokens per prompt")
-    parser.add_argument("--block-size", type=int, default=16, help="KV block size")
+    parser.add_argument("--layers", type=int_in(1, 1024), default=4, help="decoder layers")
+    parser.add_argument("--hidden", type=int_in(1, 1 << 16), default=256, help="hidden size")
+    parser.add_argument("--heads", type=int_in(1, 1024), default=8, help="query heads")
+    parser.add_argument("--kv-heads", type=int_in(1, 1024), default=2, help="key/value heads")
+    parser.add_argument("--vocab", type=int_in(1, 1 << 24), default=1000,
+                        help="vocabulary size")
+    parser.add_argument("--batch", type=int_in(1, 1024), default=4, help="prompts")
+    parser.add_argument("--steps", type=int_in(1, 1 << 16), default=32,
+                        help="new tokens per prompt")
+    parser.add_argument("--block-size", type=int_in(1, 1 << 16), default=16,
+                        help="KV block size")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_in(0, 2**63 - 3), default=0)
     parser.add_argument("--device", default=None,
                         help="torch device (default: the detected platform's device)")
     parser.add_argument("--model-dir", default=None,
                         help="write the checkpoint here and keep it (default: a temporary "
-                             "directory, removed afterwards)")
-    parser.add_argument("--threads", type=int, default=1,
+                             "directory, removed afterwards); must be new or empty")
+    parser.add_argument("--force", action="store_true",
+                        help="replace what a non-empty --model-dir holds")
+    parser.add_argument("--threads", type=int_in(0, 4096), default=1,
                         help="torch CPU threads during the run (default 1)")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
 
@@ -74,6 +84,64 @@ def _check(ns: argparse.Namespace) -> None:
                           f"--kv-heads ({ns.kv_heads})")
     if ns.steps < 1:
         raise ConfigError(f"opmux demo: --steps must be >= 1, got {ns.steps}")
+    if ns.device is not None:
+        try:
+            torch.device(ns.device)
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"opmux demo: --device {ns.device!r} is not a torch device; "
+                              f"use e.g. cpu, cuda or cuda:1") from None
+    if ns.model_dir is not None:
+        _check_model_dir(Path(ns.model_dir).expanduser(), ns.force)
+    from opmux.models.memory import MemoryNeed, check_fits
+
+    shape = _shape(ns)
+    check_fits([MemoryNeed(  # written in float32, then read back: about three copies
+        "random checkpoint", shape.num_parameters() * 4 * 3,
+        f"--layers {ns.layers}, --hidden {ns.hidden}, --vocab {ns.vocab}",
+        "lower --layers, --hidden or --vocab")], "cpu", "opmux demo")
+
+
+def _check_model_dir(directory: Path, force: bool) -> None:
+    """Refuse to put a checkpoint where one would replace something (#39)."""
+    from opmux.core.errors import ConfigError
+
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"opmux demo: --model-dir {directory} exists and is not a directory; "
+                          f"choose a new or empty directory")
+    try:
+        held = sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []
+    except OSError as exc:
+        raise ConfigError(f"opmux demo: --model-dir {directory} cannot be read "
+                          f"({exc.strerror}); choose another directory") from None
+    if held and not force:
+        shown = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+        raise ConfigError(f"opmux demo: --model-dir {directory} is not empty (holds {shown}); "
+                          f"choose a new or empty directory, or pass --force to replace it")
+
+
+@contextlib.contextmanager
+def _new_directory(target: Path) -> Iterator[Path]:
+    """A temporary directory beside ``target`` that replaces it whole on success.
+
+    Nothing is left at ``target`` (nor beside it) when the body fails: the checkpoint
+    appears complete or not at all. A non-empty ``target`` (``--force``) is moved aside
+    first and removed after the new one is in place.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        old = None
+        if target.is_dir() and any(target.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old",
+                                        dir=target.parent))
+            os.replace(target, old)
+        os.replace(tmp, target)  # replaces an empty directory in one step
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -84,7 +152,7 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
     out, err = out or sys.stdout, err or sys.stderr
     try:
         _check(ns)
-    except opmux.ConfigError as exc:
+    except opmux.OpmuxError as exc:
         print(str(exc), file=err)
         return 2
     previous = torch.get_num_threads()
@@ -92,8 +160,12 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
         torch.set_num_threads(ns.threads)
     try:
         if ns.model_dir is not None:
-            return _run(ns, Path(ns.model_dir), out, err)
+            target = Path(ns.model_dir).expanduser()
+            with _new_directory(target) as tmp:
+                _write(ns, tmp)
+            return _run(ns, target, out, err)
         with tempfile.TemporaryDirectory(prefix="opmux-demo-") as tmp:
+            _write(ns, Path(tmp))
             return _run(ns, Path(tmp), out, err)
     finally:
         torch.set_num_threads(previous)
@@ -108,16 +180,26 @@ def _all_native(names: list[str]) -> contextlib.ExitStack:
     return stack
 
 
+def _shape(ns: argparse.Namespace) -> Any:
+    from opmux.models.synthetic import LlamaShape
+
+    return LlamaShape(layers=ns.layers, hidden=ns.hidden, heads=ns.heads,
+                      kv_heads=ns.kv_heads, intermediate=2 * ns.hidden, vocab=ns.vocab)
+
+
+def _write(ns: argparse.Namespace, directory: Path) -> None:
+    from opmux.models.synthetic import write_random_llama
+
+    write_random_llama(directory, _shape(ns), ns.seed)
+
+
 def _run(ns: argparse.Namespace, directory: Path, out: TextIO, err: TextIO) -> int:
     import opmux
     from opmux.models import Engine, ProviderTally, load_model
     from opmux.models.decoder import AttentionBatch
-    from opmux.models.synthetic import LlamaShape, write_random_llama
 
     dtype = _DTYPES[ns.dtype]
-    shape = LlamaShape(layers=ns.layers, hidden=ns.hidden, heads=ns.heads,
-                       kv_heads=ns.kv_heads, intermediate=2 * ns.hidden, vocab=ns.vocab)
-    write_random_llama(directory, shape, ns.seed)
+    shape = _shape(ns)
     opmux.load_plugins()
     device = torch.device(ns.device or opmux.current_platform().device_type)
     model = load_model(directory, dtype, device)

@@ -50,14 +50,57 @@ def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
     from opmux.core.errors import ConfigError
 
     op = opmux.get_op(ns.op)
-    shapes = [tuple(int(d) for d in s.split(",") if d.strip()) for s in ns.shape]
+    shapes = [parse_shape(s, ",", f"--shape {s!r}") for s in ns.shape]
     extra = {}
     for item in ns.arg:
         name, sep, value = str(item).partition("=")
         if not sep:
             raise ConfigError(f"--arg {item!r}: expected name=value")
         extra[name] = _parse_value(value)
-    return op, op_args(op, shapes, ns.dtype, extra, ns.device)
+    return op, op_args(op, shapes, ns.dtype, extra, _device(ns.device))
+
+
+_MAX_NUMEL: Final = 1 << 31
+
+
+def parse_shape(text: str, sep: str, where: str) -> tuple[int, ...]:
+    """A tensor shape written as integers >= 0 joined by ``sep`` (``"4,256"``).
+
+    :param where: the option and value, for the message.
+    :raises ConfigError: not integers, a negative size, or more than 2**31 elements.
+    """
+    from opmux.core.errors import ConfigError
+
+    try:
+        dims = tuple(int(d, 10) for d in text.split(sep) if d.strip())
+    except ValueError:
+        dims = (-1,)
+    numel = 1
+    for d in dims:
+        numel *= max(d, 0)
+    if any(d < 0 for d in dims) or numel > _MAX_NUMEL:
+        raise ConfigError(f"{where}: a shape is sizes >= 0 joined by {sep!r} (at most "
+                          f"{_MAX_NUMEL} elements), e.g. 4{sep}256")
+    return dims
+
+
+def _device(text: str) -> str:
+    """``text`` when it names a torch device that exists here."""
+    import torch
+
+    from opmux.core.errors import ConfigError
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {text!r} is not a torch device; use e.g. cpu or cuda"
+                          ) from None
+    module = getattr(torch, dev.type, None)
+    available = dev.type in ("cpu", "meta") or (
+        module is not None and hasattr(module, "is_available") and module.is_available())
+    if not available:
+        raise ConfigError(f"--device {text!r}: no {dev.type} device here; use --device cpu")
+    return text
 
 
 def op_args(op: Any, shapes: list[tuple[int, ...]], dtype_names: list[str],
@@ -100,8 +143,16 @@ def op_args(op: Any, shapes: list[tuple[int, ...]], dtype_names: list[str],
 
 def run(ns: argparse.Namespace) -> int:
     """Print the explanation (or JSON); returns the exit status."""
+    from opmux.core.errors import ConfigError, OpmuxError
+
     op, args = _explain_args(ns)
     chosen = op.dispatch(*args)
+    try:  # a provider is "chosen" only for arguments the op takes
+        op(*args)
+    except (OpmuxError, ValueError, TypeError, RuntimeError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"opmux explain: {op.qualname} rejects these arguments: {first}"
+                          ) from None
     if ns.json:
         print(json.dumps({"op": op.qualname, "chosen": chosen.provider,
                           "dispatch_key": chosen.dispatch_key, "priority": op.priority(),

@@ -13,19 +13,16 @@ a selection lookup per op call).
 from __future__ import annotations
 
 import argparse
-import contextlib
+import datetime
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
+from opmux.cli._option_checks import finite_float, int_in, utf8_text
 from opmux.core.errors import ConfigError
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -33,18 +30,28 @@ __all__ = ["HELP", "add_arguments", "run"]
 HELP = "generate from a Hugging Face checkpoint directory"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DIST_TIMEOUT_S = 120.0
+_MAX_INT = 2**31 - 1
+_MAX_TP = 1024
+# the Engine's own limits (opmux.models._value_checks), repeated so that parsing the command
+# line imports no model code
+MAX_BLOCK_SIZE = 1 << 16
+MAX_SEED = 2**63 - 1
+_TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _text(s: str) -> tuple[str, str]:
-    return ("text", s)
+    return ("text", utf8_text(s))
 
 
 def _ids(s: str) -> tuple[str, str]:
     try:
-        [int(x) for x in s.split(",")]
+        ids = [int(x, 10) for x in s.split(",")]
     except ValueError:
+        ids = [-1]
+    if not ids or min(ids) < 0 or max(ids) > _MAX_INT:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated token ids, got {s!r}") from None
+            f"expected comma-separated token ids (integers >= 0), got {s[:40]!r}")
     return ("ids", s)
 
 
@@ -55,15 +62,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a text prompt (needs tokenizer.json); repeat for a batch")
     parser.add_argument("--prompt-ids", dest="prompts", action="append", type=_ids,
                         help="a prompt as token ids, e.g. 1,2,3; repeat for a batch")
-    parser.add_argument("--max-tokens", type=int, required=True, help="new tokens per prompt")
+    parser.add_argument("--max-tokens", type=int_in(0, _MAX_INT), required=True,
+                        help="new tokens per prompt")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel processes")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0: all tokens")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--tp", type=int_in(1, _MAX_TP), default=1,
+                        help="tensor-parallel processes")
+    parser.add_argument("--seed", type=int_in(0, MAX_SEED), default=0, help="sampling seed")
+    parser.add_argument("--temperature", type=finite_float(0.0, 1e6), default=0.0,
+                        help="0: greedy")
+    parser.add_argument("--top-k", type=int_in(0, _MAX_INT), default=0, help="0: all tokens")
+    parser.add_argument("--top-p", type=finite_float(0.0, 1.0, low_open=True), default=1.0)
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
-    parser.add_argument("--block-size", type=int, default=16, help="KV-cache block size")
+    parser.add_argument("--block-size", type=int_in(1, MAX_BLOCK_SIZE), default=16,
+                        help="KV-cache block size")
+    parser.add_argument("--dist-timeout", type=finite_float(0.0, 86400.0, low_open=True),
+                        default=_DIST_TIMEOUT_S,
+                        help="seconds the tensor-parallel ranks wait for each other "
+                             f"(default {_DIST_TIMEOUT_S:g})")
     parser.add_argument("--json", action="store_true", help="print a JSON report")
 
 
@@ -71,48 +86,11 @@ def _argv(ns: argparse.Namespace) -> list[str]:
     out = ["--model", str(ns.model), "--max-tokens", str(ns.max_tokens), "--dtype", ns.dtype,
            "--tp", str(ns.tp), "--seed", str(ns.seed), "--temperature", str(ns.temperature),
            "--top-k", str(ns.top_k), "--top-p", str(ns.top_p),
-           "--block-size", str(ns.block_size)]
+           "--block-size", str(ns.block_size), "--dist-timeout", str(ns.dist_timeout)]
     for kind, value in ns.prompts:
         out += ["--prompt" if kind == "text" else "--prompt-ids", value]
     out += ["--ignore-eos"] * ns.ignore_eos + ["--json"] * ns.json
     return out
-
-
-def _launch(ns: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Start ``ns.tp`` ranks of this command on this machine; rank 0 reports.
-
-    When a rank fails, the others (which would wait for it in a collective) are stopped.
-    """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with contextlib.ExitStack() as stack:
-        logs = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in range(ns.tp + 1)]
-        procs = []
-        for rank in range(ns.tp):
-            env = {**os.environ, "WORLD_SIZE": str(ns.tp), "RANK": str(rank),
-                   "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // ns.tp))}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "opmux.cli", "generate", *_argv(ns)], env=env,
-                stdout=logs[ns.tp] if rank == 0 else subprocess.DEVNULL, stderr=logs[rank],
-                text=True))
-        while any(p.poll() is None for p in procs):
-            if any(p.returncode for p in procs):  # one failed: stop the ones waiting on it
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                break
-            time.sleep(0.05)
-        codes = [p.wait() for p in procs]
-        logs[ns.tp].seek(0)
-        out.write(logs[ns.tp].read())
-        for rank, code in enumerate(codes):
-            if code:
-                logs[rank].seek(0)
-                err.write(f"[rank {rank}] exit {code}\n{logs[rank].read()}")
-    return next((c for c in codes if c), 0)
 
 
 def _prompts(ns: argparse.Namespace, tokenizer: Any) -> list[list[int]]:
@@ -159,8 +137,20 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
         raise ConfigError("opmux generate: give at least one --prompt or --prompt-ids")
     if ns.tp < 1:
         raise ConfigError(f"opmux generate: --tp must be >= 1, got {ns.tp}")
-    if ns.tp > 1 and "WORLD_SIZE" not in os.environ:
-        return _launch(ns, out, err)
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and world.strip() != str(ns.tp):
+        # a leftover torchrun environment would wait in the rendezvous for ranks that
+        # never come (#39)
+        held = " ".join(f"{v}={os.environ[v]}" for v in _TORCHRUN_ENV if v in os.environ)
+        raise ConfigError(
+            f"opmux generate: the environment holds {held} (left over from torchrun or "
+            f"another launcher?) but --tp is {ns.tp}; unset {', '.join(_TORCHRUN_ENV)} to "
+            f"run here (--tp N starts its own ranks), or pass --tp {world.strip()} under "
+            f"that launcher")
+    if ns.tp > 1 and world is None:
+        from opmux.cli._tp_launch import launch
+
+        return launch(ns.tp, _argv(ns), out, err)
     import opmux
     from opmux import distributed
     from opmux.models import Engine, ProviderTally, SamplingParams, load_model
@@ -170,17 +160,25 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
     if (Path(ns.model) / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(Path(ns.model) / "tokenizer.json"))
+        try:
+            tokenizer = Tokenizer.from_file(str(Path(ns.model) / "tokenizer.json"))
+        except Exception as exc:  # tokenizers raises its own Exception for a bad file
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+            raise ConfigError(f"{Path(ns.model) / 'tokenizer.json'}: not a tokenizers file "
+                              f"({first}); fix or remove it and pass --prompt-ids") from None
     prompts = _prompts(ns, tokenizer)
     if ns.tp > 1 or "WORLD_SIZE" in os.environ:
-        group = distributed.init_tensor_parallel(tensor_parallel_size=ns.tp)
+        group = distributed.init_tensor_parallel(
+            tensor_parallel_size=ns.tp,
+            timeout=datetime.timedelta(seconds=ns.dist_timeout))
     else:
         group = None
     try:
         opmux.load_plugins()
         model = load_model(ns.model, _DTYPES[ns.dtype])
         engine = Engine(model, ns.block_size)
-        engine.generate(prompts[:1], 1, sampling)  # warm up: kernels load on first use
+        if ns.max_tokens:  # warm up: kernels load on first use
+            engine.generate([prompts[0][:-1] or prompts[0]], 1, sampling)
         callback, close = _progress(ns.max_tokens - 1, err) if not ns.json else (None, None)
         names = [op.name for op in opmux.list_ops() if op.namespace == "opmux"]
         with ProviderTally(names) as tally:

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Final
 
+from opmux.cli._option_checks import int_in
 from opmux.cli.table import format_table
 
 __all__ = ["HELP", "add_arguments", "measure_op", "run"]
@@ -31,13 +32,14 @@ HELP: Final = "time providers per op and size bucket; write the tuned priority t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tune`` options to ``parser``."""
-    parser.add_argument("--ops", default="", metavar="OP,OP",
+    parser.add_argument("--ops", default=None, metavar="OP,OP",
                         help="only these ops (comma-separated; default: every op with a "
                              "supported provider)")
     parser.add_argument("--shape", action="append", default=[], metavar="OP=AxB,C",
                         help="extra input: one shape per Tensor argument, e.g. "
                              "rms_norm=64x4096,4096 (repeatable)")
-    parser.add_argument("--repeat", type=int, default=9, help="timed rounds (default 9)")
+    parser.add_argument("--repeat", type=int_in(1, 100_000), default=9,
+                        help="timed rounds (default 9)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dry-run", action="store_true", help="measure, write nothing")
     parser.add_argument("--clear", action="store_true",
@@ -46,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _user_cases(ops: list[Any], specs: list[str], device: str) -> dict[str, list[Any]]:
-    from opmux.cli.explain import op_args
+    from opmux.cli.explain import op_args, parse_shape
     from opmux.core.errors import ConfigError
 
     by_name = {o.qualname: o for o in ops} | {o.name: o for o in ops if o.namespace == "opmux"}
@@ -57,11 +59,7 @@ def _user_cases(ops: list[Any], specs: list[str], device: str) -> dict[str, list
         if not sep or op is None:
             raise ConfigError(f"--shape {spec!r}: expected OP=AxB,C with OP one of the tuned "
                               f"ops {sorted(by_name)}")
-        try:
-            dims = [tuple(int(d) for d in s.split("x") if d.strip()) for s in shapes.split(",")]
-        except ValueError as exc:
-            raise ConfigError(f"--shape {spec!r}: shapes are integers joined by 'x', one per "
-                              f"Tensor argument, separated by ',' ({exc})") from exc
+        dims = [parse_shape(s, "x", f"--shape {spec!r}") for s in shapes.split(",")]
         args = op_args(op, dims, [], {}, device)
         out.setdefault(op.qualname, []).append(lambda a=args: (_clone(a), {}))
     return out
@@ -148,13 +146,17 @@ def run(ns: argparse.Namespace) -> int:
     """Run ``opmux tune`` with parsed options; returns the exit status."""
     import opmux
     from opmux.cli.check import select_ops
+    from opmux.core.errors import ConfigError
     from opmux.core.tuned import FORMAT, fingerprint, fingerprint_id, tuned_path
     from opmux.testing.cases import cases_for, has_cases
 
     platform = opmux.current_platform()
     if ns.clear:
         return _clear(platform.name)
-    names = [n.strip() for n in ns.ops.split(",") if n.strip()]
+    names = [n.strip() for n in (ns.ops or "").split(",") if n.strip()]
+    if ns.ops is not None and not names:
+        raise ConfigError(f"opmux tune: --ops {ns.ops!r} names no op; give OP[,OP...] or leave "
+                          f"--ops out to tune every op")
     ops = select_ops(names, "tune")
     if ops is None:
         return 2
@@ -167,7 +169,7 @@ def run(ns: argparse.Namespace) -> int:
         makers += user.get(op.qualname, [])
         if len(providers) < 2 or not makers:
             continue
-        buckets = measure_op(op, makers, max(1, ns.repeat))
+        buckets = measure_op(op, makers, ns.repeat)
         table[op.qualname] = {"order": _overall(buckets, providers),
                               "buckets": {str(b): buckets[b] for b in sorted(buckets)}}
     fp = fingerprint(opmux.global_registry(), platform)

@@ -221,9 +221,26 @@ def custom_ops_spec() -> str:
 
 
 def compile_mode_spec() -> str:
-    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset); checked by
-    :func:`opmux.layers.custom_op.compile_mode`."""
-    return _text(ENV_COMPILE_MODE).lower()
+    """``OPMUX_COMPILE_MODE``, stripped and lower-cased (empty when unset): ``inductor``,
+    ``none`` or the name of a registered ``torch.compile`` backend.
+
+    :raises ConfigError: any other name (a typo such as ``indcutor``), with the choices.
+    """
+    value = _text(ENV_COMPILE_MODE).lower()
+    if value in ("", "inductor", "none"):
+        return value
+    import torch  # only for a name that is not one of ours
+
+    backends = set(torch.compiler.list_backends(exclude_tags=()))
+    if value not in backends:
+        import difflib
+
+        close = difflib.get_close_matches(value, sorted({"inductor", "none", *backends}), 1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{ENV_COMPILE_MODE}: expected 'inductor', 'none' or a registered "
+                          f"torch.compile backend name, got {value!r}{hint}; registered: "
+                          f"{', '.join(sorted(backends))}")
+    return value
 
 
 def check_outputs() -> bool:
@@ -284,8 +301,10 @@ def cxx(default: str = "c++") -> str:
 
 def trace_path() -> str | None:
     """``OPMUX_TRACE``: the trace file pattern (``"/tmp/trace-{pid}.json"``, ``{pid}`` not yet
-    expanded; each process writes ``{op: {provider: calls}}`` there at exit), or ``None``."""
-    return _text(ENV_TRACE) or None
+    expanded, ``~`` expanded as in ``OPMUX_CACHE_DIR``; each process writes
+    ``{op: {provider: calls}}`` there at exit), or ``None``."""
+    value = _text(ENV_TRACE)
+    return os.path.expanduser(value) if value else None
 
 
 def vllm_enabled() -> bool:

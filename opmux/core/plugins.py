@@ -397,9 +397,11 @@ def _merged_priority(state: PluginState, op: Op, platform: Platform) -> list[str
             specific = platform.name in state.records[name].platforms
             tiers[0 if specific else 1][name] = known
     merged: list[str] = []
+    conflicted = False
     for tier, label in zip(tiers, ("platform-specific", "generic"), strict=True):
         distinct = set(tier.values())
         if len(distinct) > 1:
+            conflicted = True
             detail = "; ".join(f"{n}: {list(tier[n])}" for n in sorted(tier))
             for n in tier:
                 state.records[n].conflicts.append(
@@ -408,6 +410,13 @@ def _merged_priority(state: PluginState, op: Op, platform: Platform) -> list[str
             continue
         for agreed in distinct:
             merged.extend(p for p in agreed if p not in merged)
+    if not merged and conflicted:
+        # every opinion was a conflict: with no layer here the registration order would
+        # pick, i.e. the plugins' load order, i.e. their names (#39 item 10). The platform's
+        # default decides, else native (the disputed providers listed after it never run)
+        # until OPMUX_PRIORITY or code chooses
+        disputed = sorted({p for tier in tiers for answer in tier.values() for p in answer})
+        return list(platform.default_priority(_asked_name(op)) or [NATIVE, *disputed])
     return merged or None
 
 

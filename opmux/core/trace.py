@@ -22,12 +22,13 @@ import contextlib
 import json
 import multiprocessing.util
 import os
+import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from opmux.core import config
+from opmux.core._cache_json import read_cache_json, warn_ignored
 from opmux.core.state import register_reset
 
 __all__ = ["counts", "flush", "trace_file", "wrap"]
@@ -38,6 +39,7 @@ _CELLS: dict[tuple[str, str], list[int]] = {}
 #: (op key, provider) -> count already merged into a shared (no ``{pid}``) file
 _MERGED: dict[tuple[str, str], int] = {}
 _HOOKS: list[int] = []  # pid of the process whose exit hooks are installed
+_EXITED: list[int] = []  # pid of the process whose exit flush has run
 
 
 def _op_key(qualname: str) -> str:
@@ -144,31 +146,43 @@ def _write_whole(path: str, data: dict[str, dict[str, int]]) -> None:
 
 
 def _read_merged(path: str) -> dict[str, dict[str, int]] | None:
-    """What a shared trace file holds; ``None`` when there is none, with a warning when the
-    file exists but holds no trace."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except FileNotFoundError:
+    """What a shared trace file holds; ``None`` when there is none, with one warning when the
+    file exists but holds no trace (damaged, too large, nested too deep, counts that are not
+    integers >= 0: untrusted data, see :mod:`opmux.core._cache_json`).
+
+    :raises OSError: the file exists but cannot be read (a folder, no permission).
+    """
+    data, why = read_cache_json(path)
+    if why == "missing":
         return None
-    except ValueError as exc:  # not JSON, or not text (UnicodeDecodeError)
-        data = exc
-    if isinstance(data, dict) and all(
-            isinstance(per_op, dict) and all(isinstance(n, int) for n in per_op.values())
+    if why is not None and why.startswith("unreadable"):
+        with open(path, "rb"):  # the OSError itself, for the caller
+            pass
+        raise OSError(f"{path}: {why}")
+    if why is None and isinstance(data, dict) and all(
+            isinstance(per_op, dict) and all(
+                type(n) is int and n >= 0 for n in per_op.values())
             for per_op in data.values()):
         return data
-    warnings.warn(f"opmux: the {config.ENV_TRACE} file {path} holds no trace "
-                  f"({{op: {{provider: calls}}}}): {str(data)[:80]}; it is replaced by this "
-                  f"process's counts", RuntimeWarning, stacklevel=3)
+    shown = why or str(data)[:80]
+    warn_ignored(path, shown, f"{config.ENV_TRACE} file; it holds no trace "
+                              f"({{op: {{provider: calls}}}}) and is replaced by this "
+                              f"process's counts", stacklevel=3)
     return None
 
 
 def _flush_at_exit() -> None:
-    # at exit there is no one left to report an I/O error to but stderr (which still works)
+    # at exit there is no one left to report an I/O error to but stderr (which still works);
+    # both exit hooks may run in one process: the second has nothing to add
+    if _EXITED and _EXITED[0] == os.getpid():
+        return
+    _EXITED[:] = [os.getpid()]
     try:
         flush()
     except OSError as exc:
-        print(f"opmux: could not write the OPMUX_TRACE file: {exc}", flush=True)
+        # stderr: stdout may be a --json report that must stay JSON (#39)
+        print(f"opmux: could not write the OPMUX_TRACE file: {exc}", file=sys.stderr,
+              flush=True)
 
 
 def _install_hooks() -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from opmux.core import config
+from opmux.core._cache_json import read_cache_json, warn_ignored
 from opmux.core._dist import dist_headers
 from opmux.core.dispatch import SIZE_BUCKETS
 from opmux.core.priority import NATIVE
@@ -145,7 +146,9 @@ def validate_table(data: Any, ops: dict[str, Op]) -> list[str]:
         return ["the top level is not an object"]
     problems = []
     if data.get("format") != FORMAT:
-        problems.append(f"format {data.get('format')!r}, expected {FORMAT}")
+        problems.append(f"format {str(data.get('format'))[:40]}, expected {FORMAT}")
+    if not isinstance(data.get("fingerprint"), dict):
+        problems.append("'fingerprint' is not an object")
     table = data.get("ops")
     if not isinstance(table, dict):
         return [*problems, "'ops' is not an object"]
@@ -163,8 +166,11 @@ def validate_table(data: Any, ops: dict[str, Op]) -> list[str]:
             problems.append(f"{qualname}: 'buckets' is not an object")
             buckets = {}
         for bits, bucket in buckets.items():
-            if not (isinstance(bits, str) and bits.isdigit() and int(bits) < SIZE_BUCKETS):
-                problems.append(f"{qualname}: bucket {bits!r} is not 0..{SIZE_BUCKETS - 1}")
+            if not (isinstance(bits, str) and bits.isascii() and bits.isdigit()
+                    and int(bits) < SIZE_BUCKETS):
+                problems.append(f"{qualname}: bucket {bits[:20]!r} is not "
+                                f"0..{SIZE_BUCKETS - 1}")
+                continue
             orders.append((f"bucket {bits}", bucket.get("order")
                            if isinstance(bucket, dict) else None))
         for where, order in orders:
@@ -217,16 +223,15 @@ def _load(registry: OpRegistry, platform: Platform, ops: list[Op]) -> TunedStatu
     if path.name not in names:
         return TunedStatus("stale", str(folder / names[-1]), _stale_reason(
             folder / names[-1], fp) + "; run `opmux tune` again")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return TunedStatus("damaged", str(path), f"cannot read it: {exc}")
+    data, why = read_cache_json(path)
+    if why is not None:
+        return _damaged(path, f"cannot read it: {why}")
     by_name = {op.qualname: op for op in ops}
     problems = validate_table(data, by_name)
-    if not problems and data.get("fingerprint") != fp:
-        return TunedStatus("stale", str(path), _stale_reason(path, fp))
     if problems:
-        return TunedStatus("damaged", str(path), "; ".join(problems[:3]))
+        return _damaged(path, "; ".join(p[:120] for p in problems[:3]))
+    if data.get("fingerprint") != fp:
+        return TunedStatus("stale", str(path), _stale_reason(path, fp))
     for qualname, entry in data["ops"].items():
         op = by_name[qualname]
         orders = {int(b): v["order"] for b, v in entry.get("buckets", {}).items()}
@@ -238,10 +243,17 @@ def _load(registry: OpRegistry, platform: Platform, ops: list[Op]) -> TunedStatu
                        len(data["ops"]))
 
 
+def _damaged(path: Path, reason: str) -> TunedStatus:
+    """A tuned file that cannot be used: one warning naming it, and the status says why."""
+    warn_ignored(path, reason, "tuned table; the plugins' priorities are used (run `opmux "
+                               "tune` again to rewrite it)", stacklevel=4)
+    return TunedStatus("damaged", str(path), reason)
+
+
 def _stale_reason(path: Path, fp: dict[str, Any]) -> str:
-    try:
-        old = json.loads(path.read_text(encoding="utf-8")).get("fingerprint") or {}
-    except (OSError, ValueError, AttributeError):
+    data, why = read_cache_json(path)
+    old = data.get("fingerprint") if isinstance(data, dict) else None
+    if why is not None or not isinstance(old, dict):
         return f"{path.name} is of another fingerprint and unreadable"
     changed = sorted(k for k in fp.keys() | old.keys() if fp.get(k) != old.get(k))
     return f"{path.name} was tuned for another setup (changed: {', '.join(changed) or '?'})"

@@ -40,6 +40,7 @@ from torch.nn import Parameter
 
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.distributed import ParallelSizeError, divide
+from opmux.layers._argument_checks import check_size
 from opmux.layers._tensor_parallel import (
     copy_checked,
     load_rank_slice,
@@ -276,6 +277,16 @@ class QKVParallelLinear(ColumnParallelLinear):
                  skip_bias_add: bool = False, params_dtype: torch.dtype | None = None,
                  quant_config: Any = None, prefix: str = "", *, return_bias: bool = True,
                  disable_tp: bool = False, v_head_size: int | None = None) -> None:
+        for name, value in (("hidden_size", hidden_size), ("head_size", head_size),
+                            ("total_num_heads", total_num_heads),
+                            ("total_num_kv_heads", total_num_kv_heads),
+                            ("v_head_size", v_head_size)):
+            if value is not None or name in ("hidden_size", "head_size", "total_num_heads"):
+                check_size("QKVParallelLinear", name, value)
+        if total_num_kv_heads is not None and total_num_kv_heads > total_num_heads:
+            raise OpInputError(
+                f"QKVParallelLinear: total_num_kv_heads ({total_num_kv_heads}) must not exceed "
+                f"total_num_heads ({total_num_heads})", argument="total_num_kv_heads")
         self.hidden_size = hidden_size
         self.head_size = head_size
         self.v_head_size = v_head_size if v_head_size is not None else head_size

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from opmux.layers._argument_checks import check_eps, check_size
 from opmux.layers.custom_op import CustomOp
 from opmux.ops.checks import GATE_ACTIVATIONS
 from opmux.ops.layernorm import (
@@ -116,6 +117,8 @@ class RMSNorm(_RMSNormOps):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, var_hidden_size: int | None = None,
                  has_weight: bool = True, dtype: torch.dtype | None = None) -> None:
+        check_size("RMSNorm", "hidden_size", hidden_size)
+        check_eps("RMSNorm", eps)
         super().__init__()
         self.hidden_size = hidden_size
         self.variance_epsilon = eps
@@ -153,6 +156,8 @@ class GemmaRMSNorm(_RMSNormOps):
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        check_size("GemmaRMSNorm", "hidden_size", hidden_size)
+        check_eps("GemmaRMSNorm", eps)
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(hidden_size))
         self.variance_epsilon = eps

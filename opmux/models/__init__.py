@@ -13,6 +13,7 @@ from opmux.models.checkpoint import CheckpointError, load_model
 from opmux.models.config import ARCHITECTURES, ModelConfig, read_config
 from opmux.models.decoder import AttentionBatch, CausalLM
 from opmux.models.engine import BlockAllocator, Engine, GenerationOutput, SamplingParams
+from opmux.models.memory import MemoryBudgetError
 from opmux.models.provider_tally import ProviderTally
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "CheckpointError",
     "Engine",
     "GenerationOutput",
+    "MemoryBudgetError",
     "ModelConfig",
     "ProviderTally",
     "SamplingParams",

@@ -27,7 +27,14 @@ from torch import Tensor
 import opmux.ops as ops
 from opmux.core.errors import ConfigError, OpmuxError
 from opmux.core.forward_context import forward_context
+from opmux.models._value_checks import (
+    MAX_BLOCK_SIZE,
+    check_int,
+    check_sampling,
+    check_token_ids,
+)
 from opmux.models.decoder import AttentionBatch, CausalLM
+from opmux.models.memory import check_fits, generation_needs
 
 __all__ = ["BlockAllocator", "Engine", "GenerationOutput", "SamplingParams"]
 
@@ -75,9 +82,7 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"SamplingParams: need temperature >= 0, top_k >= 0 and "
-                              f"0 < top_p <= 1, got {self}")
+        check_sampling(self.temperature, self.top_k, self.top_p, self.seed)
 
 
 @dataclass
@@ -126,8 +131,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, block_size: int = 16,
                  device: torch.device | None = None) -> None:
-        if block_size <= 0:
-            raise ConfigError(f"Engine: block_size must be positive, got {block_size}")
+        check_int("Engine: block_size", block_size, 1, MAX_BLOCK_SIZE)
         self.model = model
         self.block_size = block_size
         self.device = device or next(model.parameters()).device
@@ -160,12 +164,8 @@ class Engine:
         lens = [len(p) for p in prompts]
         if not prompts or min(lens) == 0:
             raise ConfigError("generate: every prompt needs at least one token")
-        if max_tokens < 0:
-            raise ConfigError(f"generate: max_tokens must be >= 0, got {max_tokens}")
-        flat = [int(t) for p in prompts for t in p]
-        if min(flat) < 0 or max(flat) >= cfg.vocab_size:
-            raise ConfigError(f"generate: token ids must be in [0, {cfg.vocab_size}), got "
-                              f"{min(flat)}..{max(flat)}")
+        check_int("generate: max_tokens", max_tokens, 0)
+        check_token_ids(prompts, cfg.vocab_size)
         if max(lens) + max_tokens > cfg.max_position:
             raise ConfigError(f"generate: prompt ({max(lens)}) + max_tokens ({max_tokens}) "
                               f"exceeds max_position_embeddings = {cfg.max_position}")
@@ -179,6 +179,11 @@ class Engine:
         need = [(n + max_tokens + bs - 1) // bs for n in lens]
         width = max(need)
         alloc = BlockAllocator(sum(sorted(need, reverse=True)[:cap]))
+        # the sizes' consequences, checked before the cache is allocated (#39)
+        check_fits(generation_needs(
+            cfg, self.model.dtype, num_blocks=alloc.num_blocks, block_size=bs,
+            num_seqs=min(cap, s), step_tokens=sum(sorted(lens, reverse=True)[:cap]),
+            tp=self.model.tp_size), dev, "generate")
         cache = self.model.new_kv_cache(alloc.num_blocks, bs, dev)
         owned: dict[int, list[int]] = {}
         eos = set() if sampling.ignore_eos else set(cfg.eos_token_ids)

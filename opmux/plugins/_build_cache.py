@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Final
 
 from opmux.core import config
+from opmux.core._cache_json import read_cache_json, warn_ignored
 from opmux.core._files import write_quietly
 from opmux.core.errors import BuildError
 from opmux.core.state import register_reset
@@ -65,6 +66,9 @@ clock ticks, so a file written twice within one tick could otherwise look unchan
 
 STAMP: Final = ".opmux-stamp.json"
 """Name of the stamp file written into an entry after a complete build."""
+
+_MAX_STAMP_BYTES: Final = 1 << 20
+"""A stamp (or checksum record) larger than this is damaged."""
 
 _HASH_CHUNK: Final = 1 << 20
 _caches: list[BuildCache] = []
@@ -110,11 +114,27 @@ def _file_signature(path: str) -> tuple[str, int, int, int, int]:
 
 
 def _read_stamp(entry: Path) -> dict[str, object] | None:
-    try:
-        data = json.loads((entry / STAMP).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The entry's stamp when it is one (untrusted data: size-capped, schema-checked); a
+    damaged stamp gets one warning naming it, and the entry is rebuilt."""
+    path = entry / STAMP
+    data, why = read_cache_json(path, _MAX_STAMP_BYTES)
+    if why == "missing":
         return None
-    return data if isinstance(data, dict) else None
+    if why is None and _is_stamp(data):
+        return dict(data)
+    warn_ignored(path, why or "not a build stamp", "build stamp; the entry is rebuilt",
+                 stacklevel=3)
+    return None
+
+
+def _is_stamp(data: object) -> bool:
+    if not isinstance(data, dict):
+        return False
+    files = data.get("files", {})
+    return (isinstance(data.get("library"), str) and type(data.get("size")) is int
+            and isinstance(data.get("sha256"), str) and isinstance(files, dict)
+            and all(isinstance(name, str) and "/" not in name and name not in ("", ".", "..")
+                    and isinstance(digest, str) for name, digest in files.items()))
 
 
 def verify(entry: Path, library: str) -> str | None:
@@ -139,9 +159,8 @@ def verify(entry: Path, library: str) -> str | None:
         return f"{path} has {st.st_size} bytes, its build stamp says {stamp.get('size')}"
     seen = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, stamp.get("sha256")]
     checked = _checked_path(entry)
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(checked.read_bytes()) == seen:
-            return None
+    if read_cache_json(checked, _MAX_STAMP_BYTES)[0] == seen:  # damaged: checksum read again
+        return None
     if _sha256(path) != stamp.get("sha256"):
         return f"{path} does not match the sha256 of its build stamp"
     if st.st_ctime_ns <= time.time_ns() - _SETTLED_NS:  # see _SETTLED_NS
@@ -217,12 +236,10 @@ class BuildCache:
                                      "files": [list(sig) for sig in signatures]}  # as JSON
         name = _SOURCES_STAMP.format(hashlib.sha256(str(base).encode()).hexdigest()[:16])
         path = cache_root() / self.kind / name
-        with contextlib.suppress(OSError, ValueError):
-            with open(path, encoding="utf-8") as handle:
-                known = json.load(handle)
-            if isinstance(known, dict) and isinstance(known.get("key"), str) \
-                    and {k: v for k, v in known.items() if k != "key"} == record:
-                return str(known["key"])
+        known, _ = read_cache_json(path)  # damaged or foreign: the files are hashed again
+        if isinstance(known, dict) and isinstance(known.get("key"), str) \
+                and {k: v for k, v in known.items() if k != "key"} == record:
+            return str(known["key"])
         key = hash_key(base, map(Path, names), parts)
         if max((ctime for _, _, _, ctime, _ in signatures), default=0) \
                 > time.time_ns() - _SETTLED_NS:

@@ -152,3 +152,14 @@ def test_build_reports_the_cached_library(capsys: pytest.CaptureFixture[str]) ->
     ok, message = _build.build_status()
     assert cli.main(["build"]) == (0 if ok else 1)
     assert capsys.readouterr().out.strip() == ("built: " if ok else "build failed: ") + message
+
+
+def test_a_mistyped_compile_mode_is_refused_with_a_suggestion(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from opmux.core import config
+
+    monkeypatch.setenv("OPMUX_COMPILE_MODE", "indcutor")
+    with pytest.raises(opmux.ConfigError, match="got 'indcutor' \\(did you mean 'inductor'\\?\\)"):
+        config.compile_mode_spec()
+    monkeypatch.setenv("OPMUX_COMPILE_MODE", "eager")  # a registered torch.compile backend
+    assert config.compile_mode_spec() == "eager"

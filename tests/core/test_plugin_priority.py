@@ -92,3 +92,24 @@ def test_agreeing_plugins_and_unknown_providers(
     # "absent" is not a provider of the op: dropped before comparing, so they agree
     assert reg_op.priority() == ["two", "one", "native"]
     assert all(not r.conflicts for r in report().values())
+
+
+@pytest.mark.parametrize("vendor", ["aaa_vendor", "zzz_vendor"])
+@pytest.mark.parametrize("reverse_install_order", [False, True])
+def test_two_generic_plugins_that_disagree_never_let_a_name_decide(
+        fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op, vendor: str,
+        reverse_install_order: bool) -> None:
+    # the cpu plugin serves "*" (CPU tensors exist everywhere): a "*" vendor that prefers
+    # itself ties with it, whatever either is called (#39 item 10)
+    _plugin(fake, "cpu", reg_op, platforms=["*"], provides={"cpp": 10}, prefers=["cpp"])
+    _plugin(fake, vendor, reg_op, platforms=["*"], provides={"vendor": 20},
+            prefers=["vendor"])
+    if reverse_install_order:
+        fake.eps.reverse()
+    runtime._start(registry)
+    assert reg_op.priority() == ["native", "cpp", "vendor"]  # after native: never run
+    assert reg_op.priority_source() == "plugins"
+    assert reg_op(torch.zeros(1)).item() == 1.0  # native (x + 1): neither plugin's mark
+    rep = report()
+    assert "generic plugins disagree" in rep["cpu"].conflicts[0]
+    assert "generic plugins disagree" in rep[vendor].conflicts[0]

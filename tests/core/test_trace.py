@@ -115,7 +115,12 @@ assert ext.opmux_trace_flush() == {str(target)!r}  # nothing new: nothing added
 
 
 @pytest.mark.parametrize("damage", [b"{\"rms_norm\": {\"cpp\": 3", b"[1, 2]", b"\xff\xfe\x00",
-                                    b"{\"rms_norm\": {\"cpp\": \"3\"}}"])
+                                    b"{\"rms_norm\": {\"cpp\": \"3\"}}",
+                                    b"{\"rms_norm\": {\"cpp\": -3}}",
+                                    b"{\"rms_norm\": {\"cpp\": true}}",
+                                    b"{\"rms_norm\": {\"cpp\": 1.5}}",
+                                    b"[" * 200_000 + b"]" * 200_000,
+                                    b" " * (5 << 20)])
 def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, damage: bytes) -> None:
     target = tmp_path / "trace.json"
@@ -124,7 +129,7 @@ def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
     trace._reset_counts()
     counted = trace.wrap("mylib::my_op", "fast", lambda a: a)
     counted(1)
-    with pytest.warns(RuntimeWarning, match=r"OPMUX_TRACE file .*trace\.json holds no trace"):
+    with pytest.warns(RuntimeWarning, match=r"OPMUX_TRACE file .*trace\.json: .* holds no trace"):
         assert trace.flush() == str(target)
     assert json.loads(target.read_text()) == {"mylib::my_op": {"fast": 1}}
     trace.flush()  # a good file now: merged into without a word (filterwarnings = error)
@@ -132,3 +137,25 @@ def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
     trace.flush()
     assert json.loads(target.read_text()) == {"mylib::my_op": {"fast": 2}}
     trace._reset_counts()
+
+
+def test_a_failed_trace_write_goes_to_stderr_and_json_stdout_stays_json(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")  # a file where the trace's folder should be
+    env = {**os.environ, "OPMUX_TRACE": str(tmp_path / "file" / "t.json"),
+           "OPMUX_PLUGINS": "example_vendor",
+           "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "opmux.cli", "explain", "rms_norm",
+                           "--shape", "4,8", "--shape", "8", "--json"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)
+    assert proc.stderr.count("could not write the OPMUX_TRACE file") == 1
+
+
+def test_trace_path_expands_the_home_folder(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    pid = _run("~/t-{pid}.json", tmp_path)
+    assert (tmp_path / "home" / f"t-{pid}.json").is_file()
+    assert not (tmp_path / "~").exists()

@@ -164,16 +164,37 @@ def test_nearest_buckets_fill_every_size() -> None:
     (json.dumps({"format": 99, "ops": {}}), "format 99"),
     (None, "unknown provider"),
     (json.dumps([1, 2]), "not an object"),
+    ("FINGERPRINT_STR", "'fingerprint' is not an object"),
+    ("FINGERPRINT_LIST", "'fingerprint' is not an object"),
+    ("BUCKET_SUPERSCRIPT", "bucket '²' is not"),
+    ("[" * 200_000 + "]" * 200_000, "nested too deep"),
+    (" " * (5 << 20), "larger than"),
+    ("\udcff", "not JSON"),
 ])
 def test_damaged_table_is_reported_and_ignored(tuned_env: FakePlugins, content: str | None,
                                                why: str) -> None:
     path = _write({"ops": {OP: {"order": ["fastest", "native"]}}})
-    if content is not None:
+    if content is not None and content.isupper():  # a valid file with one field damaged
+        data = json.loads(path.read_text())
+        data["ops"] = {OP: {"order": ["native"]}}
+        if content == "FINGERPRINT_STR":
+            data["fingerprint"] = "x"
+        elif content == "FINGERPRINT_LIST":
+            data["fingerprint"] = [1]
+        else:
+            data["ops"][OP]["buckets"] = {"²": {"order": ["native"]}}
+        path.write_text(json.dumps(data), encoding="utf-8")
+    elif content == "\udcff":
+        path.write_bytes(b"\xff\xfe{")
+    elif content is not None:
         path.write_text(content, encoding="utf-8")
-    opmux.load_plugins()  # never fatal
+    with pytest.warns(RuntimeWarning, match=r"ignoring the tuned table .*\.json: ") as record:
+        opmux.load_plugins()  # never fatal
+    assert len(record) == 1
     status = tuned.tuned_status()
     assert status.state == "damaged" and why in status.reason and status.path == str(path)
     assert opmux.get_op("silu_and_mul").priority_source() == "registration order"
+    opmux.ops.silu_and_mul(torch.randn(2, 8))  # every op call still works
 
 
 def test_stale_table_is_reported_and_ignored(tuned_env: FakePlugins) -> None:

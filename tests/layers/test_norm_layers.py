@@ -219,3 +219,14 @@ def test_layers_compile_with_inductor(fresh_custom_ops: None) -> None:
         for g, w in zip(got if isinstance(got, tuple) else (got,),
                         want if isinstance(want, tuple) else (want,), strict=True):
             torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan"), float("inf"), 0.0, True, "1e-6"])
+def test_norm_eps_is_checked_at_construction(eps: object) -> None:
+    from opmux.layers.norm import GemmaRMSNorm, RMSNorm
+
+    for cls in (RMSNorm, GemmaRMSNorm):
+        with pytest.raises(opmux.OpInputError, match=f"{cls.__name__}: eps must be a finite "
+                                                     f"number > 0") as info:
+            cls(8, eps=eps)  # type: ignore[arg-type]
+        assert info.value.argument == "eps"

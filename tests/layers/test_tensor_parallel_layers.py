@@ -183,3 +183,16 @@ def test_disabled_layers_run_forward_native(fresh_custom_ops: None) -> None:
     _load(layer, weight=torch.eye(6, 4), bias=torch.zeros(6))
     torch.testing.assert_close(layer(torch.ones(1, 4)), torch.eye(6, 4).sum(1).unsqueeze(0))
     assert opmux.custom_op_counts()["disabled"]["column_parallel_linear"] == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((16, 4, 0, 0), "total_num_heads must be an integer >= 1, got 0"),
+    ((16, 0, 4, 2), "head_size must be an integer >= 1, got 0"),
+    ((16, 4, 2, 4), r"total_num_kv_heads \(4\) must not exceed total_num_heads \(2\)"),
+    ((16, 4, 4, 0), "total_num_kv_heads must be an integer >= 1, got 0"),
+])
+def test_qkv_sizes_are_checked_at_construction(args: tuple[int, ...], message: str) -> None:
+    from opmux.layers.linear import QKVParallelLinear
+
+    with pytest.raises(opmux.OpInputError, match=message):
+        QKVParallelLinear(*args)

@@ -104,6 +104,17 @@ def test_no_config(tmp_path: Path) -> None:
     ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads"),
     ({"rms_norm_eps": 0.0}, "'rms_norm_eps' = 0.0 is out of range"),
     ({"head_dim": 7}, "head_dim = 7 is out of range"),
+    ({"head_dim": 0}, "'head_dim' = 0 is out of range"),
+    ({"num_attention_heads": 3, "num_key_value_heads": 3, "head_dim": None},
+     r"hidden_size \(32\) is not a multiple of num_attention_heads \(3\)"),
+    ({"num_key_value_heads": 8}, r"num_key_value_heads \(8\) must not exceed"),
+    ({"rms_norm_eps": float("inf")}, "'rms_norm_eps' = inf is out of range"),
+    ({"vocab_size": 10**11}, "'vocab_size' = 100000000000 is out of range"),
+    ({"rope_theta": True}, "rope_theta must be positive"),
+    ({"rope_theta": float("nan")}, "rope_theta must be positive"),
+    ({"rope_scaling": [1, 2]}, "'rope_scaling' must be an object or null"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": -2}}, "'factor' must be a finite"),
+    ({"eos_token_id": 10**30}, r"'eos_token_id' must be token ids in \[0, vocab_size=64\)"),
     ({"vocab_size": "many"}, "'vocab_size' must be int"),
     ({"hidden_act": "relu"}, "activation 'relu' is not supported"),
     ({"rope_theta": -1.0}, "rope_theta must be positive"),
@@ -125,3 +136,63 @@ def test_loader_reads_both_rope_spellings(ckpt: Path) -> None:
                                         "rope_theta": 1000.0})
     params = read_config(ckpt).rope_parameters
     assert params["rope_type"] == "linear" and params["rope_theta"] == 1000.0
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[1, 2]", r"config\.json: expected a JSON object, got list"),
+    ("{\"architectures\": ", r"config\.json: not valid JSON"),
+    ("[" * 100_000, r"config\.json: not valid JSON"),
+])
+def test_config_json_that_is_no_object_names_the_file(ckpt: Path, text: str,
+                                                      message: str) -> None:
+    (ckpt / "config.json").write_text(text)
+    with pytest.raises(opmux.ConfigError, match=message):
+        read_config(ckpt)
+
+
+def test_generation_config_that_is_a_list_names_the_file(ckpt: Path) -> None:
+    (ckpt / "generation_config.json").write_text("[]")
+    with pytest.raises(opmux.ConfigError, match=r"generation_config\.json: expected a JSON"):
+        read_config(ckpt)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage", "directory", "loop"])
+def test_unreadable_weight_files_are_named(ckpt: Path, damage: str) -> None:
+    path = ckpt / "model.safetensors"
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-100])
+    elif damage == "empty":
+        path.write_bytes(b"")
+    elif damage == "garbage":
+        path.write_bytes(b"\xff" * 64)
+    elif damage == "directory":
+        (ckpt / "x.safetensors").mkdir()
+    else:
+        (ckpt / "loop.safetensors").symlink_to(ckpt / "loop.safetensors")
+    with pytest.raises(CheckpointError, match=r"\.safetensors"):
+        load_model(ckpt)
+
+
+def test_a_tensor_in_two_files_and_integer_weights_are_refused(ckpt: Path) -> None:
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    save_file({"model.norm.weight": tensors["model.norm.weight"]},
+              str(ckpt / "model-2.safetensors"))
+    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight' is in two files"):
+        load_model(ckpt)
+    (ckpt / "model-2.safetensors").unlink()
+    _edit_tensors(ckpt, add={"model.norm.weight": torch.ones(32, dtype=torch.int32)})
+    with pytest.raises(CheckpointError, match=r"floating point, got model\.norm\.weight \(I32\)"):
+        load_model(ckpt)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"max_position_embeddings": 2**31 - 1}, r"cos/sin cache of .* \(max_position_embeddings="),
+    ({"vocab_size": 2**31 - 1}, r"weights of .* \(vocab_size=2147483647"),
+])
+def test_sizes_that_do_not_fit_are_refused_before_allocating(
+        ckpt: Path, fields: dict[str, object], message: str) -> None:
+    from opmux.models import MemoryBudgetError
+
+    _edit_config(ckpt, **fields)
+    with pytest.raises(MemoryBudgetError, match=message + ".*does not fit the"):
+        load_model(ckpt)

@@ -438,3 +438,27 @@ def test_two_processes_build_from_an_empty_cache_once(good_entry: Path, tmp_path
     assert sorted(r[1] for r in results) == ["0", "1"]
     library = tmp_path / "cache" / "cpu" / good_entry.name / "opmux_cpu_kernels.so"
     assert verify(library.parent, library.name) is None
+
+
+@pytest.mark.parametrize("stamp", [
+    b"[" * 200_000 + b"]" * 200_000,  # nested too deep
+    b"[1, 2]",
+    b"{\"library\": \"libfake.so\", \"size\": \"4004\", \"sha256\": \"x\"}",
+    b"{\"library\": \"libfake.so\", \"size\": 4004, \"sha256\": \"x\", "
+    b"\"files\": {\"../../escape\": \"x\"}}",
+    b" " * (2 << 20),  # too large
+    b"\xff\xfe",
+])
+def test_a_hostile_stamp_is_ignored_with_one_warning_and_the_entry_rebuilt(
+        cache: BuildCache, stamp: bytes) -> None:
+    path = cache.ensure("k", _fake_build())
+    good = path.read_bytes()
+    (path.parent / STAMP).write_bytes(stamp)
+    with pytest.warns(RuntimeWarning, match=r"ignoring the build stamp .*\.opmux-stamp\.json: "
+                                            r".*; the entry is rebuilt") as record:
+        assert verify(path.parent, LIB) is not None  # never an exception
+        build = _fake_build()
+        assert cache.ensure("k", build) == path
+    assert len(record) == 1
+    assert len(build.calls) == 1 and path.read_bytes() == good
+    assert verify(path.parent, LIB) is None  # rebuilt: usable again, not off for good

@@ -1,0 +1,38 @@
+"""Checks of layer constructor arguments, in the shape of the op checks.
+
+A layer built with a size or epsilon no op can take used to fail later, inside a forward
+(``ZeroDivisionError``) or not at all (NaN outputs); these raise
+:class:`opmux.OpInputError` at construction, naming the layer, the argument and the range.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opmux.core.errors import OpInputError
+
+__all__ = ["check_eps", "check_size"]
+
+
+def check_size(layer: str, name: str, value: Any, low: int = 1) -> int:
+    """``value`` when it is an ``int`` (not ``bool``) >= ``low``.
+
+    :raises opmux.OpInputError: naming ``layer`` and ``name``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise OpInputError(f"{layer}: {name} must be an integer >= {low}, got {value!r}",
+                           argument=name)
+    return value
+
+
+def check_eps(layer: str, value: Any, name: str = "eps") -> float:
+    """``value`` when it is a finite number > 0 (a norm's epsilon).
+
+    :raises opmux.OpInputError: naming ``layer`` and ``name``.
+    """
+    if (not isinstance(value, int | float) or isinstance(value, bool)
+            or not math.isfinite(value) or value <= 0):
+        raise OpInputError(f"{layer}: {name} must be a finite number > 0, got {value!r}",
+                           argument=name)
+    return float(value)
