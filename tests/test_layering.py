@@ -34,6 +34,8 @@ def _module_name(path: Path) -> str:
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The opmux modules ``path`` imports, at any depth, type-checking imports excluded."""
+    package = _module_name(path) if path.name == "__init__.py" else \
+        _module_name(path).rpartition(".")[0]
     tree = ast.parse(path.read_text())
     skip: set[int] = set()
     for node in ast.walk(tree):
@@ -43,11 +45,19 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("opmux"):
-            submodules = {f"{node.module}.{a.name}" for a in node.names} & modules
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:  # relative: from . import x, from .mod import y
+                base = base[:len(base) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            if not module.startswith("opmux"):
+                continue
+            submodules = {f"{module}.{a.name}" for a in node.names} & modules
             found.update(submodules)
             if len(submodules) < len(node.names):  # a name of the module itself
-                found.add(node.module)
+                found.add(module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
     return {m for m in found if m in modules}

@@ -1,8 +1,8 @@
 """Which provider served each op call, counted over a block of code.
 
-:class:`ProviderTally` swaps the call of the ops it watches for one that asks
-:meth:`opmux.Op.dispatch` which implementation the arguments select, counts it, and calls
-on; on exit the ops' own calls are back. Nothing is installed outside the ``with`` block,
+:class:`ProviderTally` swaps :class:`opmux.Op`'s call for one that, for the ops it
+watches, asks :meth:`opmux.Op.dispatch` which implementation the arguments select, counts
+it, and calls on; on exit the call it replaced is back (tallies nest). Nothing is installed outside the ``with`` block,
 so the tally costs nothing when unused; inside, it costs one selection per call (the
 provider is recorded exactly, predicates included).
 
@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+from opmux.core.op import Op
 from opmux.core.registry import get_op
 
 __all__ = ["ProviderTally"]
@@ -35,29 +36,28 @@ class ProviderTally:
     def __init__(self, names: Iterable[str]) -> None:
         self.names = list(names)
         self.counts: dict[str, Counter[str]] = {}
-        self._saved: list[tuple[type, Any]] = []
+        self._saved: list[Any] = []
 
     def __enter__(self) -> ProviderTally:
+        watched: dict[int, Counter[str]] = {}
         for name in self.names:
-            op = get_op(name)
-            cls = type(op)
-            original = cls.__dict__["__call__"]
-            counter = self.counts.setdefault(name, Counter())
+            watched[id(get_op(name))] = self.counts.setdefault(name, Counter())
+        original = Op.__dict__["__call__"]
 
-            def counting(_self: Any, *args: Any, _orig: Any = original, _c: Counter[str] = counter,
-                         **kwargs: Any) -> Any:
-                _c[_self.dispatch(*args, **kwargs).provider] += 1
-                return _orig(_self, *args, **kwargs)
+        def counting(op: Op, *args: Any, **kwargs: Any) -> Any:
+            counter = watched.get(id(op))
+            if counter is not None:
+                counter[op.dispatch(*args, **kwargs).provider] += 1
+            return original(op, *args, **kwargs)
 
-            self._saved.append((cls, original))
-            setattr(cls, "__call__", counting)  # noqa: B010
+        self._saved.append(original)
+        setattr(Op, "__call__", counting)  # noqa: B010
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         while self._saved:
-            cls, original = self._saved.pop()
-            setattr(cls, "__call__", original)  # noqa: B010
+            setattr(Op, "__call__", self._saved.pop())  # noqa: B010
 
     def providers(self) -> dict[str, str]:
         """op → the provider that served most of its calls (ops never called left out)."""
