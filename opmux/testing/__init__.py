@@ -14,8 +14,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opmux.testing.bad_inputs import BadInput, bad_inputs_for, register_bad_inputs
-    from opmux.testing.cases import Case, CaseGenerator, cases_for, has_cases, register_cases
+    from opmux.testing.bad_input_table import BadInput, register_bad_inputs
+    from opmux.testing.bad_inputs import bad_inputs_for
+    from opmux.testing.case_table import Case, CaseGenerator, register_cases
+    from opmux.testing.cases import cases_for, has_cases
     from opmux.testing.conformance import (
         TOLERANCES,
         CaseResult,
@@ -51,13 +53,16 @@ __all__ = [
     "tolerance",
 ]
 
-_HOME = {name: "opmux.testing.cases" for name in
-         ("Case", "CaseGenerator", "cases_for", "has_cases", "register_cases")}
+# the tables (case_table, bad_input_table) import no family module: registering a plugin's
+# cases does not load the catalog's; the lookups (cases, bad_inputs) load it on first use
+_HOME = {name: "opmux.testing.case_table" for name in ("Case", "CaseGenerator", "register_cases")}
+_HOME.update({name: "opmux.testing.cases" for name in ("cases_for", "has_cases")})
 _HOME.update({name: "opmux.testing.conformance" for name in
               ("TOLERANCES", "CaseResult", "ProviderReport", "check_provider", "run_case",
                "run_opcheck", "tolerance")})
-_HOME.update({name: "opmux.testing.bad_inputs" for name in
-              ("BadInput", "bad_inputs_for", "register_bad_inputs")})
+_HOME.update({name: "opmux.testing.bad_input_table" for name in
+              ("BadInput", "register_bad_inputs")})
+_HOME.update({"bad_inputs_for": "opmux.testing.bad_inputs"})
 _HOME.update({name: "opmux.testing.views" for name in
               ("StridedVariant", "run_variant", "strided_variants")})
 _HOME.update({name: "opmux.testing.paged_batches" for name in ("PagedBatch", "paged_batch")})
