@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import json
 import os
@@ -176,6 +177,19 @@ class Recorder:
             JITFunction.run, Autotuner.run = saved
 
 
+@functools.cache
+def _served() -> list[str]:
+    """Register provider ``triton`` on the catalog (once), as on a CUDA machine; the ops."""
+    import opmux
+    from opmux.plugins.cuda import triton_ops
+
+    class _Catalog:
+        def list_ops(self) -> list[Any]:
+            return opmux.list_ops()
+
+    return sorted(pair.split(":")[0] for pair in triton_ops.register(_Catalog(), "CUDA"))
+
+
 def record_launches(capability: tuple[int, int] | None) -> tuple[list[Launch], list[str]]:
     """Run provider ``triton`` on every conformance case of every op it serves, as on a GPU
     of compute ``capability`` (``None``: not an NVIDIA GPU), launches recorded.
@@ -185,14 +199,10 @@ def record_launches(capability: tuple[int, int] | None) -> tuple[list[Launch], l
     from unittest import mock
 
     import opmux
-    from opmux.plugins.cuda import triton_ops, triton_runtime
+    from opmux.plugins.cuda import triton_runtime
     from opmux.testing import cases_for, has_cases
 
-    class _Catalog:
-        def list_ops(self) -> list[Any]:
-            return opmux.list_ops()
-
-    served = sorted(pair.split(":")[0] for pair in triton_ops.register(_Catalog(), "CUDA"))
+    served = _served()
     notes: list[str] = []
     recorder = Recorder()
     with recorder.active(), mock.patch.object(triton_runtime, "cuda_capability",
