@@ -61,7 +61,8 @@ class Target:
     max_shared: int
     #: registers a block may hold (the SM's / CU's register file for one block)
     max_block_regs: int
-    #: registers are allocated per warp in units of this many (NVIDIA: 256 per warp)
+    #: allocation unit: NVIDIA allocates a warp's registers 256 at a time, AMD a lane's VGPRs
+    #: 8 at a time
     reg_unit: int
 
 
@@ -71,7 +72,7 @@ TARGETS: dict[str, Target] = {
     "sm_80": Target("sm_80", "cuda", 80, 32, 163 * 1024, 65536, 256),
     "sm_90": Target("sm_90", "cuda", 90, 32, 227 * 1024, 65536, 256),
     # CDNA3 (MI300): 64 KB LDS per workgroup; 512 VGPRs per lane per SIMD, 4 SIMDs per CU.
-    "gfx942": Target("gfx942", "hip", "gfx942", 64, 64 * 1024, 4 * 512 * 64, 8 * 64),
+    "gfx942": Target("gfx942", "hip", "gfx942", 64, 64 * 1024, 4 * 512 * 64, 8),
 }
 
 
@@ -312,8 +313,9 @@ _RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
 
 def resources(target: Target, compiled: Any) -> tuple[int, int, int]:
-    """``(registers per thread, static shared bytes, local (spill) bytes per thread)``:
-    NVIDIA from the cubin through the ``cuobjdump`` Triton ships, AMD from the assembly."""
+    """``(registers per thread, static shared bytes, spills)``: NVIDIA from the cubin through
+    the ``cuobjdump`` Triton ships (spills: local memory bytes per thread), AMD from the
+    assembly (spills: spilled VGPRs)."""
     if target.backend == "cuda":
         from triton import knobs
 
@@ -345,7 +347,8 @@ def block_registers(target: Target, regs: int, num_warps: int) -> int:
         per_warp = -(-regs * target.warp_size // target.reg_unit) * target.reg_unit
         return per_warp * num_warps
     waves_per_simd = -(-num_warps // 4)
-    return 4 * waves_per_simd * (-(-regs // 8) * 8) * target.warp_size
+    per_lane = -(-regs // target.reg_unit) * target.reg_unit
+    return 4 * waves_per_simd * per_lane * target.warp_size
 
 
 def compile_one(variant: Variant, src: Any, options: Any, target: Target) -> Variant:
@@ -385,8 +388,9 @@ def _compile_index(i: int) -> Variant:
     return compile_one(variant, src, options, target)
 
 
-def lower(targets: list[Target], jobs: int) -> tuple[list[Variant], list[str], set[str]]:
-    """Record, plan and compile for every target.
+def lower(targets: list[Target], jobs: int, only: re.Pattern[str] | None = None
+          ) -> tuple[list[Variant], list[str], set[str]]:
+    """Record, plan and compile for every target (only the kernels ``only`` matches).
 
     :return: the variants, the recording notes (per target), and the kernels launched or
         called by a launched kernel on some target.
@@ -402,7 +406,8 @@ def lower(targets: list[Target], jobs: int) -> tuple[list[Variant], list[str], s
         notes += [f"{target.name}: {n}" for n in target_notes]
         for fn in {id(launch.fn): launch.fn for launch in launches}.values():
             reached |= {kernel_name(fn)} | callees(fn)
-        _JOBS.extend((v, src, opt, target) for v, src, opt in plan(launches, target))
+        _JOBS.extend((v, src, opt, target) for v, src, opt in plan(launches, target)
+                     if only is None or only.search(v.kernel))
     # the slowest first, so the tail stays short
     order = sorted(range(len(_JOBS)), key=lambda i: "attention" not in _JOBS[i][0].kernel)
     if jobs > 1:
@@ -420,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="compiler processes (default: one per CPU)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    parser.add_argument("--kernel", metavar="REGEX", default="",
+                        help="lower only the kernels whose name matches (after editing one); "
+                             "the coverage check is skipped then")
     ns = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("aot_compile: unset TRITON_INTERPRET (kernels must be JITFunctions to lower)")
@@ -427,14 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = [TARGETS[t] for t in (ns.target or sorted(TARGETS))]
     start = time.perf_counter()
     kernels = enumerate_kernels()
-    variants, notes, reached = lower(targets, ns.jobs)
+    variants, notes, reached = lower(targets, ns.jobs, re.compile(ns.kernel))
     for v in sorted(variants, key=lambda v: (v.target, v.kernel, v.constexprs)):
         head = "ok  " if v.status == "ok" else "FAIL"
         print(f"{head} {v.label()}: regs {v.registers} shared {v.shared} B local {v.local_bytes}"
               f" B ({v.seconds:.1f} s)" + (f": {v.message}" if v.message else ""))
     for note in notes:
         print(f"note {note}")
-    unreached = sorted(set(kernels) - reached)
+    unreached = [] if ns.kernel else sorted(set(kernels) - reached)
     for name in unreached:
         print(f"FAIL {name}: no conformance case launches it (add a case for its op)")
     per_target = {t.name: sorted({v.kernel for v in variants if v.target == t.name})
