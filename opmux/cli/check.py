@@ -67,7 +67,10 @@ def _device_name(device: str) -> str:
     """A human name of ``device``: the GPU's name, the CPU's model, else the device string."""
     import torch
 
-    kind = torch.device(device).type
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:  # a device type torch does not know yet (its backend not imported)
+        return device
     if kind == "cuda" and torch.cuda.is_available():
         return str(torch.cuda.get_device_name(torch.device(device)))
     if kind == "cpu":
