@@ -17,7 +17,9 @@ Run as a script with the interpreter OFF (``TRITON_INTERPRET`` unset)::
    ``triton.compile``. Triton's cache (``TRITON_CACHE_DIR``) keys each by the kernel's source
    hash, so an unchanged kernel is not compiled again.
 4. **Check** the compiled metadata against the target: shared memory within the per-block
-   maximum, registers x threads of the launched block within the register file.
+   maximum, registers x threads of the launched block within the register file. An autotune
+   config over a limit is only reported when every call it serves has a config that fits
+   (on a device the autotuner skips a config that raises OutOfResources).
 5. **Coverage**: every enumerated kernel is launched, or called by a launched kernel; a kernel
    no conformance case reaches is an error (add a case).
 
@@ -146,6 +148,8 @@ class Launch:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     origin: str
+    #: the autotuned call this launch is one config of (``None``: not autotuned)
+    group: int | None = None
 
 
 class Recorder:
@@ -155,6 +159,8 @@ class Recorder:
     def __init__(self) -> None:
         self.launches: list[Launch] = []
         self.origin = ""
+        self.group: int | None = None
+        self.groups = 0
 
     @contextmanager
     def active(self) -> Iterator[Recorder]:
@@ -163,12 +169,17 @@ class Recorder:
         recorder = self
 
         def jit_run(fn: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-            recorder.launches.append(Launch(fn, args, kwargs, recorder.origin))
+            recorder.launches.append(Launch(fn, args, kwargs, recorder.origin, recorder.group))
 
         def tuned_run(tuner: Any, *args: Any, **kwargs: Any) -> None:
             tuner.nargs = dict(zip(tuner.arg_names, args, strict=False))
-            for config in tuner.prune_configs(kwargs):
-                tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+            recorder.groups += 1
+            recorder.group = recorder.groups
+            try:
+                for config in tuner.prune_configs(kwargs):
+                    tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+            finally:
+                recorder.group = None
 
         saved = JITFunction.run, Autotuner.run
         JITFunction.run, Autotuner.run = jit_run, tuned_run
@@ -241,6 +252,11 @@ class Variant:
     num_warps: int
     num_stages: int
     origins: list[str] = field(default_factory=list)
+    #: the autotuned calls it is a config of (see :func:`settle`)
+    groups: list[int] = field(default_factory=list)
+    #: ``ok``; ``fail`` (does not lower, or over a limit); ``pruned`` (an autotune config over
+    #: a limit where every call it serves has a config that fits: the autotuner skips it on a
+    #: device, as it skips any config that raises OutOfResources); ``over`` before settling
     status: str = "pending"
     message: str = ""
     shared: int = 0
@@ -304,8 +320,11 @@ def plan(launches: list[Launch], target: Target) -> list[tuple[Variant, Any, Any
                               if len(p) == 1)
             out[key] = (Variant(kernel_name(launch.fn), target.name, sig, consts,
                                 options.num_warps, options.num_stages), src, options)
-        if launch.origin not in out[key][0].origins:
-            out[key][0].origins.append(launch.origin)
+        variant = out[key][0]
+        if launch.origin not in variant.origins:
+            variant.origins.append(launch.origin)
+        if launch.group is not None and launch.group not in variant.groups:
+            variant.groups.append(launch.group)
     return list(out.values())
 
 
@@ -374,9 +393,24 @@ def compile_one(variant: Variant, src: Any, options: Any, target: Target) -> Var
     if used > target.max_block_regs:
         problems.append(f"{regs} registers/thread x {variant.num_warps} warps = {used} > "
                         f"{target.max_block_regs} per block")
-    variant.status = "fail" if problems else "ok"
+    variant.status = "over" if problems else "ok"
     variant.message = "; ".join(problems)
     return variant
+
+
+def settle(variants: list[Variant]) -> None:
+    """Decide the variants over a limit: ``pruned`` where each autotuned call the variant is
+    a config of has a config that fits on the same target, else ``fail``."""
+    fits: dict[tuple[str, int], bool] = {}
+    for v in variants:
+        for g in v.groups:
+            fits[(v.target, g)] = fits.get((v.target, g), False) or v.status == "ok"
+    for v in variants:
+        if v.status == "over":
+            pruned = bool(v.groups) and all(fits[(v.target, g)] for g in v.groups)
+            v.status = "pruned" if pruned else "fail"
+            v.message += (" (an autotune config: the autotuner skips it, another fits)"
+                          if pruned else "")
 
 
 _JOBS: list[tuple[Variant, Any, Any, Target]] = []
@@ -415,6 +449,7 @@ def lower(targets: list[Target], jobs: int, only: re.Pattern[str] | None = None
             done = pool.map(_compile_index, order, chunksize=1)
     else:
         done = [_compile_index(i) for i in order]
+    settle(done)
     return done, notes, reached
 
 
@@ -437,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = enumerate_kernels()
     variants, notes, reached = lower(targets, ns.jobs, re.compile(ns.kernel))
     for v in sorted(variants, key=lambda v: (v.target, v.kernel, v.constexprs)):
-        head = "ok  " if v.status == "ok" else "FAIL"
+        head = {"ok": "ok  ", "pruned": "skip"}.get(v.status, "FAIL")
         print(f"{head} {v.label()}: regs {v.registers} shared {v.shared} B local {v.local_bytes}"
               f" B ({v.seconds:.1f} s)" + (f": {v.message}" if v.message else ""))
     for note in notes:
@@ -447,10 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL {name}: no conformance case launches it (add a case for its op)")
     per_target = {t.name: sorted({v.kernel for v in variants if v.target == t.name})
                   for t in targets}
-    failed = [v for v in variants if v.status != "ok"]
+    failed = [v for v in variants if v.status not in ("ok", "pruned")]
+    pruned = sum(v.status == "pruned" for v in variants)
     seconds = time.perf_counter() - start
     print(f"summary: {len(kernels)} kernels enumerated ({len(kernels) - len(unreached)} "
           f"reached); {len(variants)} variants on {', '.join(per_target)}; "
+          f"{pruned} autotune configs over a limit (skipped by the autotuner); "
           f"{len(failed)} failed; {seconds:.0f} s")
     if ns.json:
         with open(ns.json, "w") as f:

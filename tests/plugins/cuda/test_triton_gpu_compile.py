@@ -40,7 +40,10 @@ def test_every_kernel_lowers_for_every_target(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["unreached"] == [] and len(data["kernels"]) >= 39
     variants = data["variants"]
-    assert all(v["status"] == "ok" for v in variants)
+    # over a limit only as an autotune config the autotuner skips (gfx942's 64 KB LDS and
+    # paged attention's largest fp32 tiles)
+    assert all(v["status"] == "ok" or (v["status"] == "pruned" and v["groups"])
+               for v in variants), [v for v in variants if v["status"] != "ok"]
     launched = {t: set(kernels) for t, kernels in data["launched"].items()}
     assert set(launched) == {"sm_80", "sm_90", "gfx942"}
     # every launchable kernel on sm_90 and gfx942; the fp8 kernels decline on sm_80
@@ -101,6 +104,7 @@ src = ASTSource(big, {{"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "K"
 target = a.TARGETS["sm_90"]
 options = a.make_options(target, num_warps=4, num_stages=4)
 variant = a.compile_one(a.Variant("big", "sm_90", "", "BLOCK=256", 4, 4), src, options, target)
+a.settle([variant])
 print(json.dumps({{"kernels": sorted(kernels), "callees": sorted(a.callees(launched)),
                   "big": [variant.status, variant.message, variant.shared],
                   "regs": [a.block_registers(target, 255, 8), a.block_registers(target, 1, 1),
