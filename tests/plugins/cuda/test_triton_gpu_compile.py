@@ -6,7 +6,7 @@ modules, records the launches provider ``triton`` makes on the conformance cases
 every distinct variant through Triton's compiler for each target, checking shared memory and
 registers against the target's limits. Triton's cache (``TRITON_CACHE_DIR``; the triton lane
 points it into its environment folder) keeps the binaries by source hash: a warm run takes
-about a minute, a cold one (every kernel changed) many (see docs/testing.md).
+about 20 s, a cold one (every kernel changed) many minutes (see docs/testing.md).
 """
 
 from __future__ import annotations
