@@ -10,8 +10,11 @@ this one process, on the same inputs.
 Usage::
 
     python benchmarks/gpu_kernels.py [--ops rms_norm,paged_attention] [--no-compile]
+    python benchmarks/gpu_kernels.py --check [--out DIR]     # also: make gpu-check
 
-Without a GPU it prints one line saying so and exits 0.
+``--check`` is the device check (see ``gpu_check.py``): conformance of providers ``triton`` and
+``cuda_c`` on the GPU, then this benchmark, into one JSON + Markdown report. Without a GPU
+either prints one line saying so and exits 0.
 """
 
 from __future__ import annotations
@@ -196,7 +199,11 @@ def cases() -> list[Case]:
     return out
 
 
-def run(selected: set[str] | None, compile_native: bool) -> None:
+def run(selected: set[str] | None, compile_native: bool) -> dict[str, Any]:
+    """Benchmark every case (printing as it goes); returns the device facts and one row per
+    op x contender: ``{"op", "shape", "contender", "kind", "ms", "gbps", "peak_share",
+    "speedup", "note"}`` (``kind``: ``opmux`` for a provider, ``baseline`` otherwise;
+    ``speedup`` = baseline ms / best opmux ms)."""
     import opmux
     from opmux.plugins.cuda import cuda_c, triton_ops
 
@@ -210,9 +217,19 @@ def run(selected: set[str] | None, compile_native: bool) -> None:
     triton_ops.register(registry, "CUDA")
     cuda_c.register(registry, "CUDA")
     peak, source = peak_gbps()
-    print(f"device: {torch.cuda.get_device_name(0)}; peak memory bandwidth {peak:.0f} GB/s "
-          f"({source}); torch {torch.__version__}")
+    device = torch.cuda.get_device_name(0)
+    print(f"device: {device}; peak memory bandwidth {peak:.0f} GB/s ({source}); "
+          f"torch {torch.__version__}")
     print("ratios are baseline_ms / opmux_ms (above 1: opmux faster)")
+    rows: list[dict[str, Any]] = []
+
+    def row(case: Case, contender: str, kind: str, ms: float | None = None,
+            note: str = "", speedup: float | None = None) -> None:
+        gbps = case.nbytes / ms / 1e6 if ms else None
+        rows.append({"op": case.op, "shape": case.shape, "contender": contender, "kind": kind,
+                     "ms": ms, "gbps": gbps, "peak_share": gbps / peak if gbps else None,
+                     "speedup": speedup, "note": note})
+
     for case in cases():
         if selected and case.op not in selected:
             continue
@@ -225,9 +242,11 @@ def run(selected: set[str] | None, compile_native: bool) -> None:
             if impl is None or not impl.supported:
                 why = impl.reason if impl is not None else "not registered for this op"
                 print(f"  {provider:<12} n/a: {why}")
+                row(case, provider, "opmux", note=f"n/a: {why}")
                 continue
             ms = bench(functools.partial(impl.fn, *case.args))
             results[provider] = ms
+            row(case, provider, "opmux", ms)
             gbps = case.nbytes / ms / 1e6
             print(f"  {provider:<12} {ms:9.4f} ms  {gbps:8.1f} GB/s  {100 * gbps / peak:5.1f}% "
                   f"of peak")
@@ -240,13 +259,19 @@ def run(selected: set[str] | None, compile_native: bool) -> None:
         for label, fn in baselines.items():
             if isinstance(fn, str):
                 print(f"  {label:<12} {fn}")
+                row(case, label, "baseline", note=fn)
                 continue
             try:
                 ms = bench(fn, reps=20)
             except Exception as exc:
-                print(f"  {label:<12} failed: {type(exc).__name__}: {exc}"[:140])
+                note = f"failed: {type(exc).__name__}: {exc}"[:140]
+                print(f"  {label:<12} {note}")
+                row(case, label, "baseline", note=note)
                 continue
+            row(case, label, "baseline", ms, speedup=ms / best)
             print(f"  {label:<12} {ms:9.4f} ms  opmux speed-up x{ms / best:6.2f}")
+    return {"device": device, "peak_gbps": peak, "peak_source": source,
+            "torch": torch.__version__, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,12 +279,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     parser.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile baseline (saves the compile time)")
+    parser.add_argument("--check", action="store_true",
+                        help="the device check: conformance of triton and cuda_c on the GPU "
+                             "first, then the benchmark; writes gpu-check.json and .md")
+    parser.add_argument("--out", default=".",
+                        help="folder of the --check report (default: the current one)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA/ROCm GPU is available (torch.cuda.is_available() is False); "
-              "nothing to benchmark")
+              "nothing to " + ("check" if args.check else "benchmark"))
         return 0
     selected = {s for s in args.ops.split(",") if s} or None
+    if args.check:
+        import gpu_check
+
+        return gpu_check.device_check(args.out, lambda: run(selected, not args.no_compile))
     run(selected, not args.no_compile)
     return 0
 

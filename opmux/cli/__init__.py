@@ -1,5 +1,5 @@
-"""The ``opmux`` command: ``info``, ``explain``, ``check``, ``bench``, ``tune``, ``demo``,
-``build``, ``generate``.
+"""The ``opmux`` command: ``info``, ``explain``, ``check``, ``matrix``, ``bench``, ``tune``,
+``demo``, ``build``, ``generate``.
 
 One module per command (``opmux.cli.<command>``), each with ``HELP``, ``add_arguments(parser)``
 and ``run(namespace) -> exit status``; tables are printed by :mod:`opmux.cli.table`. Errors
@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from opmux.cli import bench, build, check, explain, generate, info, tune
+from opmux.cli import bench, build, check, explain, generate, info, matrix, tune
 from opmux.cli._option_checks import OneLineParser
 from opmux.core import config
 
@@ -27,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = (("info", info.HELP, info.add_arguments, info.run),
                 ("explain", explain.HELP, explain.add_arguments, explain.run),
                 ("check", check.HELP, check.add_arguments, check.run),
+                ("matrix", matrix.HELP, matrix.add_arguments, matrix.run),
                 ("bench", bench.HELP, bench.add_arguments, bench.run),
                 ("tune", tune.HELP, tune.add_arguments, tune.run),
                 ("demo", "a random Llama checkpoint through opmux, checked vs native",

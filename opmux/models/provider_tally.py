@@ -2,9 +2,9 @@
 
 :class:`ProviderTally` swaps :class:`opmux.Op`'s call for one that, for the ops it
 watches, asks :meth:`opmux.Op.dispatch` which implementation the arguments select, counts
-it, and calls on; on exit the call it replaced is back (tallies nest). Nothing is installed outside the ``with`` block,
-so the tally costs nothing when unused; inside, it costs one selection per call (the
-provider is recorded exactly, predicates included).
+it, and calls on; on exit the call it replaced is back (tallies nest). Nothing is
+installed outside the ``with`` block, so the tally costs nothing when unused; inside, it
+costs one selection per call (the provider is recorded exactly, predicates included).
 
 >>> import torch, opmux
 >>> with ProviderTally(["silu_and_mul"]) as tally:

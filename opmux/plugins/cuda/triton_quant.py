@@ -20,11 +20,16 @@ import triton.language as tl
 
 from opmux.ops.checks import check_quant_fp8
 from opmux.ops.quant import FP8_MAX, FP8_MIN_SCALE
+from opmux.plugins.cuda import triton_runtime
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, interpreting, next_pow2
 
 __all__ = ["quant_fp8", "quant_fp8_supports"]
 
 _MAX_BLOCK = 4096
+_FP8_CAPABILITY = (8, 9)
+"""Triton lowers ``float8_e4m3fn`` (its ``fp8e4nv``) for NVIDIA GPUs of compute capability 8.9
+and newer only ("type fp8e4nv not supported in this architecture" on an A100, sm_80); there the
+provider declines and native runs. ROCm GPUs lower it (gfx942 checked)."""
 _ROUND = interpreting()
 """Round to the e4m3 grid before the cast (the interpreter's cast rounds wrongly; a GPU's
 ``cvt.rn.satfinite`` is exact and gets the plain cast). Fixed at import, as ``@triton.jit``."""
@@ -179,5 +184,8 @@ def quant_fp8(x: torch.Tensor, scale: Optional[torch.Tensor] = None, per_token: 
 def quant_fp8_supports(x: torch.Tensor, scale: Optional[torch.Tensor] = None,
                        per_token: bool = False, scale_ub: Optional[torch.Tensor] = None,
                        group_size: Optional[int] = None, use_ue8m0: bool = False) -> bool:
-    """Float32/16/bf16 ``x``."""
-    return x.dtype in DTYPES
+    """Float32/16/bf16 ``x``, on a GPU that has fp8 e4m3 (not NVIDIA below sm_89)."""
+    if x.dtype not in DTYPES:
+        return False
+    capability = triton_runtime.cuda_capability(x)
+    return capability is None or capability >= _FP8_CAPABILITY

@@ -8,6 +8,7 @@ the kernel modules must be imported after it is switched on; nothing here import
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from opmux.core import config
 __all__ = [
     "DTYPES",
     "PROVIDER",
+    "cuda_capability",
     "interpreting",
     "next_pow2",
     "one_config_when_interpreting",
@@ -42,6 +44,22 @@ def interpreting() -> bool:
 
     knobs = getattr(triton, "knobs", None)
     return bool(knobs is not None and knobs.runtime.interpret)
+
+
+def cuda_capability(t: torch.Tensor) -> tuple[int, int] | None:
+    """Compute capability of the NVIDIA GPU that holds ``t``; ``None`` for any other device
+    (CPU tensors under the interpreter, ROCm GPUs). For ``supports_args`` predicates of kernels
+    that Triton lowers only on newer GPUs: a property of the argument, cached per device."""
+    if t.device.type != "cuda" or torch.version.hip is not None:
+        return None
+    index = t.device.index
+    return _capability(torch.cuda.current_device() if index is None else index)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(index)
+    return int(major), int(minor)
 
 
 def triton_status() -> tuple[bool, str]:

@@ -62,3 +62,15 @@ def test_errors_match_native(ops: dict[str, opmux.Op], device: torch.device) -> 
     with pytest.raises(opmux.OpInputError, match=r"opmux::quant_fp8 \(provider 'triton'\): "
                        r"argument 'use_ue8m0' expected False without group_size"):
         triton_quant.quant_fp8(x, None, False, None, None, True)
+
+
+def test_quant_fp8_declines_on_gpus_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton lowers float8_e4m3fn for sm_89 and newer only: on an A100 native runs."""
+    from opmux.plugins.cuda import triton_quant, triton_runtime
+
+    x = torch.randn(2, 8)
+    assert triton_runtime.cuda_capability(x) is None and triton_quant.quant_fp8_supports(x)
+    for capability, accepted in (((8, 0), False), ((8, 6), False), ((8, 9), True),
+                                 ((9, 0), True)):
+        monkeypatch.setattr(triton_runtime, "cuda_capability", lambda t, c=capability: c)
+        assert triton_quant.quant_fp8_supports(x) is accepted, capability
