@@ -45,9 +45,7 @@ class MemoryBudgetError(OpmuxError, MemoryError):
 
     def __init__(self, message: str, *, what: str, needed: int, available: int) -> None:
         super().__init__(message)
-        self.what = what
-        self.needed = needed
-        self.available = available
+        self.what, self.needed, self.available = what, needed, available
 
 
 MemoryBudgetError.__module__ = "opmux.models"
