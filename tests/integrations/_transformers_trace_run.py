@@ -12,9 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _transformers_models import build, greedy, greedy_batch  # noqa: E402
+from _transformers_models import build, greedy, greedy_batch
 
-from opmux.integrations import transformers as otf  # noqa: E402
+from opmux.integrations import transformers as otf
 
 for arch in sys.argv[1:]:
     model = build(arch)

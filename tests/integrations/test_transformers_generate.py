@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from _transformers_models import (
     ARCHS,
     PROMPTS,
@@ -22,7 +21,7 @@ from _transformers_models import (
 
 pytest.importorskip("transformers")
 
-from opmux.integrations import transformers as otf  # noqa: E402
+from opmux.integrations import transformers as otf
 
 
 @pytest.fixture(scope="module", params=ARCHS)
