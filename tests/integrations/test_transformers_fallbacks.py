@@ -71,15 +71,17 @@ def test_padding_mask_falls_back_and_equals_plain(arch: str,
         assert opmux_attention_calls  # and without padding opmux's again
 
 
-def test_autograd_runs_transformers_code(llama: Any, opmux_attention_calls: list[int]) -> None:
-    ids = torch.tensor(PROMPTS[1:])
-    want = llama(ids).logits
-    otf.enable(llama)
-    got = llama(ids).logits  # grad enabled: the ops have no backward
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-    got.sum().backward()
-    assert llama.model.layers[0].mlp.gate_proj.weight.grad is not None
-    assert opmux_attention_calls == []
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_autograd_runs_transformers_code(arch: str, opmux_attention_calls: list[int]) -> None:
+    for model in _enabled(arch):
+        ids = torch.tensor(PROMPTS[1:])
+        want = model(ids).logits
+        otf.enable(model)
+        got = model(ids).logits  # grad enabled: the ops have no backward
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        got.sum().backward()
+        assert all(p.grad is not None for p in model.model.layers[0].parameters())
+        assert opmux_attention_calls == []
 
 
 def test_attention_weights_requested_fall_back(gemma2: Any,
