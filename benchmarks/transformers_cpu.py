@@ -19,6 +19,7 @@ Run: ``python benchmarks/transformers_cpu.py [--models tiny 100m] [--batch 1 16]
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 from pathlib import Path
@@ -88,8 +89,8 @@ def main() -> None:
                     opmux = _generate(model, ids, args.new_tokens, True)
                     same = "equal" if torch.equal(plain, opmux) else "differ"
                     times = samples({
-                        "plain": lambda: _generate(model, ids, args.new_tokens, False),
-                        "opmux": lambda: _generate(model, ids, args.new_tokens, True),
+                        "plain": functools.partial(_generate, model, ids, args.new_tokens, False),
+                        "opmux": functools.partial(_generate, model, ids, args.new_tokens, True),
                     }, rounds=args.rounds, warmup=0)
                     rate = {k: batch * args.new_tokens / statistics.median(v)
                             for k, v in times.items()}

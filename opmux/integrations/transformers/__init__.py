@@ -148,9 +148,10 @@ def enable(model: Any) -> Any:
             raise
         for module, _, sub in swaps:
             module.__class__ = sub
-        # an instance attribute (nn.Module keeps it in __dict__), removed by disable()
-        model.__dict__["init_continuous_batching"] = types.MethodType(
-            _init_continuous_batching, model)
+        if hasattr(type(model), "init_continuous_batching"):
+            # an instance attribute (nn.Module keeps it in __dict__), removed by disable()
+            model.__dict__["init_continuous_batching"] = types.MethodType(
+                _init_continuous_batching, model)
         _ENABLED[model] = _State(attn, experts, [(m, cls) for m, cls, _ in swaps])
     return model
 

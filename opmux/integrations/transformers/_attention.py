@@ -146,10 +146,10 @@ def _opmux_can_run(module: Any, query: Tensor, key: Tensor, value: Tensor, dropo
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
                                     or value.requires_grad):
         return False  # the ops have no backward: training stays on transformers' code
-    return (query.dim() == 4 and key.dim() == 4 and key.shape == value.shape
-            and key.dtype == query.dtype and value.dtype == query.dtype
-            and query.shape[0] == key.shape[0] and query.shape[3] == key.shape[3]
-            and query.shape[1] % key.shape[1] == 0 and key.shape[2] >= query.shape[2] > 0)
+    q, k = query.shape, key.shape
+    return (len(q) == 4 and len(k) == 4 and k == value.shape and key.dtype == query.dtype
+            and value.dtype == query.dtype and q[0] == k[0] and q[3] == k[3]
+            and q[1] % k[1] == 0 and k[2] >= q[2] > 0)
 
 
 def attention_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
@@ -204,45 +204,48 @@ def _dense_attention(query: Tensor, key: Tensor, value: Tensor, scale: float,
     A cache tensor whose heads hold their tokens densely (``DynamicCache``'s
     ``[B, Hkv, Skv, D]``) becomes ``B * Hkv`` one-head blocks of ``Skv`` tokens; keys laid
     out ``[B, Skv, Hkv, D]`` (a forward without cache) become ``B`` blocks of ``Skv`` tokens.
+    Few tensor views on purpose: each costs more than the arithmetic of a small decode step.
     """
     batch, heads, q_len, dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
+    _, kv_heads, kv_len, _ = key.shape
     group = heads // kv_heads
-    tokens_major = key.transpose(1, 2)
-    if _dense(tokens_major) and _dense(value.transpose(1, 2)) \
-            and tokens_major.stride() == value.transpose(1, 2).stride():
+    k_stride = key.stride()
+    if k_stride[3] == 1 and k_stride[2] == kv_heads * dim and k_stride[1] == dim \
+            and value.stride() == k_stride:
         rows = query.transpose(1, 2).reshape(batch * q_len, heads, dim)
         tables, lens, starts = _meta(batch, q_len, kv_len, query.device)
-        out = ops.paged_attention.eager(rows, tokens_major, value.transpose(1, 2), tables,
-                                        lens, starts, scale, sliding_window, softcap)
+        out = ops.paged_attention.eager(rows, key.transpose(1, 2), value.transpose(1, 2),
+                                        tables, lens, starts, scale, sliding_window, softcap)
         return out.view(batch, q_len, heads, dim)  # type: ignore[no-any-return]
-    key_blocks, value_blocks = _head_blocks(key), _head_blocks(value)
+    key_blocks = _head_blocks(key)
+    value_blocks = _head_blocks(value)
     if key_blocks.stride() != value_blocks.stride():
         key_blocks, value_blocks = key_blocks.contiguous(), value_blocks.contiguous()
+    tables, lens, starts = _meta(batch * kv_heads, q_len, kv_len, query.device)
+    if q_len == 1:  # decode: [B, H, 1, D] rows are (b, kv head) sequences of one query
+        out = ops.paged_attention.eager(query.reshape(batch * kv_heads, group, dim),
+                                        key_blocks, value_blocks, tables, lens, starts, scale,
+                                        sliding_window, softcap)
+        return out.view(batch, 1, heads, dim)  # type: ignore[no-any-return]
     rows = (query.view(batch, kv_heads, group, q_len, dim).transpose(2, 3)
             .reshape(batch * kv_heads * q_len, group, dim))
-    tables, lens, starts = _meta(batch * kv_heads, q_len, kv_len, query.device)
     out = ops.paged_attention.eager(rows, key_blocks, value_blocks, tables, lens, starts,
                                     scale, sliding_window, softcap)
     return (out.view(batch, kv_heads, q_len, group, dim).transpose(1, 2)  # type: ignore[no-any-return]
             .reshape(batch, q_len, heads, dim))
 
 
-def _dense(cache: Tensor) -> bool:
-    """A ``[blocks, block_size, heads, D]`` view whose blocks are dense."""
-    return (cache.stride(3) == 1 and cache.stride(2) == cache.shape[3]
-            and cache.stride(1) == cache.shape[2] * cache.shape[3])
-
-
 def _head_blocks(states: Tensor) -> Tensor:
     """``[B, Hkv, S, D]`` as ``[B * Hkv, S, 1, D]`` one-head blocks (a view when the tokens of
     each head are dense and the heads evenly spaced, else a copy)."""
     batch, kv_heads, length, dim = states.shape
-    if not (states.stride(3) == 1 and states.stride(2) == dim
-            and (batch == 1 or states.stride(0) == kv_heads * states.stride(1))):
+    stride = states.stride()
+    if not (stride[3] == 1 and stride[2] == dim
+            and (batch == 1 or stride[0] == kv_heads * stride[1])):
         states = states.contiguous()
-    return states.as_strided((batch * kv_heads, length, 1, dim),
-                             (states.stride(1), dim, dim, 1), states.storage_offset())
+        stride = states.stride()
+    return states.as_strided((batch * kv_heads, length, 1, dim), (stride[1], dim, dim, 1),
+                             states.storage_offset())
 
 
 # ----------------------------------------------------------------- continuous batching
