@@ -83,7 +83,7 @@ def main() -> None:
                 model = _load(directory, _DTYPES[dtype_name])
                 for batch in args.batch:
                     gen = torch.Generator().manual_seed(batch)
-                    ids = torch.randint(0, _SHAPES[name].vocab, (batch, args.prompt_len),
+                    ids = torch.randint(1, _SHAPES[name].vocab, (batch, args.prompt_len),
                                         generator=gen)
                     plain = _generate(model, ids, args.new_tokens, False)
                     opmux = _generate(model, ids, args.new_tokens, True)
