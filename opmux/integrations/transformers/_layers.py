@@ -1,0 +1,340 @@
+"""Forwards that run a transformers model's layers on opmux ops.
+
+:func:`subclass_for` makes, once per transformers class, a subclass whose ``forward`` calls
+the op and whose ``super().forward`` is transformers' own code, run whenever the op does not
+apply (autograd, a dtype the op does not keep, hooks that a fused path would skip, ...).
+``enable`` swaps an instance's ``__class__`` to it, ``disable`` swaps it back.
+
+The ops are called through :attr:`opmux.Op.eager` (the provider chosen from the tensor's
+device, without the torch dispatcher's boxing of the arguments); under ``torch.compile``
+that is the op's torch overload.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import activations
+
+import opmux.ops as ops
+from opmux.integrations.transformers import _attention
+
+__all__ = ["ARCHS", "Arch", "subclass_for"]
+
+
+class Arch:
+    """What differs between the supported architectures."""
+
+    __slots__ = ("attention_kwargs", "gemma", "module", "prefix")
+
+    def __init__(self, module: str, prefix: str, gemma: bool,
+                 attention_kwargs: Callable[[Any], dict[str, Any]]) -> None:
+        #: the modeling module, e.g. ``transformers.models.llama.modeling_llama``
+        self.module = module
+        #: class-name prefix, e.g. ``"Llama"``
+        self.prefix = prefix
+        #: Gemma's ``(1 + weight)`` norms and norm-around-block decoder layer
+        self.gemma = gemma
+        #: the keyword arguments the architecture's attention passes beyond Llama's
+        self.attention_kwargs = attention_kwargs
+
+
+def _no_kwargs(attn: Any) -> dict[str, Any]:
+    return {}
+
+
+def _layer_window(attn: Any) -> dict[str, Any]:
+    return {"sliding_window": attn.sliding_window}
+
+
+def _config_window(attn: Any) -> dict[str, Any]:
+    return {"sliding_window": getattr(attn.config, "sliding_window", None)}
+
+
+def _gemma_kwargs(attn: Any) -> dict[str, Any]:
+    return {"sliding_window": attn.sliding_window, "softcap": attn.attn_logit_softcapping}
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("transformers.models.llama.modeling_llama", "Llama", False, _no_kwargs),
+    "qwen2": Arch("transformers.models.qwen2.modeling_qwen2", "Qwen2", False, _layer_window),
+    "mixtral": Arch("transformers.models.mixtral.modeling_mixtral", "Mixtral", False,
+                    _config_window),
+    "gemma2": Arch("transformers.models.gemma2.modeling_gemma2", "Gemma2", True,
+                   _gemma_kwargs),
+}
+"""``config.model_type`` → :class:`Arch`, for the architectures :func:`enable` supports."""
+
+
+def _grad(*tensors: Tensor) -> bool:
+    """Autograd would record this call: the ops have no backward, so transformers' code runs."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+# ----------------------------------------------------------------------------------- norms
+class _RMSNorm(nn.Module):
+    """Llama-style ``weight * rms_norm(x)`` on ``opmux.ops.rms_norm``.
+
+    transformers rounds the normalised value to ``x.dtype`` before the weight multiply;
+    the op multiplies in fp32 and rounds once (the same in fp32). A weight of another
+    dtype than ``x`` (transformers then returns the promoted dtype) runs transformers' code.
+    """
+
+    weight: nn.Parameter
+    variance_epsilon: float
+
+    def forward(self, hidden_states: Tensor) -> Tensor:
+        weight = self.weight
+        if weight.dtype != hidden_states.dtype or _grad(hidden_states, weight):
+            return super().forward(hidden_states)  # type: ignore[no-any-return]
+        return ops.rms_norm.eager(hidden_states, weight,  # type: ignore[no-any-return]
+                                  self.variance_epsilon)
+
+
+class _GemmaRMSNorm(nn.Module):
+    """Gemma's ``(1 + weight) * rms_norm(x)`` (all in fp32) on ``opmux.ops.gemma_rms_norm``."""
+
+    weight: nn.Parameter
+    eps: float
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _grad(x, self.weight):
+            return super().forward(x)  # type: ignore[no-any-return]
+        return ops.gemma_rms_norm.eager(x, self.weight, self.eps)  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------ activation
+def _gated_op(act: nn.Module) -> tuple[Any, tuple[Any, ...]] | None:
+    """The catalog op computing ``act(gate) * up`` from ``[gate, up]``, with its extra
+    arguments, for transformers' activation module ``act``; ``None`` if there is none."""
+    kind = type(act)
+    if kind in (activations.SiLUActivation, nn.SiLU):
+        return ops.silu_and_mul, ()
+    fn = getattr(act, "act", None)
+    if kind is activations.GELUTanh and isinstance(fn, functools.partial) \
+            and fn.func is nn.functional.gelu and fn.keywords == {"approximate": "tanh"}:
+        return ops.gelu_and_mul, ("tanh",)
+    if kind is activations.GELUActivation and fn is nn.functional.gelu:
+        return ops.gelu_and_mul, ("none",)
+    return None
+
+
+def _gate_up(x: Tensor, gate: nn.Module, up: nn.Module) -> Tensor:
+    """``[gate(x), up(x)]`` along the last dimension; plain ``nn.Linear`` layers write their
+    halves of one buffer directly (no concatenation copy)."""
+    if type(gate) is not nn.Linear or type(up) is not nn.Linear or _hooked(gate) \
+            or _hooked(up):
+        return torch.cat((gate(x), up(x)), dim=-1)
+    width = gate.out_features
+    rows = x.reshape(-1, x.shape[-1])
+    out = rows.new_empty((rows.shape[0], width + up.out_features))
+    for layer, part in ((gate, out[:, :width]), (up, out[:, width:])):
+        if layer.bias is None:
+            torch.mm(rows, layer.weight.t(), out=part)
+        else:
+            torch.addmm(layer.bias, rows, layer.weight.t(), out=part)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class _GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with ``act(gate) * up`` on ``silu_and_mul`` or
+    ``gelu_and_mul`` (Llama, Qwen2, Gemma2 MLPs)."""
+
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+    act_fn: nn.Module
+
+    def forward(self, x: Tensor) -> Tensor:
+        spec = _gated_op(self.act_fn)
+        weight = self.gate_proj.weight
+        if spec is None or _hooked(self.act_fn) or weight.dtype != x.dtype or _grad(x, weight):
+            return super().forward(x)  # type: ignore[no-any-return]
+        op, extra = spec
+        hidden = op.eager(_gate_up(x, self.gate_proj, self.up_proj), *extra)
+        return self.down_proj(hidden)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------- rotary
+#: the last step's (cos, sin, batch, cos_sin_cache or None, positions): every layer of a
+#: forward gets the same position embeddings, so the cache is built once per step
+_ROPE_MEMO: list[tuple[Tensor, Tensor, int, Tensor | None, Tensor | None]] = []
+
+
+def _rope_inputs(cos: Tensor, sin: Tensor, batch: int) -> tuple[Tensor | None, Tensor | None]:
+    for memo in _ROPE_MEMO:
+        if memo[0] is cos and memo[1] is sin and memo[2] == batch:
+            return memo[3], memo[4]
+    cache: Tensor | None = None
+    positions: Tensor | None = None
+    half = cos.shape[-1] // 2
+    # neox style needs cos/sin rows that repeat their first half (cat((freqs, freqs)))
+    if (cos.dim() == 3 and cos.shape[0] in (1, batch) and cos.shape[-1] % 2 == 0
+            and torch.equal(cos[..., :half], cos[..., half:])
+            and torch.equal(sin[..., :half], sin[..., half:])):
+        cache = torch.cat((cos[..., :half], sin[..., :half]), dim=-1)
+        cache = cache.reshape(-1, cos.shape[-1]).contiguous()
+        positions = torch.arange(cache.shape[0], device=cos.device).view(cos.shape[:2])
+        positions = positions.expand(batch, -1)
+    _ROPE_MEMO[:] = [(cos, sin, batch, cache, positions)]
+    return cache, positions
+
+
+def _rotate(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor
+            ) -> tuple[Tensor, Tensor] | None:
+    """``query``/``key [B, S, H, D]`` rotated by ``opmux.ops.rotary_embedding`` from the
+    model's own ``cos``/``sin [B or 1, S, D]``; ``None`` when the op does not apply."""
+    if cos.dtype != query.dtype or cos.shape[-1] != query.shape[-1] \
+            or cos.shape[-2] != query.shape[1] or _grad(query, key):
+        return None
+    cache, positions = _rope_inputs(cos, sin, query.shape[0])
+    if cache is None or positions is None:
+        return None
+    return ops.rotary_embedding.eager(  # type: ignore[no-any-return]
+        positions, query, key, cache, query.shape[-1], True)
+
+
+# ------------------------------------------------------------------------------- attention
+class _Attention(nn.Module):
+    """The architectures' attention forward with the rotary embedding on
+    ``opmux.ops.rotary_embedding``; the attention itself is the function the config names
+    (``"opmux"`` after :func:`enable`)."""
+
+    config: Any
+    head_dim: int
+    layer_idx: int
+    scaling: float
+    attention_dropout: float
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+    _opmux_arch: Arch
+    _opmux_modeling: Any
+
+    def forward(self, hidden_states: Tensor,
+                position_embeddings: tuple[Tensor, Tensor] | None = None,
+                attention_mask: Tensor | None = None, past_key_values: Any = None,
+                **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        modeling = self._opmux_modeling
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(hidden_shape)
+        key = self.k_proj(hidden_states).view(hidden_shape)
+        value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if position_embeddings is None:
+            raise TypeError(f"{type(self).__name__}.forward needs position_embeddings")
+        cos, sin = position_embeddings
+        rotated = _rotate(query, key, cos, sin)
+        if rotated is None:
+            query, key = modeling.apply_rotary_pos_emb(query.transpose(1, 2),
+                                                       key.transpose(1, 2), cos, sin)
+        else:
+            query, key = rotated[0].transpose(1, 2), rotated[1].transpose(1, 2)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        attention = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, modeling.eager_attention_forward)
+        output, weights = attention(
+            self, query, key, value, attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
+            **self._opmux_arch.attention_kwargs(self), **kwargs)
+        output = output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(output), weights
+
+
+# ---------------------------------------------------------------------------- decoder layer
+def _fusable(norm: Any, x: Tensor, kind: type) -> bool:
+    return issubclass(type(norm), kind) and not _hooked(norm) and not _grad(x, norm.weight) \
+        and (kind is _GemmaRMSNorm or norm.weight.dtype == x.dtype)
+
+
+class _DecoderLayer(nn.Module):
+    """Llama / Qwen2 / Mixtral layer: the residual add after attention and the
+    post-attention norm in one ``fused_add_rms_norm``."""
+
+    input_layernorm: nn.Module
+    post_attention_layernorm: Any
+    self_attn: nn.Module
+    mlp: nn.Module
+
+    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        norm = self.post_attention_layernorm
+        if args or not _fusable(norm, hidden_states, _RMSNorm):
+            return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
+        hidden_states, residual = ops.fused_add_rms_norm.eager(
+            hidden_states, residual, norm.weight, norm.variance_epsilon)
+        return residual + self.mlp(hidden_states)  # type: ignore[no-any-return]
+
+
+class _GemmaDecoderLayer(nn.Module):
+    """Gemma2 layer: the residual add after the post-attention norm and the pre-feedforward
+    norm in one ``gemma_fused_add_rms_norm``."""
+
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+    pre_feedforward_layernorm: Any
+    post_feedforward_layernorm: nn.Module
+    self_attn: nn.Module
+    mlp: nn.Module
+
+    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        norm = self.pre_feedforward_layernorm
+        if args or not _fusable(norm, hidden_states, _GemmaRMSNorm):
+            return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states, residual = ops.gemma_fused_add_rms_norm.eager(
+            hidden_states, residual, norm.weight, norm.eps)
+        hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
+        return residual + hidden_states  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------- subclasses
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _roles(arch: Arch) -> dict[str, type]:
+    """transformers class name → the mixin replacing its forward."""
+    p = arch.prefix
+    return {
+        f"{p}RMSNorm": _GemmaRMSNorm if arch.gemma else _RMSNorm,
+        f"{p}MLP": _GatedMLP,
+        f"{p}Attention": _Attention,
+        f"{p}DecoderLayer": _GemmaDecoderLayer if arch.gemma else _DecoderLayer,
+    }
+
+
+def subclass_for(cls: type, arch: Arch) -> type | None:
+    """The opmux subclass of ``cls`` (``Opmux<Name>``), or ``None`` for a class opmux does
+    not replace. ``cls`` must be the architecture's own class (not a user subclass)."""
+    sub = _SUBCLASSES.get(cls)
+    if sub is not None:
+        return sub
+    modeling = sys.modules.get(arch.module)
+    mixin = _roles(arch).get(cls.__name__)
+    if mixin is None or modeling is None or getattr(modeling, cls.__name__, None) is not cls:
+        return None
+    namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": f"Opmux{cls.__name__}"}
+    if mixin is _Attention:
+        namespace["_opmux_arch"] = arch
+        namespace["_opmux_modeling"] = modeling
+    sub = type(f"Opmux{cls.__name__}", (mixin, cls), namespace)
+    if mixin is _Attention:
+        _attention.EAGER_FUNCTIONS[sub] = modeling.eager_attention_forward
+    _SUBCLASSES[cls] = sub
+    return sub

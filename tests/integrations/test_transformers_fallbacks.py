@@ -1,0 +1,159 @@
+"""What opmux does not express runs transformers' own code: the results equal plain
+transformers and the opmux attention path is not taken (core lane)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from _transformers_models import PROMPTS, build
+
+pytest.importorskip("transformers")
+
+from opmux.integrations import transformers as otf
+from opmux.integrations.transformers import _attention
+
+
+@pytest.fixture
+def opmux_attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the calls that take opmux's (non-paged) attention path."""
+    calls: list[int] = []
+    original = _attention._dense_attention
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(_attention, "_dense_attention", counting)
+    return calls
+
+
+def _enabled(arch: str) -> Iterator[Any]:
+    model = build(arch)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    yield model
+    otf.disable(model)
+
+
+@pytest.fixture
+def llama() -> Iterator[Any]:
+    yield from _enabled("llama")
+
+
+@pytest.fixture
+def gemma2() -> Iterator[Any]:
+    yield from _enabled("gemma2")
+
+
+def _left_padded() -> tuple[torch.Tensor, torch.Tensor]:
+    short, long = PROMPTS
+    pad = len(long) - len(short)
+    ids = torch.tensor([[0] * pad + short, long])
+    mask = torch.ones_like(ids)
+    mask[0, :pad] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_padding_mask_falls_back_and_equals_plain(arch: str,
+                                                  opmux_attention_calls: list[int]) -> None:
+    for model in _enabled(arch):
+        ids, mask = _left_padded()
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        otf.enable(model)
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        assert torch.equal(got, want)
+        assert opmux_attention_calls == []  # every step had padding: transformers' attention
+        model.generate(torch.tensor(PROMPTS[:1]), max_new_tokens=2, do_sample=False)
+        assert opmux_attention_calls  # and without padding opmux's again
+
+
+@pytest.mark.parametrize("arch", ["llama", "mixtral"])
+def test_autograd_runs_transformers_code(arch: str, opmux_attention_calls: list[int]) -> None:
+    for model in _enabled(arch):
+        ids = torch.tensor(PROMPTS[1:])
+        want = model(ids).logits
+        otf.enable(model)
+        got = model(ids).logits  # grad enabled: the ops have no backward
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        got.sum().backward()
+        assert all(p.grad is not None for p in model.model.layers[0].parameters())
+        assert opmux_attention_calls == []
+
+
+def test_attention_weights_requested_fall_back(gemma2: Any,
+                                               opmux_attention_calls: list[int]) -> None:
+    ids = torch.tensor(PROMPTS[:1])
+    with torch.no_grad():
+        want = gemma2(ids, output_attentions=True)
+        otf.enable(gemma2)
+        got = gemma2(ids, output_attentions=True)
+    assert opmux_attention_calls == []
+    assert len(got.attentions) == len(want.attentions) == 2
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_static_cache_falls_back(llama: Any, opmux_attention_calls: list[int]) -> None:
+    ids = torch.tensor(PROMPTS[:1])
+    want = llama.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    otf.enable(llama)
+    got = llama.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
+    assert torch.equal(got, want)
+    assert opmux_attention_calls == []  # its keys include empty slots: masks are needed
+
+
+def test_norm_with_another_weight_dtype_runs_transformers_code(llama: Any) -> None:
+    norm = llama.model.layers[0].input_layernorm
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    want = norm(x)  # float32 weight times a bf16 value: transformers returns float32
+    otf.enable(llama)
+    assert type(norm).__name__ == "OpmuxLlamaRMSNorm"
+    with torch.no_grad():
+        got = norm(x)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_model_not_enabled_behaves_as_sdpa() -> None:
+    model = build("llama")
+    ids = torch.tensor(PROMPTS[1:])
+    otf.enable(build("llama"))  # registers "opmux"; this other model is not enabled
+    with torch.no_grad():
+        want = model(ids).logits
+        model.set_attn_implementation(otf.ATTN_IMPLEMENTATION)
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_paged_variant_outside_continuous_batching_is_an_error(llama: Any) -> None:
+    otf.enable(llama)
+    llama.config._attn_implementation = otf.PAGED_ATTN_IMPLEMENTATION
+    try:
+        with pytest.raises(RuntimeError, match=r"continuous batching \(generate_batch\) only"):
+            with torch.no_grad():
+                llama(torch.tensor(PROMPTS[:1]))
+    finally:
+        llama.config._attn_implementation = otf.ATTN_IMPLEMENTATION
+
+
+def test_cached_continuation_with_several_new_tokens(llama: Any,
+                                                     opmux_attention_calls: list[int]) -> None:
+    """A multi-token step on a filled cache (kv longer than q, where sdpa's own causal flag
+    would align the mask wrongly) runs opmux's rule and matches transformers."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor(PROMPTS[1:])
+    results = []
+    for enabled in (False, True):
+        if enabled:
+            otf.enable(llama)
+        cache = DynamicCache(config=llama.config)
+        with torch.no_grad():
+            llama(ids[:, :9], past_key_values=cache, use_cache=True)
+            results.append(llama(ids[:, 9:], past_key_values=cache, use_cache=True).logits)
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
+    assert len(opmux_attention_calls) == 4  # 2 layers x 2 forwards
