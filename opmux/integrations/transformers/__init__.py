@@ -33,7 +33,7 @@ import types
 import weakref
 from typing import Any, Final
 
-from opmux import OpmuxError
+from opmux.core.errors import OpmuxError
 
 __all__ = ["ATTN_IMPLEMENTATION", "EXPERTS_IMPLEMENTATION", "PAGED_ATTN_IMPLEMENTATION",
            "SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "disable", "enable", "is_enabled"]

@@ -28,7 +28,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import opmux.ops as ops
-from opmux import OpmuxError
+from opmux.core.errors import OpmuxError
 
 __all__ = ["attention_forward", "experts_forward", "forget_config", "mask_interface",
            "paged_attention_forward", "remember_config"]
