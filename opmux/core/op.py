@@ -379,8 +379,8 @@ class Op:
             self.priorities.rebuild()
 
     def _check_predicate(self, provider: str, pred: Callable[..., bool]) -> None:
-        if _same_signature(pred, self.native, annotations=False):
-            return  # the common case, without building two inspect.Signature objects
+        if _same_signature(getattr(pred, "__wrapped__", pred), self.native, annotations=False):
+            return  # the common case (a predicate or the impl it wraps), no inspect.Signature
         try:
             sig = inspect.signature(pred)
         except (TypeError, ValueError) as exc:

@@ -83,10 +83,10 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
     """A ``supports_args`` predicate with ``impl``'s parameters and defaults (native's) that
     returns ``check`` of the arguments ``check`` names, passed in ``check``'s order.
 
-    The predicate is a closure carrying ``impl``'s signature (``__signature__``, which
-    registration checks); the dispatcher passes every argument by position, so a call
-    picks ``check``'s arguments by index, and binds them only when a caller passed keywords
-    or left defaults out (the torch wrap off).
+    The predicate is a closure wrapping ``impl`` (``__wrapped__``: its signature is
+    ``impl``'s, which registration checks); the dispatcher passes every argument by
+    position, so a call picks ``check``'s arguments by index, and binds them only when a
+    caller passed keywords or left defaults out (the torch wrap off).
 
     :raises SignatureMismatchError: ``check`` names a parameter ``impl`` lacks, or either is
         not a plain function.
@@ -103,20 +103,22 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
         raise SignatureMismatchError(
             f"predicate: {check.__qualname__} reads {unknown or list(wanted)}, which must be "
             f"among the plain parameters {list(params)} of {impl.__qualname__}")
-    signature = inspect.signature(impl).replace(return_annotation=bool)
     picks = tuple(params.index(p) for p in wanted)
     count = len(params)
 
     def supports(*args: Any, **kwargs: Any) -> bool:
         if kwargs or len(args) != count:  # keywords, or defaults left out
-            bound = signature.bind(*args, **kwargs)
+            bound = inspect.signature(impl).bind(*args, **kwargs)
             bound.apply_defaults()
             args = tuple(bound.arguments.values())
         return check(*[args[i] for i in picks])
 
     supports.__name__ = supports.__qualname__ = f"_{impl.__name__}_supports"
     supports.__module__ = impl.__module__
-    supports.__signature__ = signature  # type: ignore[attr-defined]
+    # inspect.signature follows __wrapped__ (impl's parameters, built only when asked);
+    # registration compares impl's code with native's instead (benchmarks/startup.py: the
+    # 80-odd signatures cost about 4 ms of start-up)
+    supports.__wrapped__ = impl  # type: ignore[attr-defined]
     return supports
 
 
