@@ -29,14 +29,13 @@ import torch
 from timing import samples
 
 from opmux.integrations import transformers as otf
-from opmux.models.synthetic import LlamaShape, write_random_llama
+from opmux.models.synthetic import LLAMA_100M, LlamaShape, write_random_llama
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _SHAPES = {
     "tiny": LlamaShape(layers=2, hidden=256, heads=8, kv_heads=2, intermediate=512,
                        vocab=4000),
-    "100m": LlamaShape(layers=8, hidden=768, heads=12, kv_heads=4, intermediate=2048,
-                       vocab=32000),
+    "100m": LLAMA_100M,
 }
 
 

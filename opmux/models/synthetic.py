@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["LlamaShape", "write_random_llama"]
+__all__ = ["LLAMA_100M", "LlamaShape", "write_random_llama"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ class LlamaShape:
         mlp = 3 * self.hidden * self.intermediate
         emb = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
         return self.layers * (attn + mlp + 2 * self.hidden) + emb + self.hidden
+
+
+LLAMA_100M: LlamaShape = LlamaShape(layers=8, hidden=768, heads=12, kv_heads=4,
+                                     intermediate=2048, vocab=32000)
+"""The ~100M-parameter Llama the benchmarks use as their model-scale case."""
 
 
 def write_random_llama(directory: str | Path, shape: LlamaShape, seed: int = 0,

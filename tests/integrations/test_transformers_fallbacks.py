@@ -21,12 +21,8 @@ def opmux_attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the calls that take opmux's (non-paged) attention path."""
     calls: list[int] = []
     original = _attention._dense_attention
-
-    def counting(*args: Any) -> Any:
-        calls.append(1)
-        return original(*args)
-
-    monkeypatch.setattr(_attention, "_dense_attention", counting)
+    monkeypatch.setattr(_attention, "_dense_attention",
+                        lambda *args: calls.append(1) or original(*args))
     return calls
 
 

@@ -258,6 +258,12 @@ def _fusable(norm: Any, x: Tensor, kind: type) -> bool:
         and (kind is _GemmaRMSNorm or norm.weight.dtype == x.dtype)
 
 
+def _attend(layer: Any, hidden_states: Tensor, kwargs: dict[str, Any]) -> Tensor:
+    """A decoder layer's input norm and self-attention (the attention weights dropped)."""
+    out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
+    return out  # type: ignore[no-any-return]
+
+
 class _DecoderLayer(nn.Module):
     """Llama / Qwen2 / Mixtral layer: the residual add after attention and the
     post-attention norm in one ``fused_add_rms_norm``."""
@@ -272,8 +278,7 @@ class _DecoderLayer(nn.Module):
         if args or not _fusable(norm, hidden_states, _RMSNorm):
             return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
+        hidden_states = _attend(self, hidden_states, kwargs)
         hidden_states, residual = ops.fused_add_rms_norm.eager(
             hidden_states, residual, norm.weight, norm.variance_epsilon)
         return residual + self.mlp(hidden_states)  # type: ignore[no-any-return]
@@ -295,8 +300,7 @@ class _GemmaDecoderLayer(nn.Module):
         if args or not _fusable(norm, hidden_states, _GemmaRMSNorm):
             return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
+        hidden_states = _attend(self, hidden_states, kwargs)
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states, residual = ops.gemma_fused_add_rms_norm.eager(
             hidden_states, residual, norm.weight, norm.eps)
