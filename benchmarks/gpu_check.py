@@ -1,7 +1,6 @@
 """The device check behind ``python benchmarks/gpu_kernels.py --check`` (``make gpu-check``).
 
-One run on a CUDA machine, sized for a single lent device session (under 8 minutes on one
-H100):
+One run on a CUDA machine, sized to finish in under 8 minutes on one H100:
 
 1. **warm Triton's cache** for this GPU's architecture with the lowering check
    (``tests/plugins/cuda/aot_compile.py --target sm_XY --jobs N``, every CPU core): the
