@@ -106,9 +106,13 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
     picks = tuple(params.index(p) for p in wanted)
     count = len(params)
 
+    signature: list[inspect.Signature] = []  # impl's, built on the first call that binds
+
     def supports(*args: Any, **kwargs: Any) -> bool:
         if kwargs or len(args) != count:  # keywords, or defaults left out
-            bound = inspect.signature(impl).bind(*args, **kwargs)
+            if not signature:
+                signature.append(inspect.signature(impl))
+            bound = signature[0].bind(*args, **kwargs)
             bound.apply_defaults()
             args = tuple(bound.arguments.values())
         return check(*[args[i] for i in picks])
