@@ -355,12 +355,11 @@ class Op:
                     f"op {self.qualname!r}: provider {provider!r} is already registered",
                     op=self.qualname, provider=provider,
                 )
-            holder, new_key = self.priorities.add_key(impl.dispatch_key)
+            native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced
+            holder, new_key = self.priorities.add_key(impl.dispatch_key, native)
             if new_key:
-                native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced
                 kernel = make_kernel(f"{self.name}_{impl.dispatch_key.lower()}_kernel", holder,
-                                     native, self._registry.loaded_flag,
-                                     self._registry.ensure_loaded)
+                                     self._registry.loaded_flag, self._registry.ensure_loaded)
                 self._registry.library(self.namespace).impl(self.name, kernel, impl.dispatch_key)
             self._impls[provider] = impl
             self._registry.record_impl(self, provider)

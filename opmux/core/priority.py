@@ -174,13 +174,14 @@ class Priorities:
         return None if not strict and not any(p != NATIVE for p in kept) else kept
 
     # ------------------------------------------------------------------ chains
-    def add_key(self, key: str) -> tuple[KeyChain, bool]:
-        """The chain of ``key``, and whether it was created now (its kernel is then due)."""
+    def add_key(self, key: str, native: Callable[..., Any]) -> tuple[KeyChain, bool]:
+        """The chain of ``key``, and whether it was created now (its kernel is then due);
+        ``native`` is what a new chain runs when no provider takes a call."""
         with self._lock:
             holder = self._chains.get(key)
             if holder is not None:
                 return holder, False
-            holder = self._chains[key] = KeyChain(key)
+            holder = self._chains[key] = KeyChain(key, native)
             return holder, True
 
     def rebuild(self) -> None:

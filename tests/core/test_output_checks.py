@@ -77,13 +77,13 @@ def test_off_means_the_provider_itself_is_on_the_hot_path(registry: opmux.OpRegi
                                                            ns: str) -> None:
     op = _op_with(registry, ns, _int64)
     holder = op.priorities.chains["CPU"]
-    assert holder.pairs[0][1] is _int64  # nothing wrapped, nothing tested per call
+    assert holder.fns[0] is _int64  # nothing wrapped, nothing tested per call
     assert op(torch.arange(3.0), torch.zeros(3)).dtype == torch.int64
     with opmux.enable_output_checks():
-        assert holder.pairs[0][1] is not _int64  # rebuilt when the switch changed
+        assert holder.fns[0] is not _int64  # rebuilt when the switch changed
         with pytest.raises(opmux.ProviderOutputError):
             op(torch.arange(3.0), torch.zeros(3))
-    assert holder.pairs[0][1] is _int64
+    assert holder.fns[0] is _int64
 
 
 def test_good_providers_and_declared_mutations_pass(registry: opmux.OpRegistry,

@@ -69,7 +69,7 @@ def test_zero_cost_when_unset(monkeypatch: pytest.MonkeyPatch, fresh_plugins: No
     opmux.load_plugins()
     op = opmux.ops.rms_norm
     for holder in op.priorities.chains.values():
-        assert all(f is impl.fn for (_, f), impl in zip(holder.pairs, holder.chain, strict=True))
+        assert all(f is impl.fn for f, impl in zip(holder.fns, holder.chain, strict=True))
     assert trace.trace_file() is None and trace.flush() is None
 
 
