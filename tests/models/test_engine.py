@@ -187,3 +187,46 @@ def test_tp_launch_reports_a_failing_rank(ckpt: Path, capsys: pytest.CaptureFixt
                  "--tp", "3"])
     err = capsys.readouterr().err
     assert code == 2 and "[rank 0] exit 2" in err and "not divisible by the tensor-parallel" in err
+
+
+def _kvfmt_probe(query, key_cache, value_cache, block_tables, seq_lens,  # type: ignore[no-untyped-def]
+                 query_start_loc, scale, sliding_window=None, soft_cap=None,
+                 kv_cache_format="canonical"):
+    """A paged_attention provider that reads only the 'hnd' format (native underneath)."""
+    assert kv_cache_format == "hnd", kv_cache_format
+    return opmux.ops.paged_attention.native(query, key_cache, value_cache, block_tables,
+                                            seq_lens, query_start_loc, scale, sliding_window,
+                                            soft_cap, kv_cache_format)
+
+
+def _kvfmt_probe_supports(query, key_cache, value_cache, block_tables,  # type: ignore[no-untyped-def]
+                          seq_lens, query_start_loc, scale, sliding_window=None, soft_cap=None,
+                          kv_cache_format="canonical"):
+    return kv_cache_format == "hnd"
+
+
+def test_engine_allocates_the_format_the_winning_provider_prefers(
+        engine: Engine, fresh_plugins: None) -> None:
+    want = engine.generate(PROMPTS, 5).outputs
+    op = opmux.ops.paged_attention
+    op.register_impl("kvfmt_probe", dispatch_key="CPU",
+                     supports_args=_kvfmt_probe_supports)(_kvfmt_probe)
+    opmux.declare_kv_cache_formats("kvfmt_probe", ["hnd"])
+    model = engine.model
+    with op.set_priority(["kvfmt_probe", "native"]):
+        assert model.kv_cache_format(4).name == "hnd"
+        seen: list[str] = []
+        real = model.new_kv_cache
+
+        def spy(num_blocks, block_size, device=None,  # type: ignore[no-untyped-def]
+                kv_cache_format="canonical"):
+            seen.append(kv_cache_format)
+            return real(num_blocks, block_size, device, kv_cache_format)
+
+        model.new_kv_cache = spy  # type: ignore[method-assign]
+        try:
+            got = Engine(model, block_size=4).generate(PROMPTS, 5).outputs
+        finally:
+            del model.new_kv_cache
+    assert seen == ["hnd"]
+    assert got == want

@@ -31,7 +31,12 @@ from opmux.ops.checks import (
     checked_advance_step,
     kernel_error,
 )
-from opmux.ops.kv_formats import HND, declare_kv_cache_formats, resolve_kv_cache_format
+from opmux.ops.kv_formats import (
+    HND,
+    declare_kv_cache_formats,
+    require_kv_cache_format,
+    resolve_kv_cache_format,
+)
 from opmux.plugins._registration import OpTable, op_table, predicate
 
 from . import _build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
@@ -201,11 +206,9 @@ def _tensors(*ts: object) -> bool:
     return all(isinstance(t, Tensor) for t in ts)
 
 
-_WRITES: Final = ("canonical", "hnd")
-"""KV-cache formats the kernel writes: both are strided views of the canonical cache."""
-
-_READS: Final = ("canonical",)
-"""KV-cache formats the attention kernel reads (dense ``[bs, Hkv, D]`` blocks)."""
+_FORMATS: Final = ("canonical", "hnd")
+"""KV-cache formats both kernels read and write: strided views of the canonical cache (the
+attention kernel needs dense ``[bs, Hkv, D]`` or ``[Hkv, bs, D]`` blocks)."""
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -223,7 +226,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                                slot_mapping: Tensor, kv_cache_format: str = "canonical") -> bool:
     if kv_cache_format != "canonical":
-        if not (kv_cache_format in _WRITES and _tensors(key_cache, value_cache)
+        if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
                 and key_cache.dim() == 4 and value_cache.dim() == 4):
             return False
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
@@ -244,10 +247,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
                     soft_cap: Optional[float] = None,
                     kv_cache_format: str = "canonical") -> Tensor:
     if kv_cache_format != "canonical":
-        resolve_kv_cache_format("paged_attention", kv_cache_format, provider=PROVIDER)
-        raise kernel_error("paged_attention", PROVIDER, ValueError(
-            f"the kernel reads the KV-cache formats {', '.join(_READS)}, not "
-            f"{kv_cache_format!r}; its supports_args declines the others"))
+        require_kv_cache_format("paged_attention", kv_cache_format, PROVIDER, _FORMATS)
+        key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
     # The kernel checks every value condition of the shared check before it writes anything,
     # in one pass over the int32 tensors it reads anyway; reading them again in Python cost
     # 0.2-0.4 ms a call (#18). When the kernel refuses, the shared check runs on the values
@@ -270,8 +271,12 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
 
 
 def _dense_blocks(cache: Tensor) -> bool:
-    return (cache.dim() == 4 and cache.stride(3) == 1 and cache.stride(2) == cache.shape[3]
-            and cache.stride(1) == cache.shape[2] * cache.shape[3])
+    # dense NHD [bs, Hkv, D] or HND [Hkv, bs, D] blocks (canonical, or the hnd format's view)
+    if cache.dim() != 4 or cache.stride(3) != 1:
+        return False
+    _, bs, hkv, d = cache.shape
+    return ((cache.stride(2) == d and cache.stride(1) == hkv * d)
+            or (cache.stride(1) == d and cache.stride(2) == bs * d))
 
 
 def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -279,9 +284,15 @@ def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tens
                              scale: float, sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None,
                              kv_cache_format: str = "canonical") -> bool:
-    # the kernel reads caches whose blocks are dense [bs, Hkv, D] and share strides (blocks
-    # may lie apart: key and value halves of one buffer); other views run on the next provider
-    return (kv_cache_format in _READS and _tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    # the kernel reads caches whose blocks are dense [bs, Hkv, D] or [Hkv, bs, D] and share
+    # strides (blocks may lie apart: key and value halves of one buffer); other views run on
+    # the next provider
+    if kv_cache_format != "canonical":
+        if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
+                and key_cache.dim() == 4 and value_cache.dim() == 4):
+            return False
+        key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
+    return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
             and cpu_float(query) and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
             and block_tables.is_cpu and seq_lens.is_cpu and query_start_loc.is_cpu
@@ -481,6 +492,6 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU") -> list[str]:
     from opmux.plugins._registration import register_table
 
     ok, message = _build.build_status()
-    declare_kv_cache_formats(PROVIDER, _READS)
+    declare_kv_cache_formats(PROVIDER, _FORMATS[:1])
     return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
                           reason=None if ok else f"C++ CPU kernels unavailable: {message}")
