@@ -61,7 +61,7 @@ def test_builtin_formats_and_public_names() -> None:
     hnd = opmux.get_kv_cache_format("hnd")
     k, v = hnd.allocate(3, 8, 2, 16, torch.bfloat16, "cpu")
     assert k.shape == v.shape == (3, 2, 8, 16) and k.dtype == torch.bfloat16
-    ck, cv = hnd.to_canonical(k, v)
+    ck, _ = hnd.to_canonical(k, v)
     assert ck.shape == (3, 8, 2, 16) and ck.data_ptr() == k.data_ptr()  # a view
     canon = opmux.get_kv_cache_format("canonical")
     assert canon.allocate(3, 8, 2, 16, torch.float32)[0].shape == (3, 8, 2, 16)
@@ -119,7 +119,7 @@ def test_ops_on_a_format_equal_the_canonical_cache(dim_major: opmux.KVCacheForma
                                                    fmt_name: str, dtype: torch.dtype) -> None:
     fmt = opmux.get_kv_cache_format(fmt_name)
     b = _batch(dtype)
-    nb, bs, hkv, d = b.key_cache.shape
+    _, _, hkv, d = b.key_cache.shape
     key, value = torch.randn(7, hkv, d).to(dtype), torch.randn(7, hkv, d).to(dtype)
     slots = torch.tensor([0, 5, -1, 17, 9, 30, 2])
     ck, cv = b.key_cache.clone(), b.value_cache.clone()

@@ -73,7 +73,8 @@ def split_kv_cache(kv_cache: Tensor, kv_cache_format: str = "canonical"
     or ``[blocks, Hkv, block_size, D]`` views (``hnd``).
 
     :raises OpmuxAttentionUnsupported: a cache whose blocks are not each one dense run of
-        memory (the layout vLLM's CPU backend asks for always is).
+        memory (the layout vLLM's CPU backend asks for always is), or a format other than
+        :data:`VLLM_FORMATS`.
     """
     blocks, heads, block_size, width = kv_cache.shape
     try:
@@ -87,8 +88,8 @@ def split_kv_cache(kv_cache: Tensor, kv_cache_format: str = "canonical"
     elif kv_cache_format == "canonical":
         kv = per_block.view(blocks, 2, block_size, heads, width // 2)
     else:
-        raise ValueError(f"split_kv_cache: format {kv_cache_format!r} is not one of "
-                         f"{VLLM_FORMATS}")
+        raise _refuse(f"KV-cache format {kv_cache_format!r} inside vLLM's allocation",
+                      f"use one of {', '.join(VLLM_FORMATS)}")
     return kv[:, 0], kv[:, 1]
 
 

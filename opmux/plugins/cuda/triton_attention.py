@@ -270,7 +270,8 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
     """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts (any
     strides: the kernel addresses query, caches and output through them), canonical format."""
     tensors = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-    return (kv_cache_format == "canonical" and all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in DTYPES
+    return (kv_cache_format == "canonical"
+            and all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in DTYPES
             and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
             and key_cache.shape[3] == query.shape[2] and key_cache.shape[2] > 0

@@ -74,7 +74,8 @@ def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache
                                kv_cache_format: str = "canonical") -> bool:
     """The canonical format: float tensors, 3-D key/value, 4-D caches, an int64 slot mapping
     (any strides)."""
-    return (kv_cache_format == "canonical" and isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+    return (kv_cache_format == "canonical" and isinstance(key, torch.Tensor)
+            and isinstance(value, torch.Tensor)
             and isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)
             and isinstance(slot_mapping, torch.Tensor) and key.dtype in DTYPES
             and value.dtype in DTYPES and key_cache.dtype in DTYPES
