@@ -68,8 +68,9 @@ def test_write_then_attend(attn: Any, window: int | None, cap: float | None, pad
                            fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # pad: rows past the step's tokens in vLLM's buffers (left alone); 0: none
     # fmt: the KV-cache format opmux.kv_cache_format answers (the backend lays it out)
-    import opmux
     from vllm.v1.attention.backend import AttentionType
+
+    import opmux
 
     _prefer(attn, monkeypatch, fmt)
 
