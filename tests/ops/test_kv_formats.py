@@ -182,10 +182,18 @@ def _probe_supports(query: Tensor, key_cache: Tensor, value_cache: Tensor,
 def test_kv_cache_format_follows_the_winning_provider(fresh_plugins: None) -> None:
     op = ops.paged_attention
     op.register_impl("kvfmt_probe", dispatch_key="CPU", supports_args=_probe_supports)(_probe)
+    try:
+        _follows_the_winning_provider(op)
+    finally:
+        op.unregister_impl("kvfmt_probe")
+
+
+def _follows_the_winning_provider(op: opmux.Op) -> None:
     opmux.declare_kv_cache_formats(
         "kvfmt_probe", lambda spec: ("hnd", "canonical") if spec.dtype == torch.float32 else ())
-    # default priority: cpp (or native) wins on CPU, and reads canonical
-    assert opmux.kv_cache_format("cpu", torch.float32, 16, 2, 8).name == "canonical"
+    # the default priority (the probe registered last): cpp or native wins, reads canonical
+    with op.set_priority([p for p in op.priority() if p != "kvfmt_probe"]):
+        assert opmux.kv_cache_format("cpu", torch.float32, 16, 2, 8).name == "canonical"
     with op.set_priority(["kvfmt_probe", "cpp", "native"]):
         assert opmux.kv_cache_format("cpu", torch.float32, 16, 2, 8).name == "hnd"
         # the probe takes no bf16 caches: the next provider decides
