@@ -21,6 +21,7 @@ plugins registered; they register it again when start-up runs again.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from opmux.core.errors import RegistrationError
+from opmux.core.errors import ConfigError, RegistrationError
 from opmux.core.op import DEVICE_TYPE_TO_KEY
 from opmux.core.state import claim, runtime
 
@@ -186,8 +187,6 @@ def register_kv_cache_format(fmt: KVCacheFormat) -> KVCacheFormat:
 
     :raises RegistrationError: a bad name, or another format registered under it.
     """
-    import re
-
     if not isinstance(fmt, KVCacheFormat):
         raise RegistrationError(f"register_kv_cache_format: expected a KVCacheFormat, got "
                                 f"{type(fmt).__name__}")
@@ -219,9 +218,24 @@ def _loaded() -> None:
 def get_kv_cache_format(name: str) -> KVCacheFormat:
     """The format registered as ``name``.
 
-    :raises OpInputError: no such format; the message lists the registered ones.
+    :raises ConfigError: no such format; the message lists the registered ones.
     """
-    return resolve_kv_cache_format("kv_cache_format", name, provider="native")
+    fmt = _lookup(name)
+    if fmt is None:
+        raise ConfigError(f"no KV-cache format {name!r}; registered: "
+                          f"{', '.join(_table().formats)} (register others with "
+                          "opmux.register_kv_cache_format)")
+    return fmt
+
+
+def _lookup(name: str) -> KVCacheFormat | None:
+    """The format ``name``, start-up run first when it is not (yet) known."""
+    table = _table()
+    fmt = table.formats.get(name) if isinstance(name, str) else None
+    if fmt is None:
+        _loaded()
+        fmt = table.formats.get(name) if isinstance(name, str) else None
+    return fmt
 
 
 def resolve_kv_cache_format(op: str, name: str, *, provider: str = "native") -> KVCacheFormat:
@@ -230,16 +244,12 @@ def resolve_kv_cache_format(op: str, name: str, *, provider: str = "native") -> 
     :raises OpInputError: an unknown name (or not a string), naming the op, the provider and
         the registered formats.
     """
-    table = _table()
-    fmt = table.formats.get(name) if isinstance(name, str) else None
-    if fmt is None:
-        _loaded()
-        fmt = table.formats.get(name) if isinstance(name, str) else None
+    fmt = _lookup(name)
     if fmt is None:
         from opmux.ops.checks import arguments as arg
 
         raise arg.input_error(op, provider, "kv_cache_format",
-                              f"a registered KV-cache format ({', '.join(table.formats)}; "
+                              f"a registered KV-cache format ({', '.join(_table().formats)}; "
                               "register others with opmux.register_kv_cache_format)", repr(name))
     return fmt
 

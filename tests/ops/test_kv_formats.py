@@ -206,6 +206,12 @@ def _follows_the_winning_provider(op: opmux.Op) -> None:
         assert opmux.kv_cache_format("cpu", torch.float32, 16, 2, 8).name == "canonical"
 
 
+def test_an_unknown_name_is_a_config_error() -> None:
+    with pytest.raises(opmux.ConfigError, match=r"no KV-cache format 'nope'; registered: "
+                       r"canonical, hnd"):
+        opmux.get_kv_cache_format("nope")
+
+
 def test_declaring_no_format_is_refused() -> None:
     with pytest.raises(opmux.RegistrationError, match="at least one format"):
         opmux.declare_kv_cache_formats("someone", [])
