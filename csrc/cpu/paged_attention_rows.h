@@ -70,6 +70,11 @@ struct Params {
   const int32_t* query_start_loc;
   Partials partials;
   int64_t block_stride;  // elements from one cache block to the next (dense inside a block)
+  // Inside a block: NHD ([bs, Hkv, D] rows, the canonical cache) has tok_stride Hkv * D and
+  // head_stride D; HND ([Hkv, bs, D], the 'hnd' KV-cache format) tok_stride D and head_stride
+  // bs * D. The AMX and tile paths read NHD only (nhd below); run_item reads both.
+  int64_t tok_stride, head_stride;
+  bool nhd() const { return head_stride == head_size; }
 };
 
 // Per-item constants of the work item's sequence, shared by both item paths.
@@ -77,15 +82,16 @@ struct ItemGeom {
   int64_t G, D, Dp;     // query heads per kv head, head size, head size padded to kF
   int64_t q0, q_len;    // first query row of the sequence and its query rows
   int64_t kv_len;       // keys of the sequence
-  int64_t tok_stride;   // cache elements per token (all kv heads)
+  int64_t tok_stride;   // cache elements from one token to the next (Params::tok_stride)
+  int64_t hs;           // cache elements from one kv head to the next (Params::head_stride)
   const int32_t* bt;    // the sequence's block table row
   ItemGeom(const WorkItem& w, const Params& p)
       : G(p.num_heads / p.num_kv_heads), D(p.head_size), Dp(p.padded),
         q0(p.query_start_loc[w.seq]), q_len(p.query_start_loc[w.seq + 1] - q0),
-        kv_len(p.seq_lens[w.seq]), tok_stride(p.num_kv_heads * D),
+        kv_len(p.seq_lens[w.seq]), tok_stride(p.tok_stride), hs(p.head_stride),
         bt(p.block_tables + static_cast<int64_t>(w.seq) * p.max_blocks) {}
   // elements from a cache's start to token t of this sequence (kv head 0); blocks lie
-  // p.block_stride apart, the [bs, Hkv, D] rows inside a block are dense
+  // p.block_stride apart, dense inside (NHD or HND rows)
   int64_t token_offset(const Params& p, int64_t t) const {
     return static_cast<int64_t>(bt[t / p.block_size]) * p.block_stride +
            (t % p.block_size) * tok_stride;

@@ -153,10 +153,30 @@ def run(ns: argparse.Namespace) -> int:
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"opmux explain: {op.qualname} rejects these arguments: {first}"
                           ) from None
+    fmt = _kv_cache_format_line(op, args)
     if ns.json:
-        print(json.dumps({"op": op.qualname, "chosen": chosen.provider,
-                          "dispatch_key": chosen.dispatch_key, "priority": op.priority(),
-                          "explanation": op.explain(*args).splitlines()}, indent=2))
+        data = {"op": op.qualname, "chosen": chosen.provider,
+                "dispatch_key": chosen.dispatch_key, "priority": op.priority(),
+                "explanation": op.explain(*args).splitlines()}
+        if fmt is not None:
+            data["kv_cache_format"] = fmt
+        print(json.dumps(data, indent=2))
     else:
         print(op.explain(*args))
+        if fmt is not None:
+            print(fmt)
     return 0
+
+
+def _kv_cache_format_line(op: Any, args: list[Any]) -> str | None:
+    """For the paged-cache ops: the format :func:`opmux.kv_cache_format` tells an engine to
+    allocate for these caches (canonical shapes given), and which provider prefers it."""
+    if op.qualname not in ("opmux::paged_attention", "opmux::reshape_and_cache"):
+        return None
+    from opmux.ops.kv_formats import kv_cache_format_report
+
+    cache = args[2] if op.qualname == "opmux::reshape_and_cache" else args[1]
+    if cache.dim() != 4:
+        return None
+    _, block_size, kv_heads, head_size = cache.shape
+    return kv_cache_format_report(cache.device, cache.dtype, head_size, kv_heads, block_size)

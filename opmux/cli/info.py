@@ -72,11 +72,28 @@ def info_data() -> dict[str, Any]:
         "detectors": [d.as_dict() for d in detections()],
         "plugins": [r.as_dict() for r in opmux.plugin_report()],
         "ops": ops,
+        "kv_cache_formats": _kv_cache_formats(platform.device_type),
         "tuned": tuned_status().as_dict(),
         "custom_ops": opmux.custom_op_counts(),
         "custom_op_settings": custom_op_settings(),
         "versions": stack_versions(),
     }
+
+
+def _kv_cache_formats(device_type: str) -> dict[str, Any]:
+    """The registered KV-cache formats and, per float dtype, the one ``opmux.kv_cache_format``
+    returns on the platform's device (head size 128, 8 kv heads, block 16)."""
+    import torch
+
+    from opmux.ops.kv_formats import get_kv_cache_format, kv_cache_format, list_kv_cache_formats
+
+    preferred = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        preferred[str(dtype).removeprefix("torch.")] = kv_cache_format(
+            device_type, dtype, 128, 8, 16).name
+    return {"registered": {name: get_kv_cache_format(name).description
+                           for name in list_kv_cache_formats()},
+            "preferred": preferred}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +127,10 @@ def run(ns: argparse.Namespace) -> int:
     t = data["tuned"]
     print(f"\ntuned priority layer (between plugins and OPMUX_PRIORITY): {t['state']}"
           + (f", {t['path']}" if t["path"] else "") + (f" ({t['reason']})" if t["reason"] else ""))
+    kv = data["kv_cache_formats"]
+    print("\nKV-cache formats: " + ", ".join(kv["registered"]) + "; paged_attention prefers "
+          + ", ".join(f"{fmt!r} for {dt}" for dt, fmt in kv["preferred"].items())
+          + " (head 128, 8 kv heads, block 16)")
     counts, cfg = data["custom_ops"], data["custom_op_settings"]
     print(f"\ncustom ops: base {cfg['base']} ({cfg['source']}), overrides "
           f"{cfg['overrides'] or '-'}, compile mode {cfg['compile_mode']}")

@@ -35,6 +35,7 @@ from opmux.layers import (
 )
 from opmux.layers.moe import FusedMoE
 from opmux.models.config import ModelConfig
+from opmux.ops.kv_formats import KVCacheFormat, get_kv_cache_format, kv_cache_format
 
 __all__ = ["AttentionBatch", "CausalLM", "WeightTarget"]
 
@@ -47,12 +48,15 @@ class AttentionBatch:
     :ivar block_tables: ``[S, max_blocks]`` int32.
     :ivar seq_lens: ``[S]`` int32, cached tokens per sequence including this step's.
     :ivar query_start_loc: ``[S + 1]`` int32 ragged offsets of the query rows.
+    :ivar kv_cache_format: the registered KV-cache format the caches were allocated in
+        (:meth:`CausalLM.new_kv_cache`).
     """
 
     slots: Tensor
     block_tables: Tensor
     seq_lens: Tensor
     query_start_loc: Tensor
+    kv_cache_format: str = "canonical"
 
 
 WeightTarget = tuple[tuple[int, ...], Callable[[Tensor], None]]
@@ -96,10 +100,11 @@ class _Attention(torch.nn.Module):
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k = self.rotary(positions, q, k)
         ops.reshape_and_cache(k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d),
-                              cache[0], cache[1], meta.slots)
+                              cache[0], cache[1], meta.slots, meta.kv_cache_format)
         attn = ops.paged_attention(q.reshape(t, self.heads, d), cache[0], cache[1],
                                    meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                   self.scale, self.window, self.soft_cap)
+                                   self.scale, self.window, self.soft_cap,
+                                   meta.kv_cache_format)
         out: Tensor = self.o_proj(attn.view(t, self.heads * d))
         return out
 
@@ -192,12 +197,23 @@ class CausalLM(torch.nn.Module):
         """The MoE layers by ``layer_name`` (the forward context the engine sets)."""
         return {m.layer_name: m for m in self.modules() if isinstance(m, FusedMoE)}
 
+    def kv_cache_format(self, block_size: int, device: torch.device | None = None
+                        ) -> KVCacheFormat:
+        """The KV-cache format to allocate on ``device``: the one the winning
+        ``paged_attention`` provider prefers (:func:`opmux.kv_cache_format`)."""
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        return kv_cache_format(dev, self.dtype, self.config.head_dim, self.num_kv_heads,
+                               block_size)
+
     def new_kv_cache(self, num_blocks: int, block_size: int,
-                     device: torch.device | None = None) -> list[tuple[Tensor, Tensor]]:
-        """Zeroed ``(key_cache, value_cache)`` per layer, this rank's KV heads."""
-        shape = (num_blocks, block_size, self.num_kv_heads, self.config.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=device),
-                 torch.zeros(shape, dtype=self.dtype, device=device))
+                     device: torch.device | None = None,
+                     kv_cache_format: str = "canonical") -> list[tuple[Tensor, Tensor]]:
+        """Zeroed ``(key_cache, value_cache)`` per layer, this rank's KV heads, in the
+        registered format ``kv_cache_format`` (pass the same name in
+        :attr:`AttentionBatch.kv_cache_format`)."""
+        fmt = get_kv_cache_format(kv_cache_format)
+        return [fmt.allocate(num_blocks, block_size, self.num_kv_heads, self.config.head_dim,
+                             self.dtype, device)
                 for _ in range(self.config.num_layers)]
 
     def forward(self, tokens: Tensor, positions: Tensor, kv_cache: list[tuple[Tensor, Tensor]],

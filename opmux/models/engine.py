@@ -184,7 +184,9 @@ class Engine:
             cfg, self.model.dtype, num_blocks=alloc.num_blocks, block_size=bs,
             num_seqs=min(cap, s), step_tokens=sum(sorted(lens, reverse=True)[:cap]),
             tp=self.model.tp_size), dev, "generate")
-        cache = self.model.new_kv_cache(alloc.num_blocks, bs, dev)
+        # the format the winning paged_attention provider prefers (opmux.kv_cache_format)
+        fmt = self.model.kv_cache_format(bs, dev).name
+        cache = self.model.new_kv_cache(alloc.num_blocks, bs, dev, fmt)
         owned: dict[int, list[int]] = {}
         eos = set() if sampling.ignore_eos else set(cfg.eos_token_ids)
         gen = (torch.Generator().manual_seed(sampling.seed) if sampling.temperature > 0
@@ -228,7 +230,7 @@ class Engine:
                 pad = torch.zeros(len(new), dtype=i64, device=dev)  # set by advance_step
                 tokens, pos, slot = (torch.cat([tokens, pad]), torch.cat([pos, pad]),
                                      torch.cat([slot, pad]))
-            meta = AttentionBatch(step_slot, block_tables, seq_lens, qsl.to(dev))
+            meta = AttentionBatch(step_slot, block_tables, seq_lens, qsl.to(dev), fmt)
             logits = self.forward_step(step_tokens, step_pos, cache, meta)
             sampled = sample(logits, sampling, gen)
             keep = []

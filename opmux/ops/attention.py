@@ -23,6 +23,7 @@ from opmux.ops.checks.attention import (
     check_mla_attention,
     check_paged_attention,
 )
+from opmux.ops.kv_formats import resolve_kv_cache_format
 
 __all__ = ["concat_and_cache_mla", "encoder_attention", "mla_attention", "paged_attention"]
 
@@ -59,7 +60,8 @@ def _sequence_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
 def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                     seq_lens: Tensor, query_start_loc: Tensor, scale: float,
                     sliding_window: Optional[int] = None,
-                    soft_cap: Optional[float] = None) -> Tensor:
+                    soft_cap: Optional[float] = None,
+                    kv_cache_format: str = "canonical") -> Tensor:
     """Causal attention of ragged query rows over a paged KV cache.
 
     Sequence ``i`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]`` (``q_len``,
@@ -81,10 +83,15 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     :param scale: score multiplier, usually ``D ** -0.5``.
     :param sliding_window: keep only the last ``sliding_window`` positions, or ``None``.
     :param soft_cap: tanh soft cap of the scores, or ``None``.
+    :param kv_cache_format: the registered :class:`opmux.KVCacheFormat` the caches are in;
+        the cache shapes above are those of its ``to_canonical`` form, which native reads.
     :returns: a new ``[T, H, D]`` tensor in query's dtype.
     :raises opmux.OpInputError: bad shapes or dtypes, ``kv_len < q_len``, a sequence longer
-        than its block table, or a block id out of range.
+        than its block table, a block id out of range, or an unregistered ``kv_cache_format``.
     """
+    if kv_cache_format != "canonical":
+        key_cache, value_cache = resolve_kv_cache_format(
+            "paged_attention", kv_cache_format).to_canonical(key_cache, value_cache)
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap)
     _, heads, head_size = query.shape
@@ -111,7 +118,10 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
 def _paged_attention_fake(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                           block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
                           scale: float, sliding_window: Optional[int] = None,
-                          soft_cap: Optional[float] = None) -> Tensor:
+                          soft_cap: Optional[float] = None,
+                          kv_cache_format: str = "canonical") -> Tensor:
+    key_cache, value_cache = resolve_kv_cache_format(
+        "paged_attention", kv_cache_format).to_canonical(key_cache, value_cache)
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap, read_data=False)
     return query.new_empty(query.shape)

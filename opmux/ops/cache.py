@@ -6,13 +6,14 @@ from torch import Tensor
 
 from opmux.core.registry import register_op
 from opmux.ops.checks import check_advance_step_flashattn, check_reshape_and_cache
+from opmux.ops.kv_formats import resolve_kv_cache_format, scatter_canonical
 
 __all__ = ["advance_step_flashattn", "reshape_and_cache"]
 
 
 @register_op(mutates_args=("key_cache", "value_cache"))
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                      slot_mapping: Tensor) -> None:
+                      slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
     """Write token ``t``'s key and value into slot ``slot_mapping[t]`` of the paged caches.
 
     Slot ``s`` is block ``s // block_size``, offset ``s % block_size``; slot ``-1`` is
@@ -29,24 +30,29 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     :param slot_mapping: ``[T]`` int64, each ``-1`` or in ``[0, num_blocks*block_size)``;
         a slot other than ``-1`` appears at most once (two tokens in one slot would leave
         a provider-dependent winner, so it is refused).
+    :param kv_cache_format: the registered :class:`opmux.KVCacheFormat` the caches are in
+        (:func:`opmux.kv_cache_format` says which to allocate); the shapes above are those of
+        its ``to_canonical`` form, and the write is the format's own.
     :raises opmux.OpInputError: bad shapes, dtypes or devices, an overlapping cache view, a
-        zero block size, or a slot out of range.
+        zero block size, a slot out of range, or an unregistered ``kv_cache_format``.
     """
-    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    block_size = key_cache.shape[1]
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid]
-    # (block, offset) indexing writes through any strided view of the caches in place
-    blocks = torch.div(slots, block_size, rounding_mode="floor")
-    offsets = slots - blocks * block_size
-    key_cache.index_put_((blocks, offsets), key[valid])
-    value_cache.index_put_((blocks, offsets), value[valid])
+    if kv_cache_format == "canonical":
+        check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+        # (block, offset) indexing writes through any strided view of the caches in place
+        scatter_canonical(key, value, key_cache, value_cache, slot_mapping)
+        return
+    fmt = resolve_kv_cache_format("reshape_and_cache", kv_cache_format)
+    kc, vc = fmt.to_canonical(key_cache, value_cache)
+    check_reshape_and_cache(key, value, kc, vc, slot_mapping)
+    fmt.write(key, value, key_cache, value_cache, slot_mapping)
 
 
 @reshape_and_cache.register_fake
 def _reshape_and_cache_fake(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                            slot_mapping: Tensor) -> None:
-    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, read_data=False)
+                            slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
+    kc, vc = resolve_kv_cache_format("reshape_and_cache", kv_cache_format).to_canonical(
+        key_cache, value_cache)
+    check_reshape_and_cache(key, value, kc, vc, slot_mapping, read_data=False)
 
 
 @register_op(mutates_args=("input_tokens", "input_positions", "seq_lens", "slot_mapping"))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         run_opcheck,
         tolerance,
     )
+    from opmux.testing.kv_format_cases import check_kv_cache_format
     from opmux.testing.paged_batches import PagedBatch, paged_batch
     from opmux.testing.views import StridedVariant, run_variant, strided_variants
 
@@ -41,6 +42,7 @@ __all__ = [
     "TOLERANCES",
     "bad_inputs_for",
     "cases_for",
+    "check_kv_cache_format",
     "check_provider",
     "has_cases",
     "paged_batch",
@@ -66,6 +68,7 @@ _HOME.update({"bad_inputs_for": "opmux.testing.bad_inputs"})
 _HOME.update({name: "opmux.testing.views" for name in
               ("StridedVariant", "run_variant", "strided_variants")})
 _HOME.update({name: "opmux.testing.paged_batches" for name in ("PagedBatch", "paged_batch")})
+_HOME.update({"check_kv_cache_format": "opmux.testing.kv_format_cases"})
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ import torch
 
 from opmux.testing.cache_cases import CACHE_LAYOUTS, cache_layout
 from opmux.testing.case_table import Case, register_cases
+from opmux.testing.kv_format_cases import kv_format_attention_cases
 from opmux.testing.paged_batches import PagedBatch, paged_batch
 from opmux.testing.seeded import DTYPES, seeded_generator, seeded_randn
 
@@ -213,6 +214,7 @@ def paged_attention_cases() -> Iterator[Case]:
     yield attention_case("fp16-damaged-value-nan-gqa8", dtype=torch.float16, q_lens=[1, 9],
                          kv_lens=[20, 12], heads=8, kv_heads=1, head_size=64, block_size=4,
                          damage=("value", 8, nan))
+    yield from kv_format_attention_cases()  # every registered KV-cache format
 
 
 #: the case generators of the ops above, by op name

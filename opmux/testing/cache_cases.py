@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 
 from opmux.testing.case_table import Case, register_cases
+from opmux.testing.kv_format_cases import kv_format_reshape_cases
 from opmux.testing.seeded import DTYPES, seeded_generator, seeded_randn
 
 __all__ = [
@@ -40,6 +41,7 @@ def reshape_and_cache_cases() -> Iterator[Case]:
             slots[i] = -1
         yield Case(name, (key, value, key_cache, value_cache, slots))
     yield from _reshape_and_cache_layout_cases()
+    yield from kv_format_reshape_cases()  # every registered KV-cache format
 
 
 def cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str

@@ -66,10 +66,15 @@ class Case:
 
     def args_with(self, names: Sequence[str], **over: Any) -> list[Any]:
         """The positional arguments, named in order by ``names``, with the ones named in
-        ``over`` replaced (to build a bad call from a good case)."""
-        values = dict(zip(names, self.args, strict=True))
+        ``over`` replaced (to build a bad call from a good case). Trailing names the case
+        leaves out (defaulted parameters) stay out unless ``over`` names them."""
+        if len(self.args) > len(names):
+            raise ValueError(f"case {self.name!r} has {len(self.args)} arguments, "
+                             f"{len(names)} names given")
+        values = dict(zip(names, self.args, strict=False))
         values.update(over)
-        return [values[n] for n in names]
+        used = max((i + 1 for i, n in enumerate(names) if n in values), default=0)
+        return [values[n] for n in names[:used]]
 
 
 def _fresh_copy(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:

@@ -52,11 +52,27 @@ def _reference(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Ten
     return torch.cat(out)
 
 
-@pytest.mark.parametrize(("window", "cap", "pad"),
-                         [(None, None, 2), (20, None, 2), (None, 30.0, 2), (None, None, 0)])
-def test_write_then_attend(attn: Any, window: int | None, cap: float | None, pad: int) -> None:
+def _prefer(attn: Any, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make opmux.kv_cache_format answer ``name`` inside the backend."""
+    import opmux
+
+    fmt = opmux.get_kv_cache_format(name)
+    monkeypatch.setattr(attn, "kv_cache_format", lambda *args, **kwargs: fmt)
+
+
+@pytest.mark.parametrize(("window", "cap", "pad", "fmt"),
+                         [(None, None, 2, "canonical"), (20, None, 2, "canonical"),
+                          (None, 30.0, 2, "canonical"), (None, None, 0, "canonical"),
+                          (None, None, 2, "hnd"), (20, 30.0, 0, "hnd")])
+def test_write_then_attend(attn: Any, window: int | None, cap: float | None, pad: int,
+                           fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # pad: rows past the step's tokens in vLLM's buffers (left alone); 0: none
+    # fmt: the KV-cache format opmux.kv_cache_format answers (the backend lays it out)
     from vllm.v1.attention.backend import AttentionType
+
+    import opmux
+
+    _prefer(attn, monkeypatch, fmt)
 
     impl = attn.OpmuxCPUAttentionImpl(H, D, 1 / math.sqrt(D), HKV, None, window, "auto",
                                       cap, AttentionType.DECODER)
@@ -71,7 +87,9 @@ def test_write_then_attend(attn: Any, window: int | None, cap: float | None, pad
         slots = tables[i, pos // BS].long() * BS + pos % BS
         padded = [torch.cat([t, torch.full((pad, HKV, D), 9.0)]) for t in (keys[i], values[i])]
         impl.do_kv_cache_update(None, *padded, kv_cache, slots)
-    key_cache, value_cache = attn.split_kv_cache(kv_cache)
+    assert attn.vllm_kv_cache_format(kv_cache) == fmt
+    key_cache, value_cache = opmux.get_kv_cache_format(fmt).to_canonical(
+        *attn.split_kv_cache(kv_cache, fmt))
     assert key_cache.shape == (BLOCKS, BS, HKV, D)
     torch.testing.assert_close(key_cache[3, 4], keys[0][4])
     torch.testing.assert_close(value_cache[2, 0], values[2][32])
@@ -89,11 +107,14 @@ def test_write_then_attend(attn: Any, window: int | None, cap: float | None, pad
     assert (kv_cache != 9.0).all()  # no padding row was written into the cache
 
 
-def test_zeroing_a_block_clears_only_that_block(attn: Any) -> None:
+@pytest.mark.parametrize("fmt", ["canonical", "hnd"])
+def test_zeroing_a_block_clears_only_that_block(attn: Any, fmt: str) -> None:
     # vLLM zeroes fresh blocks as kv[block_id].zero_(): opmux's layout must keep a block's
     # keys and values inside that block's memory
     kv_cache = torch.randn(BLOCKS, HKV, BS, 2 * D)
-    key_cache, value_cache = attn.split_kv_cache(kv_cache)
+    key_cache, value_cache = attn.split_kv_cache(kv_cache, fmt)
+    want = (BLOCKS, BS, HKV, D) if fmt == "canonical" else (BLOCKS, HKV, BS, D)
+    assert key_cache.shape == value_cache.shape == want
     kv_cache[4].zero_()
     assert (key_cache[4] == 0).all() and (value_cache[4] == 0).all()
     assert (key_cache[3] != 0).any() and (value_cache[5] != 0).any()
@@ -118,3 +139,16 @@ def test_non_dense_cache_refused(attn: Any) -> None:
     strided = torch.zeros(BLOCKS, BS, HKV, 2 * D).transpose(1, 2)  # [B, Hkv, bs, 2D], not dense
     with pytest.raises(attn.OpmuxAttentionUnsupported, match="blocks are not dense"):
         attn.split_kv_cache(strided)
+
+
+def test_a_format_vllm_cannot_hold_falls_back_to_canonical(
+        attn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import opmux
+
+    class Packed(opmux.KVCacheFormat):  # not a view of a dense block in either order
+        name = "test_packed"
+
+    monkeypatch.setattr(attn, "kv_cache_format", lambda *args, **kwargs: Packed())
+    assert attn.vllm_kv_cache_format(torch.zeros(BLOCKS, HKV, BS, 2 * D)) == "canonical"
+    with pytest.raises(attn.OpmuxAttentionUnsupported, match="'test_packed' inside vLLM"):
+        attn.split_kv_cache(torch.zeros(BLOCKS, HKV, BS, 2 * D), "test_packed")

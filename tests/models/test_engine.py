@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -187,3 +188,53 @@ def test_tp_launch_reports_a_failing_rank(ckpt: Path, capsys: pytest.CaptureFixt
                  "--tp", "3"])
     err = capsys.readouterr().err
     assert code == 2 and "[rank 0] exit 2" in err and "not divisible by the tensor-parallel" in err
+
+
+def _kvfmt_probe(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 query_start_loc: torch.Tensor, scale: float,
+                 sliding_window: Optional[int] = None, soft_cap: Optional[float] = None,
+                 kv_cache_format: str = "canonical") -> torch.Tensor:
+    """A paged_attention provider that reads only the 'hnd' format (native underneath)."""
+    assert kv_cache_format == "hnd", kv_cache_format
+    out: torch.Tensor = opmux.ops.paged_attention.native(
+        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+        sliding_window, soft_cap, kv_cache_format)
+    return out
+
+
+def _kvfmt_probe_supports(query: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, block_tables: torch.Tensor,
+                          seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                          sliding_window: Optional[int] = None,
+                          soft_cap: Optional[float] = None,
+                          kv_cache_format: str = "canonical") -> bool:
+    return kv_cache_format == "hnd"
+
+
+def test_engine_allocates_the_format_the_winning_provider_prefers(
+        engine: Engine, fresh_plugins: None) -> None:
+    want = engine.generate(PROMPTS, 5).outputs
+    op = opmux.ops.paged_attention
+    op.register_impl("engine_hnd_probe", dispatch_key="CPU",
+                     supports_args=_kvfmt_probe_supports)(_kvfmt_probe)
+    opmux.declare_kv_cache_formats("engine_hnd_probe", ["hnd"])
+    model = engine.model
+    with op.set_priority(["engine_hnd_probe", "native"]):
+        assert model.kv_cache_format(4).name == "hnd"
+        seen: list[str] = []
+        real = model.new_kv_cache
+
+        def spy(num_blocks, block_size, device=None,  # type: ignore[no-untyped-def]
+                kv_cache_format="canonical"):
+            seen.append(kv_cache_format)
+            return real(num_blocks, block_size, device, kv_cache_format)
+
+        model.new_kv_cache = spy  # type: ignore[method-assign]
+        try:
+            got = Engine(model, block_size=4).generate(PROMPTS, 5).outputs
+        finally:
+            del model.new_kv_cache
+            op.unregister_impl("engine_hnd_probe")
+    assert seen == ["hnd"]
+    assert got == want

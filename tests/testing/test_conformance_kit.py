@@ -203,7 +203,8 @@ def test_catalog_provider_that_ignores_padding_slots_fails() -> None:
     case = next(c for c in cases_for("reshape_and_cache") if c.name == "fp32-basic")
 
     def writes_padding(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                       value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                       value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       kv_cache_format: str = "canonical") -> None:
         d = key_cache.shape[-1]
         key_cache.view(-1, key.shape[1], d)[slot_mapping] = key  # -1 hits the last slot
         value_cache.view(-1, key.shape[1], d)[slot_mapping] = value

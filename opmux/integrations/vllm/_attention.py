@@ -7,7 +7,12 @@ inside a cache block: vLLM allocates each layer's cache as ``[blocks, Hkv, block
 2 * D]`` and only ever touches whole blocks (it zeroes freshly allocated ones); opmux lays a
 block out as ``[2, block_size, Hkv, D]`` -- the keys of the block's tokens, then their values
 -- so the key and value caches of the catalog (``[blocks, block_size, Hkv, D]``, heads
-contiguous) are two views with a block stride of ``2 * block_size * Hkv * D``. The KV write
+contiguous) are two views with a block stride of ``2 * block_size * Hkv * D``. When the
+winning ``paged_attention`` provider prefers the head-major ``hnd`` format
+(:func:`opmux.kv_cache_format`), a block is laid out as ``[2, Hkv, block_size, D]`` instead
+and both ops get ``kv_cache_format="hnd"``. Other formats (tile-packed ones) are not views of
+a dense block of vLLM's allocation in either order, so the backend keeps ``canonical`` for
+them (the provider's ``supports_args`` declines, or it reads canonical too). The KV write
 is ``opmux::reshape_and_cache`` and attention ``opmux::paged_attention`` (ragged prefill +
 decode, GQA, sliding window, soft cap), so the winning provider of each runs. Both are
 called through :attr:`opmux.Op.eager`: the forward runs outside vLLM's compiled graph (inside
@@ -36,10 +41,11 @@ from vllm.v1.attention.backends.cpu_attn import (
 from opmux.core.errors import OpmuxError
 from opmux.ops.attention import paged_attention
 from opmux.ops.cache import reshape_and_cache
+from opmux.ops.kv_formats import kv_cache_format
 
 __all__ = ["OpmuxAttentionUnsupported", "OpmuxCPUAttentionBackend", "OpmuxCPUAttentionImpl",
            "OpmuxCPUAttentionMetadata", "OpmuxCPUAttentionMetadataBuilder", "install",
-           "split_kv_cache"]
+           "split_kv_cache", "vllm_kv_cache_format", "VLLM_FORMATS"]
 
 
 class OpmuxAttentionUnsupported(OpmuxError, NotImplementedError):
@@ -55,12 +61,20 @@ def _refuse(feature: str, fix: str) -> OpmuxAttentionUnsupported:
         f"(OPMUX_VLLM_LAYERS without 'attention', or OPMUX_VLLM=0)")
 
 
-def split_kv_cache(kv_cache: Tensor) -> tuple[Tensor, Tensor]:
-    """The ``(key_cache, value_cache)`` views ``[blocks, block_size, Hkv, D]`` of a vLLM CPU
-    layer cache ``[blocks, Hkv, block_size, 2 * D]`` in opmux's block layout.
+VLLM_FORMATS: tuple[str, ...] = ("canonical", "hnd")
+"""KV-cache formats the backend lays inside vLLM's ``[blocks, Hkv, block_size, 2 * D]``
+allocation (as views of each dense block)."""
+
+
+def split_kv_cache(kv_cache: Tensor, kv_cache_format: str = "canonical"
+                   ) -> tuple[Tensor, Tensor]:
+    """The ``(key_cache, value_cache)`` of a vLLM CPU layer cache ``[blocks, Hkv, block_size,
+    2 * D]`` in opmux's block layout: ``[blocks, block_size, Hkv, D]`` views (``canonical``),
+    or ``[blocks, Hkv, block_size, D]`` views (``hnd``).
 
     :raises OpmuxAttentionUnsupported: a cache whose blocks are not each one dense run of
-        memory (the layout vLLM's CPU backend asks for always is).
+        memory (the layout vLLM's CPU backend asks for always is), or a format other than
+        :data:`VLLM_FORMATS`.
     """
     blocks, heads, block_size, width = kv_cache.shape
     try:
@@ -69,8 +83,23 @@ def split_kv_cache(kv_cache: Tensor) -> tuple[Tensor, Tensor]:
         raise _refuse(f"a KV cache whose blocks are not dense (shape {tuple(kv_cache.shape)}, "
                       f"strides {kv_cache.stride()})",
                       "use the default KV cache layout (unset VLLM_KV_CACHE_LAYOUT)") from None
-    kv = per_block.view(blocks, 2, block_size, heads, width // 2)
+    if kv_cache_format == "hnd":
+        kv = per_block.view(blocks, 2, heads, block_size, width // 2)
+    elif kv_cache_format == "canonical":
+        kv = per_block.view(blocks, 2, block_size, heads, width // 2)
+    else:
+        raise _refuse(f"KV-cache format {kv_cache_format!r} inside vLLM's allocation",
+                      f"use one of {', '.join(VLLM_FORMATS)}")
     return kv[:, 0], kv[:, 1]
+
+
+def vllm_kv_cache_format(kv_cache: Tensor) -> str:
+    """The format the backend uses for ``kv_cache``: :func:`opmux.kv_cache_format`'s answer
+    when it is one of :data:`VLLM_FORMATS`, else ``canonical``."""
+    _, heads, block_size, width = kv_cache.shape
+    name = kv_cache_format(kv_cache.device, kv_cache.dtype, width // 2, heads,
+                           block_size).name
+    return name if name in VLLM_FORMATS else "canonical"
 
 
 @dataclass
@@ -138,14 +167,15 @@ class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):  # type: ignore[misc]
         #: the catalog's arguments: None for "no window" / "no cap"
         self.opmux_window: int | None = sliding_window if sliding_window else None
         self.opmux_soft_cap: float | None = float(logits_soft_cap) if logits_soft_cap else None
-        self._views: tuple[Tensor, Tensor, Tensor] | None = None
+        self._views: tuple[Tensor, Tensor, Tensor, str] | None = None
 
-    def _caches(self, kv_cache: Tensor) -> tuple[Tensor, Tensor]:
+    def _caches(self, kv_cache: Tensor) -> tuple[Tensor, Tensor, str]:
         views = self._views
         if views is None or views[0] is not kv_cache:
-            key_cache, value_cache = split_kv_cache(kv_cache)
-            views = self._views = (kv_cache, key_cache, value_cache)
-        return views[1], views[2]
+            fmt = vllm_kv_cache_format(kv_cache)
+            key_cache, value_cache = split_kv_cache(kv_cache, fmt)
+            views = self._views = (kv_cache, key_cache, value_cache, fmt)
+        return views[1], views[2], views[3]
 
     def forward(self, layer: Any, query: Tensor, key: Tensor, value: Tensor, kv_cache: Tensor,
                 attn_metadata: Any, output: Tensor, output_scale: Tensor | None = None,
@@ -155,21 +185,21 @@ class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):  # type: ignore[misc]
         if attn_metadata is None:  # profiling / warm-up run
             return output
         n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = self._caches(kv_cache)
+        key_cache, value_cache, fmt = self._caches(kv_cache)
         out = paged_attention.eager(_rows(query, n), key_cache, value_cache,
                                     attn_metadata.block_table, attn_metadata.seq_lens,
                                     attn_metadata.query_start_loc, self.scale, self.opmux_window,
-                                    self.opmux_soft_cap)
+                                    self.opmux_soft_cap, fmt)
         dst = _rows(output, n)
         dst.copy_(out.view(dst.shape))
         return output
 
     def do_kv_cache_update(self, layer: torch.nn.Module, key: Tensor, value: Tensor,
                            kv_cache: Tensor, slot_mapping: Tensor) -> None:
-        key_cache, value_cache = self._caches(kv_cache)
+        key_cache, value_cache, fmt = self._caches(kv_cache)
         n = slot_mapping.shape[0]
         reshape_and_cache.eager(_rows(key, n), _rows(value, n), key_cache, value_cache,
-                                slot_mapping)
+                                slot_mapping, fmt)
 
 
 def _rows(t: Tensor, n: int) -> Tensor:

@@ -11,7 +11,7 @@ and never raises; anything else falls through to the next provider in the priori
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Final, Optional
 
 import torch
 from torch import Tensor
@@ -31,10 +31,18 @@ from opmux.ops.checks import (
     checked_advance_step,
     kernel_error,
 )
+from opmux.ops.kv_formats import (
+    HND,
+    declare_kv_cache_formats,
+    register_kv_cache_format,
+    require_kv_cache_format,
+    resolve_kv_cache_format,
+)
 from opmux.plugins._registration import OpTable, op_table, predicate
 
 from . import _build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
+from .amx_format import AMX_BF16
 
 if TYPE_CHECKING:
     from opmux.plugins._registration import RegistryLike
@@ -200,8 +208,17 @@ def _tensors(*ts: object) -> bool:
     return all(isinstance(t, Tensor) for t in ts)
 
 
+_FORMATS: Final = ("canonical", "hnd")
+"""KV-cache formats both kernels read and write: strided views of the canonical cache (the
+attention kernel needs dense ``[bs, Hkv, D]`` or ``[Hkv, bs, D]`` blocks)."""
+
+
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                      slot_mapping: Tensor) -> None:
+                      slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
+    if kv_cache_format != "canonical":
+        key_cache, value_cache = resolve_kv_cache_format(
+            "reshape_and_cache", kv_cache_format, provider=PROVIDER).to_canonical(
+                key_cache, value_cache)
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                             provider=PROVIDER)
     call("reshape_and_cache", K.reshape_and_cache, key, value, key_cache, value_cache,
@@ -209,7 +226,12 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 
 
 def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                               slot_mapping: Tensor) -> bool:
+                               slot_mapping: Tensor, kv_cache_format: str = "canonical") -> bool:
+    if kv_cache_format != "canonical":
+        if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
+                and key_cache.dim() == 4 and value_cache.dim() == 4):
+            return False
+        key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
     # any cache and slot_mapping strides; heads must be contiguous rows of D elements
     return (_tensors(key, value, key_cache, value_cache, slot_mapping)
             and key_cache.is_cpu and key.is_cpu and value.is_cpu and value_cache.is_cpu
@@ -224,7 +246,11 @@ def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, va
 def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
                     seq_lens: Tensor, query_start_loc: Tensor, scale: float,
                     sliding_window: Optional[int] = None,
-                    soft_cap: Optional[float] = None) -> Tensor:
+                    soft_cap: Optional[float] = None,
+                    kv_cache_format: str = "canonical") -> Tensor:
+    if kv_cache_format != "canonical":
+        require_kv_cache_format("paged_attention", kv_cache_format, PROVIDER, _FORMATS)
+        key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
     # The kernel checks every value condition of the shared check before it writes anything,
     # in one pass over the int32 tensors it reads anyway; reading them again in Python cost
     # 0.2-0.4 ms a call (#18). When the kernel refuses, the shared check runs on the values
@@ -247,16 +273,27 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
 
 
 def _dense_blocks(cache: Tensor) -> bool:
-    return (cache.dim() == 4 and cache.stride(3) == 1 and cache.stride(2) == cache.shape[3]
-            and cache.stride(1) == cache.shape[2] * cache.shape[3])
+    # dense NHD [bs, Hkv, D] or HND [Hkv, bs, D] blocks (canonical, or the hnd format's view)
+    if cache.dim() != 4 or cache.stride(3) != 1:
+        return False
+    _, bs, hkv, d = cache.shape
+    return ((cache.stride(2) == d and cache.stride(1) == hkv * d)
+            or (cache.stride(1) == d and cache.stride(2) == bs * d))
 
 
 def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                              block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
                              scale: float, sliding_window: Optional[int] = None,
-                             soft_cap: Optional[float] = None) -> bool:
-    # the kernel reads caches whose blocks are dense [bs, Hkv, D] and share strides (blocks
-    # may lie apart: key and value halves of one buffer); other views run on the next provider
+                             soft_cap: Optional[float] = None,
+                             kv_cache_format: str = "canonical") -> bool:
+    # the kernel reads caches whose blocks are dense [bs, Hkv, D] or [Hkv, bs, D] and share
+    # strides (blocks may lie apart: key and value halves of one buffer); other views run on
+    # the next provider
+    if kv_cache_format != "canonical":
+        if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
+                and key_cache.dim() == 4 and value_cache.dim() == 4):
+            return False
+        key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
     return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
             and cpu_float(query) and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
@@ -457,5 +494,7 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU") -> list[str]:
     from opmux.plugins._registration import register_table
 
     ok, message = _build.build_status()
+    register_kv_cache_format(AMX_BF16)  # its own packed format; the kernels do not read it yet
+    declare_kv_cache_formats(PROVIDER, _FORMATS[:1])
     return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
                           reason=None if ok else f"C++ CPU kernels unavailable: {message}")

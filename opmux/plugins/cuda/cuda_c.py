@@ -28,6 +28,7 @@ from opmux.ops.checks import (
     check_silu_and_mul,
     checked_advance_step,
 )
+from opmux.ops.kv_formats import require_kv_cache_format
 from opmux.plugins._registration import OpTable, op_table, register_table
 
 if TYPE_CHECKING:
@@ -171,8 +172,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                      slot_mapping: Tensor) -> None:
+                      slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
     """Scatter key/value rows into the paged caches; slot -1 skips (CUDA C++)."""
+    require_kv_cache_format("reshape_and_cache", kv_cache_format, PROVIDER)
     # the catalog's check; index values only where reading them costs no device sync
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, provider=PROVIDER,
                             read_data=getattr(key, "is_cpu", False))
@@ -195,12 +197,13 @@ def rms_norm_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
 
 
 def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                               slot_mapping: Tensor) -> bool:
+                               slot_mapping: Tensor, kv_cache_format: str = "canonical") -> bool:
     # the kernel writes rows of Hkv*D contiguous elements inside each cache block, at one
     # block stride shared by both caches (so K and V may be two views of one buffer, as
     # kv[:, 0] and kv[:, 1]); other layouts run on the next provider
     tensors = (key, value, key_cache, value_cache, slot_mapping)
-    if not all(isinstance(t, Tensor) for t in tensors) or key_cache.dim() != 4:
+    if (kv_cache_format != "canonical" or not all(isinstance(t, Tensor) for t in tensors)
+            or key_cache.dim() != 4):
         return False
     return (slot_mapping.dtype == torch.int64 and key.dtype in _FLOATS
             and key_cache.dtype in _FLOATS and key.dim() == 3 and key_cache.dim() == 4

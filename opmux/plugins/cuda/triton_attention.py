@@ -37,6 +37,7 @@ from opmux.ops.checks import (
     check_mla_attention,
     check_paged_attention,
 )
+from opmux.ops.kv_formats import require_kv_cache_format
 from opmux.plugins.cuda.triton_runtime import (
     DTYPES,
     interpreting,
@@ -224,8 +225,10 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
                     sliding_window: Optional[int] = None,
-                    soft_cap: Optional[float] = None) -> torch.Tensor:
+                    soft_cap: Optional[float] = None,
+                    kv_cache_format: str = "canonical") -> torch.Tensor:
     """Ragged paged attention over a block-table KV cache (decode and prefill; Triton)."""
+    require_kv_cache_format("paged_attention", kv_cache_format, "triton")
     _validate(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
               sliding_window, soft_cap)
     tokens, heads, d = query.shape
@@ -262,11 +265,13 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
                              value_cache: torch.Tensor, block_tables: torch.Tensor,
                              seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                              sliding_window: Optional[int] = None,
-                             soft_cap: Optional[float] = None) -> bool:
+                             soft_cap: Optional[float] = None,
+                             kv_cache_format: str = "canonical") -> bool:
     """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts (any
-    strides: the kernel addresses query, caches and output through them)."""
+    strides: the kernel addresses query, caches and output through them), canonical format."""
     tensors = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-    return (all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in DTYPES
+    return (kv_cache_format == "canonical"
+            and all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in DTYPES
             and key_cache.dtype == query.dtype
             and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
             and key_cache.shape[3] == query.shape[2] and key_cache.shape[2] > 0

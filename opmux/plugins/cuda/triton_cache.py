@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from opmux.ops.checks import check_advance_step_flashattn, check_reshape_and_cache
+from opmux.ops.kv_formats import require_kv_cache_format
 from opmux.plugins.cuda.triton_runtime import DTYPES, next_pow2
 
 __all__ = [
@@ -49,8 +50,10 @@ def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      kv_cache_format: str = "canonical") -> None:
     """Write ``key[t]``/``value[t]`` to cache slot ``slot_mapping[t]``; slot -1 skips (Triton)."""
+    require_kv_cache_format("reshape_and_cache", kv_cache_format, "triton")
     check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
                             provider="triton", read_data=getattr(key, "is_cpu", False))
     tokens, hkv, d = key.shape
@@ -67,9 +70,12 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
 
 def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                               value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
-    """Float tensors, 3-D key/value, 4-D caches, an int64 slot mapping (any strides)."""
-    return (isinstance(key, torch.Tensor) and isinstance(value, torch.Tensor)
+                               value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                               kv_cache_format: str = "canonical") -> bool:
+    """The canonical format: float tensors, 3-D key/value, 4-D caches, an int64 slot mapping
+    (any strides)."""
+    return (kv_cache_format == "canonical" and isinstance(key, torch.Tensor)
+            and isinstance(value, torch.Tensor)
             and isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)
             and isinstance(slot_mapping, torch.Tensor) and key.dtype in DTYPES
             and value.dtype in DTYPES and key_cache.dtype in DTYPES
