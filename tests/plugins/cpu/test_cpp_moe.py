@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import opmux
-from opmux.ops.moe import fused_moe
+from opmux.ops.moe import fused_moe, topk_softmax
 from opmux.testing import conformance
 
 pytestmark = pytest.mark.slow  # the session fixture compiles the extension on first use
@@ -71,6 +71,55 @@ def test_rows_per_expert_cover_panels_and_leftover_rows(k: Any, dtype: torch.dty
     rtol, atol = _TOL[dtype]
     torch.testing.assert_close(k.fused_moe(x, w1, w2, weights, ids),
                                fused_moe.native(x, w1, w2, weights, ids), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("hidden", "inter"), [(40, 13), (1024, 512)])
+def test_ragged_rows_per_expert_padded_panels(k: Any, dtype: torch.dtype, hidden: int,
+                                              inter: int) -> None:
+    # with AVX2, an expert whose last token panel would hold 9-15 rows runs it as a whole
+    # panel with zero lanes (csrc/cpu/moe.cpp, kPadFrom): 9, 13, 15, 29 and 31 rows take it,
+    # 8, 17 and 6 do not, and an expert with no rows sits between them; the ragged loads of
+    # a 64-token batch (13-18 rows per expert) are among them
+    counts = [9, 13, 0, 15, 16, 17, 29, 8, 31, 6, 14, 18]
+    ids = torch.cat([torch.full((n,), e) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(5))]
+    ids = ids.reshape(-1, 2)  # top-2: some tokens send both slots to one expert
+    x, w1, w2, _, _ = _case(f"ragged-{hidden}", tokens=len(ids), hidden=hidden,
+                            experts=len(counts), inter=inter, topk=1, dtype=dtype)
+    weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(6))
+    got = k.fused_moe(x, w1, w2, weights, ids)
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(got, fused_moe.native(x, w1, w2, weights, ids), rtol=rtol,
+                               atol=atol)
+    if dtype == torch.float32:
+        # against float64 (padding lanes must add nothing, not even a NaN)
+        exact = fused_moe.native(*(t.double() for t in (x, w1, w2)), weights.double(), ids)
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_topk_ties_and_strided_inputs(k: Any) -> None:
+    x, w1, w2, _, _ = _case("ties", tokens=24, hidden=64, experts=4, inter=32, topk=2)
+    # tied router scores: even tokens tie experts 1 and 2 (weights split evenly), odd tokens
+    # tie all four experts
+    logits = torch.zeros(24, 4)
+    logits[::2, 1:3] = 1.0
+    weights, ids = topk_softmax(logits, 2, True)
+    assert torch.equal(ids[0].sort().values.long(), torch.tensor([1, 2]))
+    assert weights[0, 0] == weights[0, 1]
+    torch.testing.assert_close(k.fused_moe(x, w1, w2, weights, ids),
+                               fused_moe.native(x, w1, w2, weights, ids))
+    # views that are not contiguous: every-other hidden row, transposed weights, a column of
+    # routing ids; the provider takes them (it copies to contiguous) and agrees with native
+    wide = torch.randn(48, 64, generator=torch.Generator().manual_seed(7))
+    w1_t = w1.transpose(1, 2).contiguous().transpose(1, 2)
+    w2_t = w2.transpose(1, 2).contiguous().transpose(1, 2)
+    ids_wide = torch.stack([ids[:, 1], ids[:, 0], ids[:, 0]], dim=1)[:, :2]
+    weights_wide = torch.stack([weights[:, 1], weights[:, 0], weights[:, 0]], dim=1)[:, :2]
+    args = (wide[::2], w1_t, w2_t, weights_wide, ids_wide)
+    assert not any(t.is_contiguous() for t in args)
+    assert opmux.get_op("fused_moe").dispatch(*args).provider == "cpp"
+    torch.testing.assert_close(k.fused_moe(*args), fused_moe.native(*args))
 
 
 def test_routing_corner_cases(k: Any) -> None:
