@@ -15,8 +15,8 @@ mode (vLLM's default compilation). Runs alternate off/on within each mode. Print
 per run, the ratio on/off per mode (the mean, and the median and range of the per-round
 ratios), and checks that both produced the same tokens. Odd rounds run "on" before "off".
 
-The two sizes of the model-scale check: ``--hidden 256 --layers 4 --max-tokens 128`` (4.3M
-parameters) and ``--hidden 1024 --layers 8 --max-tokens 64`` (101M), each in ``--dtype
+The two sizes of the model-scale check: ``--hidden 256 --layers 4 --max-tokens 128`` (2.5M
+parameters) and ``--hidden 1024 --layers 8 --max-tokens 64`` (97.5M), each in ``--dtype
 float32`` and ``bfloat16``.
 """
 

@@ -34,6 +34,6 @@ def test_write_tiny_model_takes_shape_overrides(tmp_path: Path) -> None:
 def test_write_tiny_model_refuses_unknown_shape_keys(tmp_path: Path) -> None:
     from opmux.testing.tiny_models import write_tiny_model
 
-    with pytest.raises(ValueError, match="unknown shape keys.*hidden"):
+    with pytest.raises(ValueError, match=r"unknown shape keys.*hidden"):
         write_tiny_model(tmp_path / "m", "llama", hidden=64)
     assert not (tmp_path / "m").exists()
