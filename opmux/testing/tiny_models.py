@@ -61,10 +61,10 @@ def write_tokenizer(directory: str | Path, vocab_size: int = SHAPES["vocab_size"
     return path
 
 
-def _config(kind: str, vocab_size: int) -> Any:
+def _config(kind: str, vocab_size: int, shapes: dict[str, int]) -> Any:
     import transformers
 
-    common: dict[str, Any] = dict(SHAPES, vocab_size=vocab_size, rms_norm_eps=1e-6,
+    common: dict[str, Any] = dict(shapes, vocab_size=vocab_size, rms_norm_eps=1e-6,
                                   bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
                                   torch_dtype="float32")
     if kind == "llama":
@@ -75,17 +75,25 @@ def _config(kind: str, vocab_size: int) -> Any:
                      f"{sorted(ARCHITECTURES)}")
 
 
-def write_tiny_model(directory: str | Path, kind: str = "llama", *, seed: int = 0) -> Path:
+def write_tiny_model(directory: str | Path, kind: str = "llama", *, seed: int = 0,
+                     **shapes: int) -> Path:
     """Write a tiny float32 ``kind`` checkpoint (``"llama"`` or ``"qwen2"``) with its
     tokenizer into ``directory``; return the folder. Same ``seed``, same weights.
 
-    :raises ValueError: an unknown ``kind``.
+    ``shapes`` overrides entries of :data:`SHAPES` (``hidden_size=1024``,
+    ``num_hidden_layers=8``, ...) for larger random checkpoints of the same kind.
+
+    :raises ValueError: an unknown ``kind`` or a key that is not in :data:`SHAPES`.
     """
     import torch
     import transformers
 
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown:
+        raise ValueError(f"write_tiny_model: unknown shape keys {unknown}; expected some of "
+                         f"{sorted(SHAPES)}")
     out = Path(directory)
-    config = _config(kind, SHAPES["vocab_size"])  # checks kind before writing anything
+    config = _config(kind, SHAPES["vocab_size"], {**SHAPES, **shapes})  # checks kind first
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out)
     from tokenizers import Tokenizer
