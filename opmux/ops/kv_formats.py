@@ -51,6 +51,8 @@ __all__ = [
     "require_kv_cache_format",
     "resolve_kv_cache_format",
     "scatter_canonical",
+    "slot_positions",
+    "zeroed_pair",
 ]
 
 CANONICAL_NAME: Final = "canonical"
@@ -108,14 +110,26 @@ class KVCacheFormat:
         return f"KVCacheFormat({self.name!r})"
 
 
-def scatter_canonical(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
-                      slot_mapping: Tensor) -> None:
-    """Native's write into canonical caches (any strided view of them, in place)."""
-    block_size = key_cache.shape[1]
+def slot_positions(slot_mapping: Tensor, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(valid, blocks, offsets)`` of a write: the mask of tokens with a slot (not ``-1``)
+    and, for those, the block and the offset in it of each slot."""
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     blocks = torch.div(slots, block_size, rounding_mode="floor")
-    offsets = slots - blocks * block_size
+    return valid, blocks, slots - blocks * block_size
+
+
+def zeroed_pair(shape: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """A zero-filled key cache and value cache of ``shape`` (what an ``allocate`` returns)."""
+    return (torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device))
+
+
+def scatter_canonical(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+                      slot_mapping: Tensor) -> None:
+    """Native's write into canonical caches (any strided view of them, in place)."""
+    valid, blocks, offsets = slot_positions(slot_mapping, key_cache.shape[1])
     key_cache.index_put_((blocks, offsets), key[valid])
     value_cache.index_put_((blocks, offsets), value[valid])
 
@@ -130,8 +144,7 @@ class CanonicalFormat(KVCacheFormat):
                  dtype: torch.dtype, device: torch.device | str | None = None
                  ) -> tuple[Tensor, Tensor]:
         shape = (num_blocks, block_size, num_kv_heads, head_size)
-        return (torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device))
+        return zeroed_pair(shape, dtype, device)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         return key_cache, value_cache
@@ -148,8 +161,7 @@ class HeadMajorFormat(KVCacheFormat):
                  dtype: torch.dtype, device: torch.device | str | None = None
                  ) -> tuple[Tensor, Tensor]:
         shape = (num_blocks, num_kv_heads, block_size, head_size)
-        return (torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device))
+        return zeroed_pair(shape, dtype, device)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         if key_cache.dim() != 4 or value_cache.dim() != 4:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 import opmux
 from opmux import ops
-from opmux.ops.kv_formats import kv_cache_format_report
+from opmux.ops.kv_formats import kv_cache_format_report, slot_positions, zeroed_pair
 from opmux.testing import cases_for, check_kv_cache_format, check_provider, paged_batch
 from opmux.testing.kv_format_cases import in_format
 
@@ -28,8 +28,7 @@ class _DimMajor(opmux.KVCacheFormat):
                  dtype: torch.dtype, device: torch.device | str | None = None
                  ) -> tuple[Tensor, Tensor]:
         shape = (num_blocks, head_size, block_size, num_kv_heads)
-        return (torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device))
+        return zeroed_pair(shape, dtype, device)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         return (key_cache.permute(0, 2, 3, 1).contiguous(),
@@ -37,10 +36,7 @@ class _DimMajor(opmux.KVCacheFormat):
 
     def write(self, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
               slot_mapping: Tensor) -> None:
-        bs = key_cache.shape[2]
-        valid = slot_mapping >= 0
-        slots = slot_mapping[valid]
-        blocks, offsets = slots // bs, slots % bs
+        valid, blocks, offsets = slot_positions(slot_mapping, key_cache.shape[2])
         # [blocks, D, bs, Hkv] indexed at (block, :, offset, :) -> [n, D, Hkv]
         key_cache.permute(0, 2, 3, 1).index_put_((blocks, offsets), key[valid])
         value_cache.permute(0, 2, 3, 1).index_put_((blocks, offsets), value[valid])

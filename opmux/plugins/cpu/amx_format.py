@@ -26,7 +26,7 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from opmux.ops.kv_formats import KVCacheFormat
+from opmux.ops.kv_formats import KVCacheFormat, slot_positions
 
 __all__ = ["AMX_BF16", "AmxBf16Format"]
 
@@ -73,11 +73,7 @@ class AmxBf16Format(KVCacheFormat):
 
     def write(self, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
               slot_mapping: Tensor) -> None:
-        bs = key_cache.shape[3]
-        valid = slot_mapping >= 0
-        slots = slot_mapping[valid]
-        blocks = torch.div(slots, bs, rounding_mode="floor")
-        offsets = slots - blocks * bs
+        valid, blocks, offsets = slot_positions(slot_mapping, key_cache.shape[3])
         k, v = key[valid], value[valid]
         self._key_view(key_cache).index_put_(
             (blocks, offsets), k.reshape(k.shape[0], k.shape[1], -1, 2))
