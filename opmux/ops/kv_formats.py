@@ -21,6 +21,7 @@ plugins registered; they register it again when start-up runs again.
 
 from __future__ import annotations
 
+import abc
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -69,11 +70,12 @@ class KVCacheSpec:
     block_size: int
 
 
-class KVCacheFormat:
+class KVCacheFormat(abc.ABC):
     """A memory layout of the paged key and value caches.
 
-    Subclass it and override :meth:`allocate` and :meth:`to_canonical`; override
-    :meth:`write` too when :meth:`to_canonical` copies (``views = False``).
+    Subclass it and define :meth:`allocate` and :meth:`to_canonical` (abstract); define
+    :meth:`write` too when :meth:`to_canonical` copies (``views = False``):
+    :func:`register_kv_cache_format` refuses such a format without one.
 
     :cvar name: the registered name (``^[a-z_][a-z0-9_]*$``), passed to the ops.
     :cvar views: whether :meth:`to_canonical` returns views of the format's own tensors
@@ -84,25 +86,22 @@ class KVCacheFormat:
     views: bool = True
     description: str = ""
 
+    @abc.abstractmethod
     def allocate(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                  dtype: torch.dtype, device: torch.device | str | None = None
                  ) -> tuple[Tensor, Tensor]:
         """Zeroed ``(key_cache, value_cache)`` in this format."""
-        raise NotImplementedError(f"KV-cache format {self.name!r} must define allocate()")
 
+    @abc.abstractmethod
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         """The caches as the catalog's ``[num_blocks, block_size, Hkv, D]`` tensors (views
         when :attr:`views`, else copies)."""
-        raise NotImplementedError(f"KV-cache format {self.name!r} must define to_canonical()")
 
     def write(self, key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
               slot_mapping: Tensor) -> None:
         """Write token ``t``'s ``key[t]``/``value[t]`` (``[T, Hkv, D]``) into slot
         ``slot_mapping[t]`` (``-1`` skips); arguments already validated. The default writes
         through the :meth:`to_canonical` views."""
-        if not self.views:
-            raise NotImplementedError(f"KV-cache format {self.name!r} copies in to_canonical(), "
-                                      "so it must define write()")
         kc, vc = self.to_canonical(key_cache, value_cache)
         scatter_canonical(key, value, kc, vc, slot_mapping)
 
@@ -197,7 +196,8 @@ def _table() -> _FormatTable:
 def register_kv_cache_format(fmt: KVCacheFormat) -> KVCacheFormat:
     """Register ``fmt`` under ``fmt.name`` (registering the same object again is a no-op).
 
-    :raises RegistrationError: a bad name, or another format registered under it.
+    :raises RegistrationError: a bad name, another format registered under it, or a copying
+        format (``views = False``) without its own :meth:`KVCacheFormat.write`.
     """
     if not isinstance(fmt, KVCacheFormat):
         raise RegistrationError(f"register_kv_cache_format: expected a KVCacheFormat, got "
@@ -205,6 +205,10 @@ def register_kv_cache_format(fmt: KVCacheFormat) -> KVCacheFormat:
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", fmt.name or ""):
         raise RegistrationError(f"register_kv_cache_format: format name {fmt.name!r} must "
                                 "match ^[a-z_][a-z0-9_]*$")
+    if not fmt.views and type(fmt).write is KVCacheFormat.write:
+        raise RegistrationError(f"register_kv_cache_format: {fmt.name!r} copies in "
+                                "to_canonical() (views = False), so writing through it would "
+                                "write a copy; define write()")
     table = _table()
     with table.lock:
         holder = claim(table.formats, fmt.name, fmt)

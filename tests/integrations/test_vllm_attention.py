@@ -143,9 +143,10 @@ def test_non_dense_cache_refused(attn: Any) -> None:
 
 def test_a_format_vllm_cannot_hold_falls_back_to_canonical(
         attn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import opmux
 
-    class Packed(opmux.KVCacheFormat):  # not a view of a dense block in either order
+    from opmux.plugins.cpu.amx_format import AmxBf16Format
+
+    class Packed(AmxBf16Format):  # tile-packed: not a view of a dense block in either order
         name = "test_packed"
 
     monkeypatch.setattr(attn, "kv_cache_format", lambda *args, **kwargs: Packed())

@@ -103,6 +103,14 @@ def test_registration_errors_and_reset(fresh_plugins: None) -> None:
         opmux.register_kv_cache_format(type("Bad", (_DimMajor,), {"name": "Bad-Name"})())
     with pytest.raises(opmux.RegistrationError, match="expected a KVCacheFormat"):
         opmux.register_kv_cache_format(object())  # type: ignore[arg-type]
+    no_writer = type("NoWriter", (opmux.KVCacheFormat,), {
+        "name": "test_no_writer", "views": False,
+        "allocate": _DimMajor.allocate, "to_canonical": _DimMajor.to_canonical})
+    with pytest.raises(opmux.RegistrationError, match="define write"):
+        opmux.register_kv_cache_format(no_writer())
+    assert "test_no_writer" not in opmux.list_kv_cache_formats()
+    with pytest.raises(TypeError, match="abstract"):  # allocate / to_canonical missing
+        type("Half", (opmux.KVCacheFormat,), {"name": "test_half"})()
     from opmux._runtime import reset_for_tests
 
     reset_for_tests()
