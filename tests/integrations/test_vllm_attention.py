@@ -143,7 +143,6 @@ def test_non_dense_cache_refused(attn: Any) -> None:
 
 def test_a_format_vllm_cannot_hold_falls_back_to_canonical(
         attn: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-
     from opmux.plugins.cpu.amx_format import AmxBf16Format
 
     class Packed(AmxBf16Format):  # tile-packed: not a view of a dense block in either order
