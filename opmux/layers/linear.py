@@ -34,13 +34,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
 
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.distributed import ParallelSizeError, divide
 from opmux.layers._argument_checks import check_size
+from opmux.layers._gemm import dense_linear
 from opmux.layers._tensor_parallel import (
     copy_checked,
     load_rank_slice,
@@ -134,7 +134,7 @@ class ReplicatedLinear(LinearBase):
 
     def forward_native(self, x: Tensor) -> LinearOutput:
         bias = None if self.skip_bias_add else self.bias
-        return self._result(F.linear(x, self.weight, bias))
+        return self._result(dense_linear(x, self.weight, bias))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.input_size}, output_features={self.output_size}, "
@@ -187,7 +187,7 @@ class ColumnParallelLinear(LinearBase):
 
     def forward_native(self, input_: Tensor) -> LinearOutput:
         bias = None if self.skip_bias_add else self.bias
-        output = F.linear(input_, self.weight, bias)
+        output = dense_linear(input_, self.weight, bias)
         if self.gather_output and self.tp_size > 1:
             output = all_gather(output, -1, self.tp_group_name)
         return self._result(output)
@@ -404,7 +404,7 @@ class RowParallelLinear(LinearBase):
             size = self.input_size_per_partition
             input_parallel = input_.narrow(-1, self.tp_rank * size, size).contiguous()
         bias = None if (self.tp_rank > 0 or self.skip_bias_add) else self.bias
-        output = F.linear(input_parallel, self.weight, bias)
+        output = dense_linear(input_parallel, self.weight, bias)
         if self.reduce_results and self.tp_size > 1:
             all_reduce_(output, self.tp_group_name)  # our own fresh tensor: no copy
         return self._result(output)

@@ -25,9 +25,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from opmux.layers._gemm import dense_linear
 from opmux.layers.custom_op import CustomOp
 from opmux.layers.embedding import VocabParallelEmbedding
 from opmux.ops.communication import all_gather
@@ -72,7 +72,7 @@ class LogitsProcessor(CustomOp):
 
     def _get_logits(self, hidden_states: Tensor, lm_head: VocabParallelEmbedding,
                     embedding_bias: Optional[Tensor], skip_gather: bool) -> Tensor:
-        logits = F.linear(hidden_states, lm_head.weight, embedding_bias)
+        logits = dense_linear(hidden_states, lm_head.weight, embedding_bias)
         if skip_gather:
             return logits
         if lm_head.tp_size > 1:

@@ -1,0 +1,55 @@
+"""The linear layers' GEMM on CPU: ``F.linear`` against ``opmux.layers._gemm.dense_linear``.
+
+``dense_linear`` sends float32 calls with 1-64 rows and a weight of 2**20 elements or more to
+oneDNN when torch runs more than one thread, and everything else to ``F.linear``; this prints
+both per shape, interleaved in one run, with the path ``dense_linear`` took and the ratio
+(below 1.0: ``dense_linear`` is faster). The shapes are the projections of the 97.5M-parameter
+Llama of ``benchmarks/vllm_cpu.py`` (hidden 1024, 16/4 heads, intermediate 3072; gate and up
+fused, as opmux's layers hold them) at decode (1, 16, 64 rows) and prefill (512 rows), and a
+small model's (hidden 256) to show the fixed cost that the weight-size rule avoids.
+
+Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from timing import interleaved_us
+
+from opmux.layers import _gemm
+
+SHAPES = [  # (rows, in, out)
+    *((m, k, n) for m in (1, 16, 64) for k, n in
+      ((1024, 1536), (1024, 1024), (1024, 6144), (3072, 1024))),
+    (512, 1024, 6144), (512, 3072, 1024),
+    (1, 256, 1024), (16, 256, 1024),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, oneDNN op {'found' if _gemm._ONEDNN else 'missing'}")
+    print(f"{'threads':>7} {'rows':>5} {'in':>5} {'out':>5} {'F.linear us':>12} "
+          f"{'dense_linear us':>16} {'path':>8} {'ratio':>6}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for rows, k, n in SHAPES:
+            x, w = torch.randn(rows, k), torch.randn(n, k)
+            with torch.inference_mode():
+                calls = max(3, int(2e6 / (rows * k * n / 1e3 + 1e3)))
+                t = interleaved_us({"F.linear": lambda x=x, w=w: F.linear(x, w, None),
+                                    "dense": lambda x=x, w=w: _gemm.dense_linear(x, w, None)},
+                                   calls=calls, rounds=args.rounds)
+                path = "oneDNN" if _gemm.takes_onednn(x, w, None) else "F.linear"
+            print(f"{threads:>7} {rows:>5} {k:>5} {n:>5} {t['F.linear']:>12.1f} "
+                  f"{t['dense']:>16.1f} {path:>8} {t['dense'] / t['F.linear']:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

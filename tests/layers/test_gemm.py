@@ -1,0 +1,116 @@
+"""The linear layers' GEMM: oneDNN where it wins, ``F.linear`` everywhere else, same values."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from opmux.layers import ColumnParallelLinear, _gemm
+
+pytestmark = pytest.mark.skipif(_gemm._ONEDNN is None,
+                                reason="this torch build has no oneDNN matmul op")
+
+OUT, IN = 1024, 1024  # 2**20 elements: the smallest weight the oneDNN path takes
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the calls that reach oneDNN (the real op still computes them)."""
+    calls: list[int] = []
+    real = _gemm._ONEDNN
+    assert real is not None
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(_gemm, "_ONEDNN", counted)
+    return calls
+
+
+def _inputs(gen: torch.Generator) -> dict[str, Callable[[], torch.Tensor]]:
+    return {
+        "one row": lambda: torch.randn(1, IN, generator=gen),
+        "decode batch": lambda: torch.randn(16, IN, generator=gen),
+        "3-D": lambda: torch.randn(2, 8, IN, generator=gen),
+        "transposed": lambda: torch.randn(IN, 8, generator=gen).t(),
+        "strided": lambda: torch.randn(4, 2 * IN, generator=gen)[:, ::2],
+        "stride 0": lambda: torch.randn(1, IN, generator=gen).expand(5, IN),
+        "offset view": lambda: torch.randn(9, IN, generator=gen)[3:7],
+    }
+
+
+@pytest.mark.parametrize("case", list(_inputs(torch.Generator())))
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_path_equals_f_linear(two_threads: None, onednn_calls: list[int], case: str,
+                                     with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = _inputs(gen)[case]()
+    w = torch.randn(OUT, IN, generator=gen)
+    b = torch.randn(OUT, generator=gen) if with_bias else None
+    with torch.inference_mode():
+        got = _gemm.dense_linear(x, w, b)
+    assert onednn_calls == [1]
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def _declined() -> dict[str, tuple[torch.Tensor, torch.Tensor, Callable[[], Any]]]:
+    w = torch.randn(OUT, IN)
+    return {
+        "small weight": (torch.randn(4, 256), torch.randn(512, 256), torch.no_grad),
+        "65 rows": (torch.randn(65, IN), w, torch.no_grad),
+        "no rows": (torch.randn(0, IN), w, torch.no_grad),
+        "bfloat16": (torch.randn(4, IN, dtype=torch.bfloat16), w.bfloat16(), torch.no_grad),
+        "autograd": (torch.randn(4, IN, requires_grad=True), w, torch.enable_grad),
+    }
+
+
+@pytest.mark.parametrize("case", list(_declined()))
+def test_other_calls_run_f_linear(two_threads: None, onednn_calls: list[int],
+                                  case: str) -> None:
+    x, w, mode = _declined()[case]
+    with mode():
+        got = _gemm.dense_linear(x, w, None)
+    assert onednn_calls == []
+    torch.testing.assert_close(got, F.linear(x, w), rtol=0, atol=0)
+    if case == "autograd":
+        got.sum().backward()
+        assert x.grad is not None
+
+
+def test_one_thread_runs_f_linear(onednn_calls: list[int]) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            _gemm.dense_linear(torch.randn(4, IN), torch.randn(OUT, IN), None)
+    finally:
+        torch.set_num_threads(before)
+    assert onednn_calls == []
+
+
+def test_compiled_layer_runs_f_linear(two_threads: None, onednn_calls: list[int]) -> None:
+    layer = ColumnParallelLinear(IN, OUT, bias=True)
+    layer.weight_loader(layer.weight, torch.randn(OUT, IN))
+    assert layer.bias is not None
+    layer.weight_loader(layer.bias, torch.randn(OUT))
+    x = torch.randn(4, IN)
+    compiled = torch.compile(layer, fullgraph=True)
+    with torch.no_grad():
+        eager, _ = layer(x)
+        assert onednn_calls == [1]
+        got, _ = compiled(x)
+    assert onednn_calls == [1]  # the traced graph holds F.linear
+    torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-4)
