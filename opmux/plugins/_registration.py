@@ -85,8 +85,9 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
 
     The predicate is a closure wrapping ``impl`` (``__wrapped__``: its signature is
     ``impl``'s, which registration checks); the dispatcher passes every argument by
-    position, so a call picks ``check``'s arguments by index, and binds them only when a
-    caller passed keywords or left defaults out (the torch wrap off).
+    position, leaving out trailing arguments equal to their defaults (filled in from
+    ``impl``'s), so a call picks ``check``'s arguments by index, and binds them only when a
+    caller passed keywords (the torch wrap off).
 
     :raises SignatureMismatchError: ``check`` names a parameter ``impl`` lacks, or either is
         not a plain function.
@@ -105,16 +106,22 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
             f"among the plain parameters {list(params)} of {impl.__qualname__}")
     picks = tuple(params.index(p) for p in wanted)
     count = len(params)
+    defaults = impl.__defaults__ or ()
+    fewest = count - len(defaults)
 
     signature: list[inspect.Signature] = []  # impl's, built on the first call that binds
 
     def supports(*args: Any, **kwargs: Any) -> bool:
-        if kwargs or len(args) != count:  # keywords, or defaults left out
-            if not signature:
-                signature.append(inspect.signature(impl))
-            bound = signature[0].bind(*args, **kwargs)
-            bound.apply_defaults()
-            args = tuple(bound.arguments.values())
+        if kwargs or len(args) != count:
+            if not kwargs and fewest <= len(args) < count:
+                # the torch dispatcher leaves out trailing arguments equal to their defaults
+                args += defaults[len(args) - count:]
+            else:  # keywords (the torch wrap off)
+                if not signature:
+                    signature.append(inspect.signature(impl))
+                bound = signature[0].bind(*args, **kwargs)
+                bound.apply_defaults()
+                args = tuple(bound.arguments.values())
         return check(*[args[i] for i in picks])
 
     supports.__name__ = supports.__qualname__ = f"_{impl.__name__}_supports"

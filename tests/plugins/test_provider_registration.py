@@ -98,3 +98,23 @@ def test_predicate_takes_the_impls_parameters_and_passes_what_the_check_names(
         predicate(_impl, lambda x, scale: True)
     with pytest.raises(opmux.SignatureMismatchError, match="plain functions"):
         predicate(_impl, print)  # type: ignore[arg-type]
+
+
+def test_predicate_fills_left_out_defaults_without_binding(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the torch dispatcher leaves out trailing arguments equal to their defaults: the
+    # predicate fills them from impl's defaults, with no signature binding on that path
+    seen: list[float] = []
+    pred = predicate(_impl, lambda x, eps: seen.append(eps) or eps > 0)
+    x, w = torch.ones(2, 3), torch.ones(3)
+
+    def no_signature(*args: object, **kwargs: object) -> None:
+        raise AssertionError("bound a call that passed its arguments by position")
+
+    monkeypatch.setattr(inspect, "signature", no_signature)
+    assert pred(x, w) is True and pred(x, w, -1.0) is False
+    assert seen == [1e-6, -1.0]
+    monkeypatch.undo()
+    assert pred(x, weight=w) is True and seen[-1] == 1e-6  # keywords: bound
+    with pytest.raises(TypeError):
+        pred(x)  # too few: binding raises (the dispatcher's walk takes that as a decline)
