@@ -14,6 +14,7 @@ from opmux.cli import main
 from opmux.models import BlockAllocator, Engine, ProviderTally, SamplingParams, load_model
 from opmux.models.engine import sample
 from opmux.models.synthetic import LlamaShape, write_random_llama
+from opmux.plugins._registration import predicate
 
 SHAPE = LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=96)
 PROMPTS = [[3, 7, 9, 1], [5, 1, 2, 8, 4, 7, 11, 30, 2, 6, 6], [40]]
@@ -203,13 +204,7 @@ def _kvfmt_probe(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     return out
 
 
-def _kvfmt_probe_supports(query: torch.Tensor, key_cache: torch.Tensor,
-                          value_cache: torch.Tensor, block_tables: torch.Tensor,
-                          seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                          sliding_window: Optional[int] = None,
-                          soft_cap: Optional[float] = None,
-                          kv_cache_format: str = "canonical") -> bool:
-    return kv_cache_format == "hnd"
+_kvfmt_probe_supports = predicate(_kvfmt_probe, lambda kv_cache_format: kv_cache_format == "hnd")
 
 
 def test_engine_allocates_the_format_the_winning_provider_prefers(
