@@ -6,8 +6,9 @@ spreads those rows' work over every thread. ``benchmarks/linear_cpu.py`` measure
 run: with 2 threads, on the projections of a 100M-parameter Llama (weights of 1M elements or
 more) at 1-64 rows, oneDNN takes 0.6-0.75x the time over a layer's four (0.42-0.95x each, one
 exception at 1.11x), while for smaller weights its fixed cost per call (about 30 us) loses,
-and at hundreds of rows (a prefill) the two tie. So oneDNN runs only where it wins: eager float32 CPU calls
-without autograd, 1 to 64 rows, a weight of at least 2**20 elements, more than one thread.
+and at hundreds of rows (a prefill) the two tie. So oneDNN runs only where it wins: eager
+float32 CPU calls without autograd, 1 to 64 rows, a weight of at least 2**20 elements, more
+than one thread.
 
 torch reaches oneDNN's matmul only through ``torch.ops.mkldnn._linear_pointwise`` (the op
 Inductor's CPU lowering emits), so this reads a private torch op: it is looked up once, and
