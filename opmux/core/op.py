@@ -411,6 +411,21 @@ class Op:
         self._fake = fn
         return fn
 
+    def register_meta(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Replace the shape function the op's Meta kernel runs, without a torch fake.
+
+        FakeTensorMode (``torch.compile``, ``torch.library.opcheck``) runs an op's Meta
+        kernel when no fake is registered with torch, so this serves tracing and meta-device
+        calls as :meth:`register_fake` does, for a fake whose output sizes follow from its
+        inputs. It skips ``torch.library.register_fake``, which reads its caller's source
+        line: the catalog's twenty fakes cost about 14 ms of start-up that way
+        (``benchmarks/startup.py``). A fake that needs ``torch.library.get_ctx()``
+        (data-dependent sizes) must use :meth:`register_fake`; after it, a torch-registered
+        fake takes precedence under FakeTensorMode.
+        """
+        self._fake = fn
+        return fn
+
     def register_autograd(self, backward: Callable[..., Any], *,
                           setup_context: Callable[..., Any] | None = None) -> None:
         """Give the op a backward (see :func:`torch.library.register_autograd`)."""

@@ -114,7 +114,7 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     return out
 
 
-@paged_attention.register_fake
+@paged_attention.register_meta
 def _paged_attention_fake(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                           block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
                           scale: float, sliding_window: Optional[int] = None,
@@ -171,7 +171,7 @@ def encoder_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     return out
 
 
-@encoder_attention.register_fake
+@encoder_attention.register_meta
 def _encoder_attention_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                             max_seqlen: Optional[int], scale: float) -> Tensor:
     check_encoder_attention(q, k, v, cu_seqlens, max_seqlen, scale, read_data=False)
@@ -200,7 +200,7 @@ def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
     kv_cache.view(-1, kv_cache.shape[-1]).index_copy_(0, slot_mapping[valid], rows)
 
 
-@concat_and_cache_mla.register_fake
+@concat_and_cache_mla.register_meta
 def _concat_and_cache_mla_fake(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
                                slot_mapping: Tensor) -> None:
     check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, read_data=False)
@@ -283,7 +283,7 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
     return out
 
 
-@mla_attention.register_fake
+@mla_attention.register_meta
 def _mla_attention_fake(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
                         seq_lens: Tensor, query_start_loc: Tensor, scale: float,
                         qk_nope_head_dim: int) -> Tensor:

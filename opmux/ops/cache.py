@@ -47,7 +47,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
     fmt.write(key, value, key_cache, value_cache, slot_mapping)
 
 
-@reshape_and_cache.register_fake
+@reshape_and_cache.register_meta
 def _reshape_and_cache_fake(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                             slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
     kc, vc = resolve_kv_cache_format("reshape_and_cache", kv_cache_format).to_canonical(
@@ -105,7 +105,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     slot_mapping[n:] = -1
 
 
-@advance_step_flashattn.register_fake
+@advance_step_flashattn.register_meta
 def _advance_step_flashattn_fake(num_seqs: int, num_queries: int, block_size: int,
                                  input_tokens: Tensor, sampled_token_ids: Tensor,
                                  input_positions: Tensor, seq_lens: Tensor,

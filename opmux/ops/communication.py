@@ -57,7 +57,7 @@ def all_reduce(x: Tensor, group_name: str) -> Tensor:
     return out
 
 
-@all_reduce.register_fake
+@all_reduce.register_meta
 def _all_reduce_fake(x: Tensor, group_name: str) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -81,7 +81,7 @@ def all_reduce_(x: Tensor, group_name: str) -> None:
     dist.all_reduce(x, group=group)  # type: ignore[arg-type]
 
 
-@all_reduce_.register_fake
+@all_reduce_.register_meta
 def _all_reduce_inplace_fake(x: Tensor, group_name: str) -> None:
     return None
 
@@ -111,7 +111,7 @@ def all_gather(x: Tensor, dim: int, group_name: str) -> Tensor:
     return stacked.view(world, *x.shape).movedim(0, d).reshape(shape)
 
 
-@all_gather.register_fake
+@all_gather.register_meta
 def _all_gather_fake(x: Tensor, dim: int, group_name: str) -> Tensor:
     _, shape = check_all_gather("fake", x, dim, group_name)
     return x.new_empty(shape)
@@ -140,7 +140,7 @@ def reduce_scatter(x: Tensor, dim: int, group_name: str) -> Tensor:
     return out if d == 0 else out.movedim(0, d).contiguous()
 
 
-@reduce_scatter.register_fake
+@reduce_scatter.register_meta
 def _reduce_scatter_fake(x: Tensor, dim: int, group_name: str) -> Tensor:
     _, _, shape = check_reduce_scatter("fake", x, dim, group_name)
     return x.new_empty(shape)

@@ -56,7 +56,7 @@ def topk_softmax(gating_output: Tensor, topk: int, renormalize: bool
     return weights, ids.to(torch.int32)
 
 
-@topk_softmax.register_fake
+@topk_softmax.register_meta
 def _topk_softmax_fake(gating_output: Tensor, topk: int, renormalize: bool
                        ) -> tuple[Tensor, Tensor]:
     tokens, _ = check_topk_softmax(gating_output, topk, renormalize, provider="native")
@@ -107,7 +107,7 @@ def grouped_topk(gating_output: Tensor, topk: int, renormalize: bool, num_expert
     return weights, ids.to(torch.int32)
 
 
-@grouped_topk.register_fake
+@grouped_topk.register_meta
 def _grouped_topk_fake(gating_output: Tensor, topk: int, renormalize: bool,
                        num_expert_group: int, topk_group: int, scoring_func: str = "softmax",
                        e_score_correction_bias: Optional[Tensor] = None,
@@ -155,7 +155,7 @@ def fused_moe(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tenso
     return out.to(hidden_states.dtype)
 
 
-@fused_moe.register_fake
+@fused_moe.register_meta
 def _fused_moe_fake(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
                     topk_ids: Tensor) -> Tensor:
     check_fused_moe_args("native", hidden_states, w1, w2, topk_weights, topk_ids)

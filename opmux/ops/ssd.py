@@ -134,7 +134,7 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
     return _finish(y, x, D, z).to(x.dtype)
 
 
-ssd_chunk_scan.register_fake(checked_fake(check_ssd_chunk_scan, "x", 0))
+ssd_chunk_scan.register_meta(checked_fake(check_ssd_chunk_scan, "x", 0))
 
 
 @register_op(mutates_args=("ssm_state",))
@@ -165,4 +165,4 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     return _finish(y, x, D, z).to(x.dtype)
 
 
-ssd_state_update.register_fake(checked_fake(check_ssd_state_update, "x", 0))
+ssd_state_update.register_meta(checked_fake(check_ssd_state_update, "x", 0))

@@ -114,7 +114,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
     return out
 
 
-causal_conv1d.register_fake(checked_fake(check_causal_conv1d, "x", 0))
+causal_conv1d.register_meta(checked_fake(check_causal_conv1d, "x", 0))
 
 
 @register_op(mutates_args=("conv_state",))
@@ -140,7 +140,7 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
     return _write_rows(conv_state, idx, valid, xp[:, :, 1:], _activate(y, activation), x.dtype)
 
 
-causal_conv1d_update.register_fake(checked_fake(check_causal_conv1d_update, "x", 0))
+causal_conv1d_update.register_meta(checked_fake(check_causal_conv1d_update, "x", 0))
 
 
 def _dt(delta: Tensor, bias: Optional[Tensor], softplus: bool) -> Tensor:
@@ -211,7 +211,7 @@ def selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: T
     return out
 
 
-selective_scan.register_fake(checked_fake(check_selective_scan, "u", 0))
+selective_scan.register_meta(checked_fake(check_selective_scan, "u", 0))
 
 
 @register_op(mutates_args=("ssm_states",))
@@ -239,4 +239,4 @@ def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
     return _write_rows(ssm_states, idx, valid, h, y, x.dtype)
 
 
-selective_state_update.register_fake(checked_fake(check_selective_state_update, "x", 1))
+selective_state_update.register_meta(checked_fake(check_selective_state_update, "x", 1))

@@ -173,6 +173,35 @@ def test_register_fake_is_torchs_registered_fake(ns: str) -> None:
     assert singleton.find(head.qualname).fake_impl.kernel is None  # gone with the library
 
 
+def test_register_meta_serves_fake_tensor_mode_without_a_torch_fake(ns: str) -> None:
+    from torch._library.simple_registry import singleton
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    registry = opmux.OpRegistry()
+    try:
+        @opmux.register_op(namespace=ns, registry=registry)
+        def halve(x: torch.Tensor) -> torch.Tensor:
+            return x[: x.shape[0] // 2].clone()
+
+        calls: list[int] = []
+
+        @halve.register_meta
+        def _meta(x: torch.Tensor) -> torch.Tensor:
+            calls.append(1)
+            return x.new_empty((x.shape[0] // 2,))
+
+        assert halve.fake is _meta
+        assert singleton.find(halve.qualname).fake_impl.kernel is None  # no torch fake
+        with FakeTensorMode():  # runs the op's Meta kernel, which runs _meta
+            assert halve(torch.empty(6)).shape == (3,)
+        assert halve(torch.empty(8, device="meta")).shape == (4,)
+        assert len(calls) == 2
+        compiled = torch.compile(lambda x: halve(x) * 2, fullgraph=True)
+        torch.testing.assert_close(compiled(torch.arange(6.0)), torch.arange(3.0) * 2)
+    finally:
+        registry._reset_for_tests()
+
+
 def test_direct_register_custom_op(ns: str) -> None:
     lib = torch.library.Library(ns, "FRAGMENT")
     try:
