@@ -418,10 +418,11 @@ class Op:
         kernel when no fake is registered with torch, so this serves tracing and meta-device
         calls as :meth:`register_fake` does, for a fake whose output sizes follow from its
         inputs. It skips ``torch.library.register_fake``, which reads its caller's source
-        line: the catalog's twenty fakes cost about 14 ms of start-up that way
-        (``benchmarks/startup.py``). A fake that needs ``torch.library.get_ctx()``
-        (data-dependent sizes) must use :meth:`register_fake`; after it, a torch-registered
-        fake takes precedence under FakeTensorMode.
+        line: the catalog's nineteen fakes cost about 10 ms of ``opmux.load_plugins()`` that
+        way (medians of fresh processes; ``benchmarks/startup.py`` times it). A fake that
+        needs ``torch.library.get_ctx()`` (data-dependent sizes) must use
+        :meth:`register_fake`; after it, a torch-registered fake takes precedence under
+        FakeTensorMode.
         """
         self._fake = fn
         return fn
