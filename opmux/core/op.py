@@ -146,7 +146,8 @@ class Op:
 
     @property
     def fake(self) -> Callable[..., Any]:
-        """The fake (meta) implementation: native until :meth:`register_fake` replaces it."""
+        """The fake (meta) implementation: native until :meth:`register_fake` or
+        :meth:`register_meta` replaces it."""
         return self._fake
 
     @property

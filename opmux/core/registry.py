@@ -99,7 +99,8 @@ class OpRegistry:
             lib.impl(op_name, op.native_kernel(), "CompositeExplicitAutograd")
             # The default fake is native itself, run by a Meta kernel (cheaper to register
             # than torch.library.register_fake, which inspects its caller's frame); both
-            # FakeTensorMode and meta-device calls use it. Op.register_fake replaces it.
+            # FakeTensorMode and meta-device calls use it. Op.register_fake (also torch's
+            # registered fake) or Op.register_meta (the Meta kernel only) replaces it.
             lib.impl(op_name, op.meta_kernel(), "Meta")
             self._ops[qualname] = op
             if self._op_journal is not None:
@@ -249,8 +250,8 @@ def register_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = N
 
     Usable bare (``@register_op``) or with arguments (``@register_op(name=...)``). The
     schema is inferred from the annotations; the function becomes the
-    ``CompositeExplicitAutograd`` kernel and, until :meth:`Op.register_fake` says
-    otherwise, the fake kernel too.
+    ``CompositeExplicitAutograd`` kernel and, until :meth:`Op.register_fake` or
+    :meth:`Op.register_meta` says otherwise, the fake kernel too.
 
     >>> import torch, opmux
     >>> @opmux.register_op(namespace="opmux_doc")
