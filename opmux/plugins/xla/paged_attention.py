@@ -68,6 +68,9 @@ PROVIDERS: Final = ("static_xla", "catalog_cuda", "catalog_cpu")
 
 
 _SIGNATURE: Final = inspect.signature(static_paged_attention)
+_COUNT: Final = len(_SIGNATURE.parameters)
+_DEFAULTS: Final = static_paged_attention.__defaults__ or ()
+_FEWEST: Final = _COUNT - len(_DEFAULTS)
 
 
 def _entry(name: str, provider: str, body: Callable[[PagedArgs], Tensor],
@@ -75,15 +78,19 @@ def _entry(name: str, provider: str, body: Callable[[PagedArgs], Tensor],
     """A function with :func:`static_paged_attention`'s signature (the op's schema) that
     validates its arguments as ``provider`` and returns ``body(args)``.
 
-    The dispatcher passes all nine arguments positionally; other calls are bound to the
-    signature first (defaults filled in).
+    The dispatcher passes the arguments positionally, leaving out trailing ones equal to
+    their defaults (filled in from the signature's defaults); calls with keywords are bound
+    to the signature first.
     """
 
     def entry(*args: Any, **kwargs: Any) -> Tensor:
-        if kwargs or len(args) != len(_SIGNATURE.parameters):
-            bound = _SIGNATURE.bind(*args, **kwargs)
-            bound.apply_defaults()
-            args = bound.args
+        if kwargs or len(args) != _COUNT:
+            if not kwargs and _FEWEST <= len(args) < _COUNT:
+                args += _DEFAULTS[len(args) - _COUNT:]
+            else:
+                bound = _SIGNATURE.bind(*args, **kwargs)
+                bound.apply_defaults()
+                args = bound.args
         full = cast(PagedArgs, args)
         check_inputs(provider, full)
         return body(full)
