@@ -73,9 +73,11 @@ class KVCacheSpec:
 class KVCacheFormat(abc.ABC):
     """A memory layout of the paged key and value caches.
 
-    Subclass it and define :meth:`allocate` and :meth:`to_canonical` (abstract); define
-    :meth:`write` too when :meth:`to_canonical` copies (``views = False``):
-    :func:`register_kv_cache_format` refuses such a format without one.
+    Subclass it and define :meth:`to_canonical` (abstract) and either :meth:`storage_shape`
+    (key and value are two zeroed tensors of that shape) or, for caches whose two tensors
+    differ or share a buffer, :meth:`allocate`; define :meth:`write` too when
+    :meth:`to_canonical` copies (``views = False``). :func:`register_kv_cache_format` refuses
+    a format that misses one of these.
 
     :cvar name: the registered name (``^[a-z_][a-z0-9_]*$``), passed to the ops.
     :cvar views: whether :meth:`to_canonical` returns views of the format's own tensors
@@ -86,11 +88,19 @@ class KVCacheFormat(abc.ABC):
     views: bool = True
     description: str = ""
 
-    @abc.abstractmethod
+    def storage_shape(self, num_blocks: int, block_size: int, num_kv_heads: int,
+                      head_size: int) -> tuple[int, ...]:
+        """The shape of each of the two tensors the default :meth:`allocate` makes."""
+        raise RegistrationError(f"KV-cache format {self.name!r} defines neither "
+                                "storage_shape() nor allocate(); define one of them")
+
     def allocate(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                  dtype: torch.dtype, device: torch.device | str | None = None
                  ) -> tuple[Tensor, Tensor]:
-        """Zeroed ``(key_cache, value_cache)`` in this format."""
+        """Zeroed ``(key_cache, value_cache)`` in this format: by default two tensors of
+        :meth:`storage_shape`."""
+        shape = self.storage_shape(num_blocks, block_size, num_kv_heads, head_size)
+        return zeroed_pair(shape, dtype, device)
 
     @abc.abstractmethod
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
@@ -139,11 +149,9 @@ class CanonicalFormat(KVCacheFormat):
     name = CANONICAL_NAME
     description = "[blocks, block_size, Hkv, D] (the catalog's layout)"
 
-    def allocate(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                 dtype: torch.dtype, device: torch.device | str | None = None
-                 ) -> tuple[Tensor, Tensor]:
-        shape = (num_blocks, block_size, num_kv_heads, head_size)
-        return zeroed_pair(shape, dtype, device)
+    def storage_shape(self, num_blocks: int, block_size: int, num_kv_heads: int,
+                      head_size: int) -> tuple[int, ...]:
+        return (num_blocks, block_size, num_kv_heads, head_size)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         return key_cache, value_cache
@@ -156,11 +164,9 @@ class HeadMajorFormat(KVCacheFormat):
     name = "hnd"
     description = "[blocks, Hkv, block_size, D] storage; canonical = permute(0, 2, 1, 3) view"
 
-    def allocate(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                 dtype: torch.dtype, device: torch.device | str | None = None
-                 ) -> tuple[Tensor, Tensor]:
-        shape = (num_blocks, num_kv_heads, block_size, head_size)
-        return zeroed_pair(shape, dtype, device)
+    def storage_shape(self, num_blocks: int, block_size: int, num_kv_heads: int,
+                      head_size: int) -> tuple[int, ...]:
+        return (num_blocks, num_kv_heads, block_size, head_size)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         if key_cache.dim() != 4 or value_cache.dim() != 4:
@@ -196,8 +202,10 @@ def _table() -> _FormatTable:
 def register_kv_cache_format(fmt: KVCacheFormat) -> KVCacheFormat:
     """Register ``fmt`` under ``fmt.name`` (registering the same object again is a no-op).
 
-    :raises RegistrationError: a bad name, another format registered under it, or a copying
-        format (``views = False``) without its own :meth:`KVCacheFormat.write`.
+    :raises RegistrationError: a bad name, another format registered under it, a format
+        that defines neither :meth:`KVCacheFormat.storage_shape` nor
+        :meth:`KVCacheFormat.allocate`, or a copying format (``views = False``) without its
+        own :meth:`KVCacheFormat.write`.
     """
     if not isinstance(fmt, KVCacheFormat):
         raise RegistrationError(f"register_kv_cache_format: expected a KVCacheFormat, got "
@@ -205,7 +213,13 @@ def register_kv_cache_format(fmt: KVCacheFormat) -> KVCacheFormat:
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", fmt.name or ""):
         raise RegistrationError(f"register_kv_cache_format: format name {fmt.name!r} must "
                                 "match ^[a-z_][a-z0-9_]*$")
-    if not fmt.views and type(fmt).write is KVCacheFormat.write:
+    kind = type(fmt)
+    if (kind.storage_shape is KVCacheFormat.storage_shape
+            and kind.allocate is KVCacheFormat.allocate):
+        raise RegistrationError(f"register_kv_cache_format: {fmt.name!r} defines neither "
+                                "storage_shape() nor allocate(); define storage_shape() (two "
+                                "zeroed tensors of one shape) or allocate()")
+    if not fmt.views and kind.write is KVCacheFormat.write:
         raise RegistrationError(f"register_kv_cache_format: {fmt.name!r} copies in "
                                 "to_canonical() (views = False), so writing through it would "
                                 "write a copy; define write()")

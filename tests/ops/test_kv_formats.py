@@ -12,7 +12,7 @@ from torch import Tensor
 
 import opmux
 from opmux import ops
-from opmux.ops.kv_formats import kv_cache_format_report, slot_positions, zeroed_pair
+from opmux.ops.kv_formats import kv_cache_format_report, slot_positions
 from opmux.testing import cases_for, check_kv_cache_format, check_provider, paged_batch
 from opmux.testing.kv_format_cases import in_format
 
@@ -24,11 +24,9 @@ class _DimMajor(opmux.KVCacheFormat):
     name = "test_dim_major"
     views = False
 
-    def allocate(self, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
-                 dtype: torch.dtype, device: torch.device | str | None = None
-                 ) -> tuple[Tensor, Tensor]:
-        shape = (num_blocks, head_size, block_size, num_kv_heads)
-        return zeroed_pair(shape, dtype, device)
+    def storage_shape(self, num_blocks: int, block_size: int, num_kv_heads: int,
+                      head_size: int) -> tuple[int, ...]:
+        return (num_blocks, head_size, block_size, num_kv_heads)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
         return (key_cache.permute(0, 2, 3, 1).contiguous(),
@@ -105,12 +103,19 @@ def test_registration_errors_and_reset(fresh_plugins: None) -> None:
         opmux.register_kv_cache_format(object())  # type: ignore[arg-type]
     no_writer = type("NoWriter", (opmux.KVCacheFormat,), {
         "name": "test_no_writer", "views": False,
-        "allocate": _DimMajor.allocate, "to_canonical": _DimMajor.to_canonical})
+        "storage_shape": _DimMajor.storage_shape, "to_canonical": _DimMajor.to_canonical})
     with pytest.raises(opmux.RegistrationError, match="define write"):
         opmux.register_kv_cache_format(no_writer())
     assert "test_no_writer" not in opmux.list_kv_cache_formats()
-    with pytest.raises(TypeError, match="abstract"):  # allocate / to_canonical missing
+    with pytest.raises(TypeError, match="abstract"):  # to_canonical missing
         type("Half", (opmux.KVCacheFormat,), {"name": "test_half"})()
+    shapeless = type("Shapeless", (opmux.KVCacheFormat,), {
+        "name": "test_shapeless", "to_canonical": _DimMajor.to_canonical})()
+    with pytest.raises(opmux.RegistrationError, match="neither storage_shape"):
+        opmux.register_kv_cache_format(shapeless)
+    with pytest.raises(opmux.RegistrationError, match="neither storage_shape"):
+        shapeless.allocate(1, 16, 1, 8, torch.float32)
+    assert "test_shapeless" not in opmux.list_kv_cache_formats()
     from opmux._runtime import reset_for_tests
 
     reset_for_tests()
