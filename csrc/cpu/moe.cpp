@@ -155,6 +155,27 @@ void run_task(const T* const* src, int64_t tiles, int64_t n, const float* panels
   }
 }
 
+// A projection's tasks: (active expert, kTiles tiles of `unit` output units out of `total`).
+struct TaskSpan {
+  int64_t e, lo, hi, tiles;  // the expert, its units [lo, hi), and the tiles they fill
+};
+inline int64_t tasks_per_expert(int64_t total, int64_t unit) {
+  return (total + kTiles * unit - 1) / (kTiles * unit);
+}
+inline TaskSpan task_span(const Plan& plan, int64_t task, int64_t total, int64_t unit) {
+  const int64_t per_expert = tasks_per_expert(total, unit);
+  const int64_t lo = (task % per_expert) * kTiles * unit;
+  const int64_t hi = std::min(total, lo + kTiles * unit);
+  return {plan.active[task / per_expert], lo, hi, (hi - lo + unit - 1) / unit};
+}
+
+// The calling thread's fp32 scratch of at least n floats (kept for its next tasks).
+inline float* thread_scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 template <typename T>
 void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_w,
                 const int64_t* ids, int64_t tokens, int64_t top_k, int64_t experts, int64_t d,
@@ -200,14 +221,10 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
   const int64_t buf_size = kW * padded(std::max(d, inter));
   // gate and up: task = (expert, kTiles tiles); a tile holds the gate and up rows of kUnits
   // intermediate units (a tail shorter than kUnits repeats its last unit)
-  const int64_t gate_tasks = (inter + kTiles * kUnits - 1) / (kTiles * kUnits);
-  for_tasks(static_cast<int64_t>(plan.active.size()) * gate_tasks, [&](int64_t task) {
-    thread_local std::vector<float> buf;
-    if (static_cast<int64_t>(buf.size()) < buf_size) buf.resize(buf_size);
-    const int64_t e = plan.active[task / gate_tasks];
-    const int64_t j0 = (task % gate_tasks) * kTiles * kUnits;
-    const int64_t j1 = std::min(inter, j0 + kTiles * kUnits);
-    const int64_t tiles = (j1 - j0 + kUnits - 1) / kUnits;
+  const int64_t active = static_cast<int64_t>(plan.active.size());
+  for_tasks(active * tasks_per_expert(inter, kUnits), [&](int64_t task) {
+    const TaskSpan span = task_span(plan, task, inter, kUnits);
+    const int64_t e = span.e, j0 = span.lo, j1 = span.hi, tiles = span.tiles;
     const int64_t rows = plan.start[e + 1] - plan.start[e];
     const T* we = w1 + e * 2 * inter * d;
     const T* src[kTiles * kW];
@@ -219,7 +236,7 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
       }
     }
     run_task(src, tiles, d, xp.get() + plan.panel0[e] * d * kP, rows,
-             xl.get() + plan.left0[e] * ldx, ldx, buf.data(),
+             xl.get() + plan.left0[e] * ldx, ldx, thread_scratch(buf_size),
              [&](int64_t t, int64_t p, int64_t, fVec (&acc)[kW][2]) {
       const int64_t panel = plan.panel0[e] + p;
       for (int64_t q = 0; q < kUnits; ++q) {
@@ -243,20 +260,15 @@ void moe_kernel(T* out, const T* x, const T* w1, const T* w2, const float* topk_
   });
 
   // down: task = (expert, kTiles tiles of kW hidden units; a tail repeats its last unit)
-  const int64_t down_tasks = (d + kTiles * kW - 1) / (kTiles * kW);
-  for_tasks(static_cast<int64_t>(plan.active.size()) * down_tasks, [&](int64_t task) {
-    thread_local std::vector<float> buf;
-    if (static_cast<int64_t>(buf.size()) < buf_size) buf.resize(buf_size);
-    const int64_t e = plan.active[task / down_tasks];
-    const int64_t h0 = (task % down_tasks) * kTiles * kW;
-    const int64_t h1 = std::min(d, h0 + kTiles * kW);
-    const int64_t tiles = (h1 - h0 + kW - 1) / kW;
+  for_tasks(active * tasks_per_expert(d, kW), [&](int64_t task) {
+    const TaskSpan span = task_span(plan, task, d, kW);
+    const int64_t e = span.e, h0 = span.lo, h1 = span.hi, tiles = span.tiles;
     const int64_t r0 = plan.start[e], rows = plan.start[e + 1] - r0;
     const T* we = w2 + e * d * inter;
     const T* src[kTiles * kW];
     for (int64_t i = 0; i < tiles * kW; ++i) src[i] = we + std::min(h0 + i, h1 - 1) * inter;
     run_task(src, tiles, inter, ap.get() + plan.panel0[e] * inter * kP, rows,
-             al.get() + plan.left0[e] * lda, lda, buf.data(),
+             al.get() + plan.left0[e] * lda, lda, thread_scratch(buf_size),
              [&](int64_t t, int64_t p, int64_t lanes, fVec (&acc)[kW][2]) {
       const int64_t h = h0 + t * kW, used = std::min<int64_t>(kW, h1 - h);
       float tmp[kP];

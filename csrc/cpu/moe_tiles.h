@@ -48,9 +48,22 @@ inline int64_t panel_rows(int64_t n) {
   return n % kP >= kPadFrom ? n : n / kF * kF;
 }
 
+// step(k) for k = 0 .. n-1. When next is given, its kW rows are prefetched alongside: one line
+// of each per 16 k (pf bytes per 16 elements of its dtype).
+template <typename Step>
+__attribute__((always_inline)) inline void for_k_prefetching(int64_t n, const char* const* next,
+                                                             int64_t pf, const Step& step) {
+  for (int64_t k0 = 0; k0 < n; k0 += 16) {
+    if (next) {
+      for (int w = 0; w < kW; ++w) __builtin_prefetch(next[w] + (k0 / 16) * pf, 0, 2);
+    }
+    const int64_t k1 = std::min(n, k0 + 16);
+    for (int64_t k = k0; k < k1; ++k) step(k);
+  }
+}
+
 // acc[w][v] = sum over k < n of rows[w][k] * panel[k * kP + v * kF + lane], for NV vectors of
-// lanes. When next is given, its rows are prefetched alongside: one line of each per 16 k
-// (pf bytes per 16 elements of its dtype).
+// lanes, prefetching next's rows (for_k_prefetching).
 template <int NV>
 inline void tile_kernel(const float* const* rows, const float* xp, int64_t n,
                         const char* const* next, int64_t pf, fVec (&acc)[kW][2]) {
@@ -61,27 +74,29 @@ inline void tile_kernel(const float* const* rows, const float* xp, int64_t n,
   static_assert(kW == 6, "the loads below name the six rows");
   const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3], *r4 = rows[4],
               *r5 = rows[5];
-  for (int64_t k0 = 0; k0 < n; k0 += 16) {
-    if (next) {
-      for (int w = 0; w < kW; ++w) __builtin_prefetch(next[w] + (k0 / 16) * pf, 0, 2);
+  for_k_prefetching(n, next, pf, [&](int64_t k) __attribute__((always_inline)) {
+    fVec xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = fVec::loadu(xp + k * kP + v * kF);
+    const float wk[kW] = {r0[k], r1[k], r2[k], r3[k], r4[k], r5[k]};
+    for (int w = 0; w < kW; ++w) {
+      const fVec wb(wk[w]);
+      for (int v = 0; v < NV; ++v) a[w][v] = at::vec::fmadd(wb, xv[v], a[w][v]);
     }
-    const int64_t k1 = std::min(n, k0 + 16);
-    for (int64_t k = k0; k < k1; ++k) {
-      fVec xv[NV];
-      for (int v = 0; v < NV; ++v) xv[v] = fVec::loadu(xp + k * kP + v * kF);
-      const float wk[kW] = {r0[k], r1[k], r2[k], r3[k], r4[k], r5[k]};
-      for (int w = 0; w < kW; ++w) {
-        const fVec wb(wk[w]);
-        for (int v = 0; v < NV; ++v) a[w][v] = at::vec::fmadd(wb, xv[v], a[w][v]);
-      }
-    }
-  }
+  });
   for (int w = 0; w < kW; ++w) {
     for (int v = 0; v < NV; ++v) acc[w][v] = a[w][v];
   }
 }
 
 #if defined(CPU_CAPABILITY_AVX2)
+// c0 += w * x0 and c1 += w * x1 for one weight element w: one row's step of the panel below.
+__attribute__((always_inline)) inline void fma_pair(const float* w, __m256 x0, __m256 x1,
+                                                    __m256& c0, __m256& c1) {
+  const __m256 b = _mm256_broadcast_ss(w);
+  c0 = _mm256_fmadd_ps(b, x0, c0);
+  c1 = _mm256_fmadd_ps(b, x1, c1);
+}
+
 // The full panel on AVX2 with the 12 accumulators as named registers: with the array above,
 // GCC stored and reloaded all 12 around every block of 16 steps (the prefetch's loop).
 // benchmarks/moe_cpu.py's shapes, interleaved in one process (best of 31, 2 threads): bf16
@@ -93,33 +108,15 @@ inline void tile_kernel<2>(const float* const* rows, const float* xp, int64_t n,
          c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   const float *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3], *r4 = rows[4],
               *r5 = rows[5];
-  for (int64_t k0 = 0; k0 < n; k0 += 16) {
-    if (next) {
-      for (int w = 0; w < kW; ++w) __builtin_prefetch(next[w] + (k0 / 16) * pf, 0, 2);
-    }
-    const int64_t k1 = std::min(n, k0 + 16);
-    for (int64_t k = k0; k < k1; ++k) {
-      const __m256 x0 = _mm256_loadu_ps(xp + k * kP), x1 = _mm256_loadu_ps(xp + k * kP + kF);
-      __m256 b = _mm256_broadcast_ss(r0 + k);
-      c00 = _mm256_fmadd_ps(b, x0, c00);
-      c01 = _mm256_fmadd_ps(b, x1, c01);
-      b = _mm256_broadcast_ss(r1 + k);
-      c10 = _mm256_fmadd_ps(b, x0, c10);
-      c11 = _mm256_fmadd_ps(b, x1, c11);
-      b = _mm256_broadcast_ss(r2 + k);
-      c20 = _mm256_fmadd_ps(b, x0, c20);
-      c21 = _mm256_fmadd_ps(b, x1, c21);
-      b = _mm256_broadcast_ss(r3 + k);
-      c30 = _mm256_fmadd_ps(b, x0, c30);
-      c31 = _mm256_fmadd_ps(b, x1, c31);
-      b = _mm256_broadcast_ss(r4 + k);
-      c40 = _mm256_fmadd_ps(b, x0, c40);
-      c41 = _mm256_fmadd_ps(b, x1, c41);
-      b = _mm256_broadcast_ss(r5 + k);
-      c50 = _mm256_fmadd_ps(b, x0, c50);
-      c51 = _mm256_fmadd_ps(b, x1, c51);
-    }
-  }
+  for_k_prefetching(n, next, pf, [&](int64_t k) __attribute__((always_inline)) {
+    const __m256 x0 = _mm256_loadu_ps(xp + k * kP), x1 = _mm256_loadu_ps(xp + k * kP + kF);
+    fma_pair(r0 + k, x0, x1, c00, c01);
+    fma_pair(r1 + k, x0, x1, c10, c11);
+    fma_pair(r2 + k, x0, x1, c20, c21);
+    fma_pair(r3 + k, x0, x1, c30, c31);
+    fma_pair(r4 + k, x0, x1, c40, c41);
+    fma_pair(r5 + k, x0, x1, c50, c51);
+  });
   acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11, acc[2][0] = c20;
   acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31, acc[4][0] = c40, acc[4][1] = c41;
   acc[5][0] = c50, acc[5][1] = c51;
