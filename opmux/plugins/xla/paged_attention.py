@@ -241,7 +241,7 @@ def _define() -> Op:
     except UnknownOpError:
         op = glob.register_op(xla_gpu_paged_attention, name="paged_attention",
                               namespace=NAMESPACE)
-        op.register_fake(fake_paged_attention)
+        op.register_meta(fake_paged_attention)
         return op
 
 
