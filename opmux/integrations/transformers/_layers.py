@@ -256,52 +256,54 @@ def _fusable(norm: Any, x: Tensor, kind: type) -> bool:
         and (kind is _GemmaRMSNorm or norm.weight.dtype == x.dtype)
 
 
-def _attend(layer: Any, hidden_states: Tensor, kwargs: dict[str, Any]) -> Tensor:
-    """A decoder layer's input norm and self-attention (the attention weights dropped)."""
-    out, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)
-    return out  # type: ignore[no-any-return]
+class _FusedDecoderLayer(nn.Module):
+    """A decoder layer whose residual add after attention is fused with the norm named
+    ``_fused_norm`` (an instance of ``_fused_kind``); any other call runs the model's own
+    forward."""
+
+    _fused_norm: str
+    _fused_kind: type
+    input_layernorm: nn.Module
+    self_attn: nn.Module
+    mlp: nn.Module
+
+    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        norm = getattr(self, self._fused_norm)
+        if args or not _fusable(norm, hidden_states, self._fused_kind):
+            return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
+        attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states),
+                                     **kwargs)
+        return self._after_attention(norm, attended, hidden_states)
+
+    def _after_attention(self, norm: Any, attended: Tensor, residual: Tensor) -> Tensor:
+        raise NotImplementedError
 
 
-class _DecoderLayer(nn.Module):
+class _DecoderLayer(_FusedDecoderLayer):
     """Llama / Qwen2 / Mixtral layer: the residual add after attention and the
     post-attention norm in one ``fused_add_rms_norm``."""
 
-    input_layernorm: nn.Module
-    post_attention_layernorm: Any
-    self_attn: nn.Module
-    mlp: nn.Module
+    _fused_norm = "post_attention_layernorm"
+    _fused_kind = _RMSNorm
 
-    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        norm = self.post_attention_layernorm
-        if args or not _fusable(norm, hidden_states, _RMSNorm):
-            return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
-        residual = hidden_states
-        hidden_states = _attend(self, hidden_states, kwargs)
+    def _after_attention(self, norm: Any, attended: Tensor, residual: Tensor) -> Tensor:
         hidden_states, residual = ops.fused_add_rms_norm.eager(
-            hidden_states, residual, norm.weight, norm.variance_epsilon)
+            attended, residual, norm.weight, norm.variance_epsilon)
         return residual + self.mlp(hidden_states)  # type: ignore[no-any-return]
 
 
-class _GemmaDecoderLayer(nn.Module):
+class _GemmaDecoderLayer(_FusedDecoderLayer):
     """Gemma2 layer: the residual add after the post-attention norm and the pre-feedforward
     norm in one ``gemma_fused_add_rms_norm``."""
 
-    input_layernorm: nn.Module
+    _fused_norm = "pre_feedforward_layernorm"
+    _fused_kind = _GemmaRMSNorm
     post_attention_layernorm: nn.Module
-    pre_feedforward_layernorm: Any
     post_feedforward_layernorm: nn.Module
-    self_attn: nn.Module
-    mlp: nn.Module
 
-    def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        norm = self.pre_feedforward_layernorm
-        if args or not _fusable(norm, hidden_states, _GemmaRMSNorm):
-            return super().forward(hidden_states, *args, **kwargs)  # type: ignore[no-any-return]
-        residual = hidden_states
-        hidden_states = _attend(self, hidden_states, kwargs)
-        hidden_states = self.post_attention_layernorm(hidden_states)
+    def _after_attention(self, norm: Any, attended: Tensor, residual: Tensor) -> Tensor:
         hidden_states, residual = ops.gemma_fused_add_rms_norm.eager(
-            hidden_states, residual, norm.weight, norm.eps)
+            self.post_attention_layernorm(attended), residual, norm.weight, norm.eps)
         hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
         return residual + hidden_states  # type: ignore[no-any-return]
 
