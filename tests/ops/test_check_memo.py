@@ -65,6 +65,26 @@ def test_layouts_differ_by_strides_dtype_and_scalar_type() -> None:
         check_rms_norm(x, w, True)  # a bool is not, even though True == 1
 
 
+def test_a_models_parameters_are_described_like_tensors(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    # a layer passes its weight as an nn.Parameter: once its layout passed, the static
+    # checks are not run again for it
+    from opmux.ops.checks import layernorm
+
+    reset_for_tests()
+    x, w = torch.randn(2, 8), torch.nn.Parameter(torch.randn(8))
+    assert _check_memo._layout("p", (x, w)) == _check_memo._layout("p", (x, w.detach()))
+    check_rms_norm(x, w, 1e-6)
+    assert len(_RMS_NORM) == 1
+    runs: list[int] = []
+    real = layernorm._check_norm
+    monkeypatch.setattr(layernorm, "_check_norm", lambda *a: runs.append(1) or real(*a))
+    check_rms_norm(torch.randn(2, 8), w, 1e-6)
+    assert runs == [] and len(_RMS_NORM) == 1
+    check_rms_norm(torch.randn(3, 8), w, 1e-6)  # a new layout is checked
+    assert runs == [1] and len(_RMS_NORM) == 2
+
+
 def test_tensors_that_cannot_be_described_are_checked_every_time() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -10,8 +10,9 @@ checks (index ranges) are never remembered: they read the tensors' data on every
 
 A layout is remembered only when every argument has a plain description:
 
-- a plain strided ``torch.Tensor`` (not a subclass: fake and functional tensors while
-  tracing never hit), described by ``(dtype, device, shape, strides)``;
+- a plain strided ``torch.Tensor`` or ``nn.Parameter`` (a model's weights; no other
+  subclass: fake and functional tensors while tracing never hit), described by
+  ``(dtype, device, shape, strides)``;
 - ``None``, or an ``int``/``float``/``bool``/``str``, described by its type and value
   (``True`` and ``1`` differ).
 
@@ -26,6 +27,7 @@ from typing import Final
 
 import torch
 from torch import Tensor
+from torch.nn import Parameter
 
 from opmux.core.state import register_reset
 
@@ -35,6 +37,7 @@ LIMIT: Final = 512
 """Layouts one memo keeps before it starts over (an engine uses a handful per op)."""
 
 _SCALARS: Final = (int, float, bool, str)
+_TENSORS: Final = (Tensor, Parameter)
 _MEMOS: list[StaticMemo] = []
 
 
@@ -42,7 +45,7 @@ def _layout(provider: str, args: tuple[object, ...]) -> tuple[object, ...] | Non
     key: list[object] = [provider]
     for a in args:
         kind = type(a)
-        if kind is Tensor:
+        if kind in _TENSORS:
             if a.layout is not torch.strided:  # type: ignore[attr-defined]
                 return None
             key.append((a.dtype, a.device, a.shape, a.stride()))  # type: ignore[attr-defined]
