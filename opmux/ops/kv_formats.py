@@ -100,6 +100,11 @@ class KVCacheFormat(abc.ABC):
         """Zeroed ``(key_cache, value_cache)`` in this format: by default two tensors of
         :meth:`storage_shape`."""
         shape = self.storage_shape(num_blocks, block_size, num_kv_heads, head_size)
+        if not (isinstance(shape, tuple)
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                        for n in shape)):
+            raise RegistrationError(f"KV-cache format {self.name!r}: storage_shape() must "
+                                    f"return a tuple of non-negative ints, got {shape!r}")
         return zeroed_pair(shape, dtype, device)
 
     @abc.abstractmethod

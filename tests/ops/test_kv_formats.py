@@ -116,6 +116,11 @@ def test_registration_errors_and_reset(fresh_plugins: None) -> None:
     with pytest.raises(opmux.RegistrationError, match="neither storage_shape"):
         shapeless.allocate(1, 16, 1, 8, torch.float32)
     assert "test_shapeless" not in opmux.list_kv_cache_formats()
+    for bad in ([1, 16, 1, 8], (1, -16, 1, 8), (1, 16.0, 1, 8)):
+        misshapen = type("Misshapen", (_DimMajor,), {
+            "name": "test_misshapen", "storage_shape": lambda self, *sizes, bad=bad: bad})()
+        with pytest.raises(opmux.RegistrationError, match="tuple of non-negative ints"):
+            misshapen.allocate(1, 16, 1, 8, torch.float32)
     from opmux._runtime import reset_for_tests
 
     reset_for_tests()
