@@ -12,6 +12,7 @@ that is the op's torch overload.
 
 from __future__ import annotations
 
+import abc
 import functools
 import sys
 from collections.abc import Callable
@@ -275,8 +276,9 @@ class _FusedDecoderLayer(nn.Module):
                                      **kwargs)
         return self._after_attention(norm, attended, hidden_states)
 
+    @abc.abstractmethod
     def _after_attention(self, norm: Any, attended: Tensor, residual: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The rest of the layer, from the attention's output and the layer's input."""
 
 
 class _DecoderLayer(_FusedDecoderLayer):
