@@ -153,3 +153,49 @@ def test_cached_continuation_with_several_new_tokens(llama: Any,
             results.append(llama(ids[:, 9:], past_key_values=cache, use_cache=True).logits)
     torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-5)
     assert len(opmux_attention_calls) == 4  # 2 layers x 2 forwards
+
+
+def _neox(rows: int, tokens: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin as transformers' rotary embeddings build them: cat((freqs, freqs))."""
+    freqs = torch.rand(rows, tokens, dim // 2) * 10
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+@pytest.mark.parametrize(("rows", "batch"), [(1, 1), (1, 3), (3, 3)])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_rotary_op_inputs_rotate_like_transformers(rows: int, batch: int, tokens: int) -> None:
+    """The cos_sin_cache and positions built from the model's cos/sin (one row per step or
+    per sequence) rotate query and key exactly as transformers' apply_rotary_pos_emb."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from opmux.integrations.transformers import _layers
+
+    heads, dim = 4, 8
+    cos, sin = _neox(rows, tokens, dim)
+    query = torch.randn(batch, tokens, heads, dim)
+    key = torch.randn(batch, tokens, 2, dim)
+    rotated = _layers._rotate(query, key, cos, sin)
+    assert rotated is not None
+    want_q, want_k = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
+    torch.testing.assert_close(rotated[0], want_q.transpose(1, 2), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rotated[1], want_k.transpose(1, 2), rtol=1e-6, atol=1e-6)
+    # every layer of the step reuses the first layer's inputs
+    first = _layers._rope_inputs(cos, sin, batch)
+    again = _layers._rope_inputs(cos, sin, batch)
+    assert first[0] is again[0] and first[1] is again[1]
+
+
+def test_rotary_inputs_that_are_not_neox_rows_take_transformers_code() -> None:
+    """cos/sin whose halves differ (in cos or only in sin) are no cos_sin_cache rows: the
+    layer then runs transformers' own rotation."""
+    from opmux.integrations.transformers import _layers
+
+    query, key = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8)
+    cos, sin = _neox(1, 3, 8)
+    for bad_cos, bad_sin in ((torch.rand(1, 3, 8), sin), (cos, torch.rand(1, 3, 8))):
+        assert _layers._rope_inputs(bad_cos, bad_sin, 1) == (None, None)
+        assert _layers._rotate(query, key, bad_cos, bad_sin) is None
+    assert _layers._rope_inputs(cos[..., :7], sin[..., :7], 1) == (None, None)  # odd D
+    assert _layers._rope_inputs(cos, sin, 2)[0] is not None  # one row serves a batch
+    assert _layers._rope_inputs(cos.expand(3, -1, -1), sin.expand(3, -1, -1), 2) == (None, None)
