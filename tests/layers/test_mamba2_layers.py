@@ -104,7 +104,7 @@ def test_mamba_mixer2_matches_reference(enabled: bool, groups: int, dtype: torch
                      "norm.weight", "out_proj.weight"]
     assert tuple(layer.conv1d.weight.shape) == (32 + 2 * 8 * groups, 1, 4)
     _fill_states(layer, 4)
-    h = torch.randn(11, 16).to(dtype)
+    h = torch.randn(11, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
     m = mixed_batch()
     want, want_conv, want_ssm = _mixer2_reference(layer, h, m)
     got = layer(h, None, m)
@@ -171,7 +171,7 @@ def test_plamo2_mamba_mixer_matches_reference(enabled: bool, dtype: torch.dtype)
     m = mixed_batch()
     qsl, idx, init = packed_sequences(m)
     conv, ssm = (t.clone() for t in layer.kv_cache)
-    h = torch.randn(11, 16).to(dtype)
+    h = torch.randn(11, 16, generator=torch.Generator().manual_seed(0)).to(dtype)
     gate, x = F.linear(h, layer.in_proj.weight).chunk(2, dim=-1)
     x, conv = sequential_causal_conv1d(x, layer.conv1d.weight[:, 0, :], None, conv, qsl, idx,
                                        init, "silu")
