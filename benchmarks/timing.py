@@ -23,27 +23,33 @@ import torch
 
 
 def samples(fns: Mapping[str, Callable[[], Any]], *, rounds: int, calls: int = 1,
-            warmup: int = 2) -> dict[str, list[float]]:
+            warmup: int = 2, clock: Callable[[], float] = time.perf_counter
+            ) -> dict[str, list[float]]:
     """Seconds per call of each contender, one sample per round.
 
     :param fns: contender name -> a call taking no arguments.
-    :param rounds: samples per contender; the contenders alternate within every round.
+    :param rounds: samples per contender; the contenders alternate within every round, in
+        reverse order every other round (so none always runs just after another).
     :param calls: calls per sample (many for microsecond calls, one for long ones).
     :param warmup: untimed calls of each contender first.
+    :param clock: wall time by default; ``time.thread_time`` counts only the calling
+        thread's CPU time, which other processes on a shared machine do not inflate (right
+        only when all the work runs on that thread, e.g. ``torch.set_num_threads(1)``).
     """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     out: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns.items())
     enabled = gc.isenabled()
     gc.disable()  # as timeit does: a collection is no contender's cost
     try:
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                start = time.perf_counter()
+        for r in range(rounds):
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
+                start = clock()
                 for _ in range(calls):
                     fn()
-                out[name].append((time.perf_counter() - start) / calls)
+                out[name].append((clock() - start) / calls)
     finally:
         if enabled:
             gc.enable()
@@ -51,10 +57,11 @@ def samples(fns: Mapping[str, Callable[[], Any]], *, rounds: int, calls: int = 1
 
 
 def interleaved_us(fns: Mapping[str, Callable[[], Any]], *, calls: int, rounds: int,
-                   warmup: int = 2) -> dict[str, float]:
+                   warmup: int = 2, clock: Callable[[], float] = time.perf_counter
+                   ) -> dict[str, float]:
     """Median microseconds per call of each contender (see :func:`samples`)."""
-    return {name: statistics.median(v) * 1e6
-            for name, v in samples(fns, rounds=rounds, calls=calls, warmup=warmup).items()}
+    return {name: statistics.median(v) * 1e6 for name, v in
+            samples(fns, rounds=rounds, calls=calls, warmup=warmup, clock=clock).items()}
 
 
 def median_ms(fn: Callable[[], Any], iters: int, warmup: int = 2) -> float:

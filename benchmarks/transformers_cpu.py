@@ -9,11 +9,13 @@ default) and times greedy ``generate`` of ``--new-tokens`` tokens after prompts 
 ``--prompt-len`` tokens, batch 1 and 16, float32 and bfloat16, with the model plain and after
 ``enable(model)`` (the same weights; ``enable``/``disable`` toggle between the rounds). The
 contenders alternate within every round (``timing.samples``); the medians are printed as
-tokens/s (generated tokens / wall time, prefill included) with the ratio opmux / plain.
+tokens/s (generated tokens / time, prefill included) with the ratio opmux / plain; the time
+is wall time, or with ``--clock thread --threads 1`` the main thread's CPU time (steadier on
+a shared machine).
 In float32 both produce the same greedy tokens (checked).
 
 Run: ``python benchmarks/transformers_cpu.py [--models tiny 100m] [--batch 1 16]
-[--dtype float32 bfloat16] [--rounds 3] [--threads N]``.
+[--dtype float32 bfloat16] [--rounds 3] [--threads N] [--clock wall|thread]``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import functools
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +68,21 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="thread: the main thread's CPU time, steadier on a shared "
+                             "machine (needs --threads 1)")
     args = parser.parse_args()
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread needs --threads 1 (other threads' work is not counted)")
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} threads; prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, median of {args.rounds} alternating rounds")
+          f"{args.new_tokens} new tokens, median of {args.rounds} alternating rounds, "
+          f"{args.clock} clock")
     print(f"{'model':>6} {'dtype':>9} {'batch':>5} {'plain tok/s':>12} {'opmux tok/s':>12} "
           f"{'opmux/plain':>11}  tokens")
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +100,7 @@ def main() -> None:
                     times = samples({
                         "plain": functools.partial(_generate, model, ids, args.new_tokens, False),
                         "opmux": functools.partial(_generate, model, ids, args.new_tokens, True),
-                    }, rounds=args.rounds, warmup=0)
+                    }, rounds=args.rounds, warmup=0, clock=clock)
                     rate = {k: batch * args.new_tokens / statistics.median(v)
                             for k, v in times.items()}
                     print(f"{name:>6} {dtype_name:>9} {batch:>5} {rate['plain']:>12.1f} "

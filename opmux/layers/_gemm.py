@@ -7,8 +7,8 @@ run: with 2 threads, on the projections of a 100M-parameter Llama (weights of 1M
 more) at 1-64 rows, oneDNN takes 0.6-0.75x the time over a layer's four (0.42-0.95x each, one
 exception at 1.11x), while for smaller weights its fixed cost per call (about 30 us) loses,
 and at hundreds of rows (a prefill) the two tie. So oneDNN runs only where it wins: eager
-float32 CPU calls without autograd, 1 to 64 rows, a weight of at least 2**20 elements, more
-than one thread.
+float32 CPU calls without autograd or CPU autocast, 1 to 64 rows, a weight of at least 2**20
+elements, more than one thread.
 
 torch reaches oneDNN's matmul only through ``torch.ops.mkldnn._linear_pointwise`` (the op
 Inductor's CPU lowering emits), so this reads a private torch op: it is looked up once, and
@@ -41,6 +41,7 @@ _ONEDNN = _find_onednn()
 def takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether :func:`dense_linear` sends this call to oneDNN (see the module)."""
     return (_ONEDNN is not None and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled("cpu")  # F.linear follows autocast's dtype
             and weight.numel() >= _MIN_WEIGHT and 0 < x.numel() <= _MAX_ROWS * x.shape[-1]
             and x.dtype == weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu
             and (bias is None or bias.dtype == torch.float32)

@@ -59,6 +59,7 @@ __all__ = [
     "QKVParallelLinear",
     "ReplicatedLinear",
     "RowParallelLinear",
+    "dense_linear",
 ]
 
 LinearOutput = Tensor | tuple[Tensor, Parameter | None]

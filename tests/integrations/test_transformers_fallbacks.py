@@ -199,3 +199,33 @@ def test_rotary_inputs_that_are_not_neox_rows_take_transformers_code() -> None:
     assert _layers._rope_inputs(cos[..., :7], sin[..., :7], 1) == (None, None)  # odd D
     assert _layers._rope_inputs(cos, sin, 2)[0] is not None  # one row serves a batch
     assert _layers._rope_inputs(cos.expand(3, -1, -1), sin.expand(3, -1, -1), 2) == (None, None)
+
+
+def test_linear_layers_run_dense_linear(monkeypatch: pytest.MonkeyPatch, llama: Any) -> None:
+    """Every plain nn.Linear runs opmux.layers.dense_linear after enable (oneDNN for large
+    float32 weights at a few rows with several threads); a subclass of nn.Linear (quantized,
+    LoRA) keeps its class; disable restores nn.Linear."""
+    from torch import nn
+
+    from opmux.integrations.transformers import _layers
+
+    class Custom(nn.Linear):
+        pass
+
+    llama.lm_head.__class__ = Custom
+    otf.enable(llama)
+    linears = [m for m in llama.modules() if isinstance(m, nn.Linear)]
+    assert {type(m) for m in linears} == {_layers.OpmuxLinear, Custom}
+    calls: list[int] = []
+    real = _layers.dense_linear
+    monkeypatch.setattr(_layers, "dense_linear", lambda *a: calls.append(1) or real(*a))
+    proj = llama.model.layers[0].self_attn.q_proj
+    x = torch.randn(3, proj.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(proj(x), nn.functional.linear(x, proj.weight, proj.bias),
+                                   rtol=0, atol=0)  # a small weight: F.linear itself
+        llama(torch.tensor(PROMPTS[:1]))
+    # q, k, v, o per layer and gate + up per layer (down_proj through its module): 2 layers
+    assert len(calls) == 1 + 2 * (4 + 3)
+    otf.disable(llama)
+    assert {type(m) for m in llama.modules() if isinstance(m, nn.Linear)} == {nn.Linear, Custom}

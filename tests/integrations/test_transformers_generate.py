@@ -79,6 +79,7 @@ def test_layers_swapped(loaded: tuple[str, Any, dict[str, Any]]) -> None:
     names = {type(m).__name__ for m in model.modules() if type(m).__name__.startswith("Opmux")}
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "mixtral": "Mixtral", "gemma2": "Gemma2"}[arch]
     expected = {f"Opmux{prefix}{part}" for part in ("RMSNorm", "Attention", "DecoderLayer")}
+    expected.add("OpmuxLinear")  # every plain nn.Linear (projections, lm_head)
     if arch != "mixtral":
         expected.add(f"Opmux{prefix}MLP")
     else:

@@ -90,6 +90,17 @@ def test_other_calls_run_f_linear(two_threads: None, onednn_calls: list[int],
         assert x.grad is not None
 
 
+def test_cpu_autocast_runs_f_linear(two_threads: None, onednn_calls: list[int]) -> None:
+    """Under CPU autocast the call follows autocast's dtype, as F.linear does."""
+    x, w = torch.randn(4, IN), torch.randn(OUT, IN)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _gemm.dense_linear(x, w, None)
+        want = F.linear(x, w)
+    assert onednn_calls == []
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_one_thread_runs_f_linear(onednn_calls: list[int]) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -16,7 +16,7 @@ import abc
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,7 @@ from transformers import activations
 
 import opmux.ops as ops
 from opmux.integrations.transformers import _attention
+from opmux.layers import dense_linear
 
 __all__ = ["ARCHS", "Arch", "subclass_for"]
 
@@ -113,6 +114,16 @@ class _GemmaRMSNorm(nn.Module):
         return ops.gemma_rms_norm.eager(x, self.weight, self.eps)  # type: ignore[no-any-return]
 
 
+# --------------------------------------------------------------------------------- linear
+class OpmuxLinear(nn.Linear):
+    """``nn.Linear`` on :func:`opmux.layers.dense_linear`: oneDNN's matmul where it is much
+    faster than ``F.linear`` (float32, 1-64 rows, a weight of 2**20 elements or more, more
+    than one thread), ``F.linear`` otherwise."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return dense_linear(input, self.weight, self.bias)
+
+
 # ------------------------------------------------------------------------------ activation
 def _gated_op(act: nn.Module) -> tuple[Any, tuple[Any, ...]] | None:
     """The catalog op computing ``act(gate) * up`` from ``[gate, up]``, with its extra
@@ -132,16 +143,20 @@ def _gated_op(act: nn.Module) -> tuple[Any, tuple[Any, ...]] | None:
 def _gate_up(x: Tensor, gate: nn.Module, up: nn.Module) -> Tensor:
     """``[gate(x), up(x)]`` along the last dimension, the input of the gated activation op.
 
-    Plain ``nn.Linear`` layers run as ``F.linear`` and the halves are concatenated: in one
-    process (thread CPU time, 1 thread) that took 0.63-0.97x the time of two ``torch.mm``
-    writing the halves of one buffer (``out=`` views), at 1 and 16 rows of the tiny and
-    ~100M Llamas of ``benchmarks/transformers_cpu.py``.
+    Plain linear layers run as :func:`~opmux.layers.dense_linear` and the halves are
+    concatenated: in one process (thread CPU time, 1 thread) two ``F.linear`` and a ``cat``
+    took 0.63-0.97x the time of two ``torch.mm`` writing the halves of one buffer (``out=``
+    views), at 1 and 16 rows of the tiny and ~100M Llamas of
+    ``benchmarks/transformers_cpu.py``.
     """
-    if type(gate) is not nn.Linear or type(up) is not nn.Linear or _hooked(gate) \
-            or _hooked(up):
+    if not (_plain_linear(gate) and _plain_linear(up)):
         return torch.cat((gate(x), up(x)), dim=-1)
-    linear = nn.functional.linear
-    return torch.cat((linear(x, gate.weight, gate.bias), linear(x, up.weight, up.bias)), dim=-1)
+    return torch.cat((dense_linear(x, gate.weight, gate.bias),
+                      dense_linear(x, up.weight, up.bias)), dim=-1)
+
+
+def _plain_linear(module: nn.Module) -> TypeGuard[nn.Linear]:
+    return type(module) in (nn.Linear, OpmuxLinear) and not _hooked(module)
 
 
 class _GatedMLP(nn.Module):
@@ -349,8 +364,11 @@ def _roles(arch: Arch) -> dict[str, type]:
 
 
 def subclass_for(cls: type, arch: Arch) -> type | None:
-    """The opmux subclass of ``cls`` (``Opmux<Name>``), or ``None`` for a class opmux does
-    not replace. ``cls`` must be the architecture's own class (not a user subclass)."""
+    """The opmux subclass of ``cls`` (``Opmux<Name>``; :class:`OpmuxLinear` for
+    ``nn.Linear``), or ``None`` for a class opmux does not replace. ``cls`` must be the
+    architecture's own class or ``nn.Linear`` itself (not a user subclass)."""
+    if cls is nn.Linear:
+        return OpmuxLinear
     sub = _SUBCLASSES.get(cls)
     if sub is not None:
         return sub
