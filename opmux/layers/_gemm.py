@@ -40,9 +40,11 @@ _ONEDNN = _find_onednn()
 
 def takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether :func:`dense_linear` sends this call to oneDNN (see the module)."""
-    return (_ONEDNN is not None and not torch.compiler.is_compiling()
+    # the weight size first: most calls of a small model stop there
+    return (_ONEDNN is not None and weight.numel() >= _MIN_WEIGHT
+            and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu")  # F.linear follows autocast's dtype
-            and weight.numel() >= _MIN_WEIGHT and 0 < x.numel() <= _MAX_ROWS * x.shape[-1]
+            and 0 < x.numel() <= _MAX_ROWS * x.shape[-1]
             and x.dtype == weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu
             and (bias is None or bias.dtype == torch.float32)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
