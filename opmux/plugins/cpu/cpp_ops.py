@@ -4,9 +4,12 @@ Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one nat
 with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
 :class:`opmux.OpInputError` (#11); then it allocates its outputs and calls the matching
 out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
-``ValueError`` from them becomes an ``OpInputError`` too. Each ``supports_args`` predicate
-accepts exactly what the kernel handles (CPU tensors, fp32/bf16/fp16, the layouts it reads)
-and never raises; anything else falls through to the next provider in the priority list.
+``ValueError`` from them becomes an ``OpInputError`` too. ``paged_attention`` turns this
+round: its kernel checks every tensor condition first, and the shared check runs only when
+the kernel refuses (it then raises native's error). Each ``supports_args`` predicate
+accepts what the kernel handles of the inputs native accepts (CPU tensors, fp32/bf16/fp16,
+the layouts it reads) and never raises; anything else falls through to the next provider in
+the priority list.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
@@ -251,25 +254,42 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     if kv_cache_format != "canonical":
         require_kv_cache_format("paged_attention", kv_cache_format, PROVIDER, _FORMATS)
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
-    # The kernel checks every value condition of the shared check before it writes anything,
-    # in one pass over the int32 tensors it reads anyway; reading them again in Python cost
-    # 0.2-0.4 ms a call (#18). When the kernel refuses, the shared check runs on the values
-    # and raises its usual error; only a condition it does not cover reaches kernel_error.
-    check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                          query_start_loc, scale, sliding_window, soft_cap, provider=PROVIDER,
-                          read_data=False)
-    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    # The kernel checks every tensor condition of the shared check (types, ranks, sizes,
+    # dtypes, and the values of the int32 tensors it reads) before it writes anything, so
+    # only the scalars are checked here first. The shared check's static part cost 11 us a
+    # call and 45 us when the layout is new, which a DynamicCache's growing keys make it on
+    # every decode step (#41: transformers_cpu.py's tiny model decodes in about 3 ms); the
+    # value part read the tensors again for 0.2-0.4 ms a call (#18). When the kernel
+    # refuses, the shared check runs and raises native's error for the bad argument; a
+    # condition it does not cover becomes kernel_error.
+    if not _attention_scalars_ok(scale, sliding_window, soft_cap):
+        check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                              query_start_loc, scale, sliding_window, soft_cap,
+                              provider=PROVIDER, read_data=False)
     try:
+        out = torch.empty_like(query, memory_format=torch.contiguous_format)
         K.paged_attention_out(out, query, key_cache, value_cache, block_tables, seq_lens,
-                               query_start_loc, scale,
-                               -1 if sliding_window is None else sliding_window,
-                               0.0 if soft_cap is None else soft_cap)
-    except ValueError as exc:
+                              query_start_loc, scale,
+                              -1 if sliding_window is None else sliding_window,
+                              0.0 if soft_cap is None else soft_cap)
+    except Exception as exc:
         check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc, scale, sliding_window, soft_cap,
                               provider=PROVIDER)
-        raise kernel_error("paged_attention", PROVIDER, exc) from None
+        if isinstance(exc, ValueError):
+            raise kernel_error("paged_attention", PROVIDER, exc) from None
+        raise
     return out
+
+
+def _attention_scalars_ok(scale: float, sliding_window: Optional[int],
+                          soft_cap: Optional[float]) -> bool:
+    # what the shared check asks of the scalars, which the kernel cannot see (it takes -1
+    # and 0.0 for "none"): a real scale that is not NaN, a positive window and soft cap
+    return (type(scale) in (float, int) and scale == scale
+            and (sliding_window is None
+                 or (type(sliding_window) is int and sliding_window > 0))
+            and (soft_cap is None or (type(soft_cap) in (float, int) and soft_cap > 0)))
 
 
 def _dense_blocks(cache: Tensor) -> bool:
@@ -286,28 +306,24 @@ def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tens
                              scale: float, sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None,
                              kv_cache_format: str = "canonical") -> bool:
-    # the kernel reads caches whose blocks are dense [bs, Hkv, D] or [Hkv, bs, D] and share
-    # strides (blocks may lie apart: key and value halves of one buffer); other views run on
-    # the next provider
+    # what the kernel needs of an input native accepts: a CPU float query with a contiguous
+    # head dim, caches whose blocks are dense [bs, Hkv, D] or [Hkv, bs, D] and share strides
+    # (blocks may lie apart: key and value halves of one buffer), at most _MAX_GQA_GROUP query
+    # heads per kv head, contiguous int32 index tensors; other views run on the next
+    # provider. What native refuses too (mismatched dtypes, devices or sizes, bad scalars)
+    # is left to the impl, which raises native's error for it.
     if kv_cache_format != "canonical":
         if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
                 and key_cache.dim() == 4 and value_cache.dim() == 4):
             return False
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
     return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-            and cpu_float(query) and key_cache.dtype == query.dtype
-            and value_cache.dtype == query.dtype and key_cache.is_cpu and value_cache.is_cpu
-            and block_tables.is_cpu and seq_lens.is_cpu and query_start_loc.is_cpu
+            and cpu_float(query) and query.dim() == 3 and query.stride(2) == 1
             and _dense_blocks(key_cache) and value_cache.stride() == key_cache.stride()
-            and value_cache.shape == key_cache.shape
-            and query.dim() == 3 and query.stride(2) == 1 and key_cache.dim() == 4
             and query.shape[1] <= _MAX_GQA_GROUP * key_cache.shape[2]
             and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
             and query_start_loc.dtype == torch.int32 and block_tables.is_contiguous()
-            and seq_lens.is_contiguous() and query_start_loc.is_contiguous()
-            and (sliding_window is None
-                 or (isinstance(sliding_window, int) and sliding_window > 0))
-            and (soft_cap is None or (isinstance(soft_cap, (int, float)) and soft_cap > 0)))
+            and seq_lens.is_contiguous() and query_start_loc.is_contiguous())
 
 
 advance_step_flashattn = checked_advance_step(

@@ -443,6 +443,16 @@ def test_paged_attention_errors(cpp: Any) -> None:
     for cap in (0.0, -1.0):
         with pytest.raises(OpInputError, match=r"'soft_cap' expected None or a positive"):
             cpp.paged_attention(**case, soft_cap=cap)
+    # the scalars the kernel cannot see (it reads -1 and 0.0 as "none"), called directly with
+    # values the torch schema would convert: the same error as native's
+    for name, value in (("scale", True), ("scale", "0.5"), ("sliding_window", 4.0),
+                        ("sliding_window", True), ("soft_cap", float("nan"))):
+        with pytest.raises(OpInputError) as info:
+            native("paged_attention")(**{**case, name: value})
+        with pytest.raises(OpInputError) as got:
+            cpp.paged_attention(**{**case, name: value})
+        assert (got.value.argument, got.value.provider) == (name, "cpp")
+        assert str(got.value) == str(info.value).replace("'native'", "'cpp'")
 
 
 # ----------------------------------------------------------------------------- advance step
