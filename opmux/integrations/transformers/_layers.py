@@ -169,12 +169,13 @@ class _GatedMLP(nn.Module):
     act_fn: nn.Module
 
     def forward(self, x: Tensor) -> Tensor:
-        spec = _gated_op(self.act_fn)
-        weight = self.gate_proj.weight
-        if spec is None or _hooked(self.act_fn) or weight.dtype != x.dtype or _grad(x, weight):
+        act, gate = self.act_fn, self.gate_proj  # each submodule read once: nn.Module.__getattr__
+        spec = _gated_op(act)
+        weight = gate.weight
+        if spec is None or _hooked(act) or weight.dtype != x.dtype or _grad(x, weight):
             return super().forward(x)  # type: ignore[no-any-return]
         op, extra = spec
-        hidden = op.eager(_gate_up(x, self.gate_proj, self.up_proj), *extra)
+        hidden = op.eager(_gate_up(x, gate, self.up_proj), *extra)
         return self.down_proj(hidden)  # type: ignore[no-any-return]
 
 
