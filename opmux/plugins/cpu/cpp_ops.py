@@ -4,8 +4,8 @@ Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one nat
 with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
 :class:`opmux.OpInputError` (#11); then it allocates its outputs and calls the matching
 out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
-``ValueError`` from them becomes an ``OpInputError`` too. ``paged_attention`` turns this
-round: its kernel checks every tensor condition first, and the shared check runs only when
+``ValueError`` from them becomes an ``OpInputError`` too. ``paged_attention`` reverses the
+order: its kernel checks every tensor condition first, and the shared check runs only when
 the kernel refuses (it then raises native's error). Each ``supports_args`` predicate
 accepts what the kernel handles of the inputs native accepts (CPU tensors, fp32/bf16/fp16,
 the layouts it reads) and never raises; anything else falls through to the next provider in
