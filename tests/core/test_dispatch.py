@@ -55,6 +55,12 @@ def _boom(x: torch.Tensor) -> bool:
     raise RuntimeError("no")
 
 
+def _adder(add: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def impl(x: torch.Tensor) -> torch.Tensor:
+        return x + add
+    return impl
+
+
 def test_a_raising_predicate_declines(registry: opmux.OpRegistry, ns: str) -> None:
     ident = _ident(registry, ns)
 
@@ -91,6 +97,30 @@ def test_start_up_runs_before_the_first_selection(ns: str) -> None:
         registry._reset_for_tests()
 
 
+def test_only_is_set_exactly_when_there_is_nothing_to_walk(registry: opmux.OpRegistry,
+                                                            ns: str) -> None:
+    # the kernels' one-read path: a provider without a predicate first and no size buckets
+    ident = _ident(registry, ns)
+    ident.register_impl("picky", dispatch_key="CPU", supports_args=_boom)(_adder(10))
+    ident.register_impl("plain", dispatch_key="CPU")(_adder(20))
+    holder = ident.priorities.chains["CPU"]
+    assert holder.only is None and holder.sel[0]  # picky first: its predicate is walked
+    ident.priorities.set_tuned(["plain"], [["plain"]] * dispatch.SIZE_BUCKETS)
+    assert holder.only is None and holder.sized is not None  # a bucket is picked per call
+    ident.priorities.set_tuned(None, None)
+    assert holder.only is None and holder.sized is None
+    ident.set_default_priority(["plain", "picky"])
+    assert holder.only is holder.sel[1] and not holder.sel[0]
+    for wrap in (True, False):
+        with opmux.enable_torch_wrap(wrap):
+            assert ident(torch.zeros(1)).item() == 20.0
+    ident.set_default_priority(["native"])
+    assert holder.only is holder.native
+    for wrap in (True, False):
+        with opmux.enable_torch_wrap(wrap):
+            assert ident(torch.zeros(1)).item() == 0.0
+
+
 def test_size_buckets(registry: opmux.OpRegistry, ns: str) -> None:
     # a tuned table's buckets: each bucket walks its own order; a predicate that raises
     # declines; both the kernel and the wrap-off path
@@ -99,13 +129,8 @@ def test_size_buckets(registry: opmux.OpRegistry, ns: str) -> None:
     def small(x: torch.Tensor) -> bool:
         return x.numel() < 3
 
-    def adder(add: float) -> Callable[[torch.Tensor], torch.Tensor]:
-        def impl(x: torch.Tensor) -> torch.Tensor:
-            return x + add
-        return impl
-
     for name, pred, add in (("a", _boom, 10), ("b", None, 20), ("c", small, 30), ("d", small, 40)):
-        ident.register_impl(name, dispatch_key="CPU", supports_args=pred)(adder(add))
+        ident.register_impl(name, dispatch_key="CPU", supports_args=pred)(_adder(add))
     per_bucket = [["b"]] * dispatch.SIZE_BUCKETS
     per_bucket[dispatch.bucket_of(1)] = ["a", "b"]  # boom declines, b takes it
     per_bucket[dispatch.bucket_of(2)] = ["c", "d"]  # c, then d (same predicate), native
