@@ -5,8 +5,9 @@ walk reads as one :data:`Selection` ``(walk, then)``: ``walk`` the ``(supports_a
 of the providers before the first one that accepts every call, ``then`` that provider (or
 native when every provider has a predicate). When ``walk`` is empty and no size buckets
 are set, ``only`` holds ``then``: the call is then one attribute read and one call, with no
-loop (``benchmarks/dispatch_overhead.py``: about 0.15 us a call fewer than walking pairs,
-and 2 % of a call fewer than unpacking an empty walk). When a tuned table gives the op a
+loop (``benchmarks/dispatch_overhead.py``: about 0.15 us a call fewer than walking pairs;
+its one-provider op counted in instructions, 2 % of a call fewer than unpacking an empty
+walk, see ``benchmarks/RESULTS.md``). When a tuned table gives the op a
 different order per size bucket, ``sized`` holds one selection per bucket (the bit length
 of the first argument's ``numel()``, so picking one is an index).
 

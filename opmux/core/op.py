@@ -171,7 +171,8 @@ class Op:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # no empty keyword dict passed on (benchmarks/dispatch_overhead.py: ~1 % of a call)
+        # no empty keyword dict passed on: 1 % of a call (benchmarks/dispatch_overhead.py's
+        # ops counted in instructions, benchmarks/RESULTS.md)
         if kwargs:
             return self._call(*args, **kwargs)
         return self._call(*args)
