@@ -339,9 +339,10 @@ class Op:
         provider = impl.provider
         if provider in self._impls:
             raise RegistrationError(
-                f"op {self.qualname!r}: provider {provider!r} is already registered "
-                f"(for key {self._impls[provider].dispatch_key}); unregister it first or "
-                f"choose another name",
+                f"op {self.qualname!r}: provider {provider!r} is already registered"
+                f"{self._registry.clash(self, provider)} (for key "
+                f"{self._impls[provider].dispatch_key}); unregister it first or choose "
+                f"another name",
                 op=self.qualname, provider=provider,
             )
         got = self.schema if _same_signature(impl.fn, self.native) else infer_schema(
@@ -357,7 +358,8 @@ class Op:
         with self._lock:
             if provider in self._impls:  # lost a race with another registration
                 raise RegistrationError(
-                    f"op {self.qualname!r}: provider {provider!r} is already registered",
+                    f"op {self.qualname!r}: provider {provider!r} is already registered"
+                    f"{self._registry.clash(self, provider)}",
                     op=self.qualname, provider=provider,
                 )
             native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced

@@ -29,6 +29,7 @@ winner explicitly with ``OPMUX_PRIORITY`` or :meth:`~opmux.Op.set_default_priori
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 import threading
 import traceback
 import types
@@ -43,7 +44,7 @@ import pluggy
 from opmux.core import config, tuned
 from opmux.core._dist import dist_label
 from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
-from opmux.core.errors import ConfigError, PluginLoadError, UnknownOpError
+from opmux.core.errors import PluginLoadError, UnknownOpError
 from opmux.core.priority import NATIVE
 from opmux.core.state import runtime
 
@@ -210,8 +211,14 @@ def _each(state: PluginState, hook: str, names: list[str] | None = None
 
 def _fail(state: PluginState, rec: PluginRecord, reason: str, exc: BaseException,
           registry: OpRegistry | None = None) -> None:
-    """Record a failure and undo the plugin: hooks unregistered, registrations rolled back."""
+    """Record a failure and undo the plugin: hooks unregistered, registrations rolled back.
+
+    Says so in one line on stderr (name, stage, error), once: a plugin fails at most once
+    per start-up.
+    """
     rec.status, rec.reason = "failed", reason
+    _say(f"plugin {rec.name!r} failed and was skipped: {reason.splitlines()[0]} (`opmux "
+         f"info` shows the traceback; {ENV_STRICT_PLUGINS}=1 makes this fatal)")
     rec.providers = []
     rec.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     module = state.modules.pop(rec.name, None)
@@ -307,13 +314,61 @@ def discover(state: PluginState) -> None:
             _fail(state, rec, f"opmux_platforms: {type(exc).__name__}: {exc}", exc)
 
 
-def _call_one(state: PluginState, hook: str, name: str, **kwargs: Any) -> Any:
+def _call_one(state: PluginState, hook: str, name: str, journal: OpRegistry | None = None,
+              **kwargs: Any) -> Any:
     """Plugin ``name``'s ``hook`` through pluggy (wrappers apply), or :data:`_ABSENT` when
-    the plugin does not implement it."""
-    for _, caller in _each(state, hook, [name]):
-        results = caller(**kwargs)  # pluggy leaves a None result out of the list
+    the plugin does not implement it.
+
+    An exception raised by another plugin's hook wrapper is that plugin's failure, not
+    this one's: the wrapper's plugin fails (and is rolled back from ``registry``) and the
+    call is made again without it. ``journal``: the registry whose open journal holds what
+    ``name``'s attempt registered, undone before the retry.
+    """
+    while True:
+        callers = _each(state, hook, [name])
+        if not callers:
+            return _ABSENT
+        try:
+            results = callers[0][1](**kwargs)  # pluggy leaves a None result out of the list
+        except Exception as exc:
+            if not _blame_wrapper(state, hook, name, exc, journal):
+                raise
+            if journal is not None:  # the retry starts from nothing registered
+                journal.end_journal(rollback=True)
+                journal.begin_journal(name)
+            continue
         return results[0] if results else None
-    return _ABSENT
+
+
+def _blame_wrapper(state: PluginState, hook: str, name: str, exc: Exception,
+                   registry: OpRegistry | None) -> bool:
+    """If another plugin's implementation of ``hook`` (a wrapper) raised ``exc`` during
+    ``name``'s call, fail that plugin (rolled back from ``registry``) and return True, so
+    that the caller retries; else False."""
+    culprit = _culprit(state, hook, name, exc)
+    if culprit is None or culprit == name:
+        return False
+    _fail(state, state.records[culprit],
+          f"{hook} hook wrapper raised {type(exc).__name__}: {exc}", exc, registry)
+    return True
+
+
+def _culprit(state: PluginState, hook: str, name: str, exc: BaseException) -> str | None:
+    """Who raised ``exc`` in plugin ``name``'s call of ``hook``: ``name`` or the plugin of a
+    hook wrapper, whichever has the innermost frame in its traceback (an exception passing
+    through a wrapper's ``yield`` has the raising plugin's frame deeper than the wrapper's)."""
+    owners: dict[Any, str] = {}
+    impls = getattr(state.pm.hook, hook).get_hookimpls()
+    for impl in sorted(impls, key=lambda i: i.plugin_name == name):  # ``name``'s own last
+        code = getattr(impl.function, "__code__", None)
+        if code is not None and (impl.wrapper or impl.hookwrapper or impl.plugin_name == name):
+            owners[code] = impl.plugin_name
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        found = owners.get(tb.tb_frame.f_code, found)
+        tb = tb.tb_next
+    return found
 
 
 def discovered_platforms() -> list[type[Platform]]:
@@ -341,15 +396,21 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
                           f"{platform.name!r}")
             state.pm.unregister(module)
             del state.modules[name]
-    callers = _each(state, "opmux_register")
-    called = {name for name, _ in callers}
-    # tryfirst, then by name, then trylast; then the plugins without the hook
-    for name, caller in [*callers, *((n, None) for n in state.modules if n not in called)]:
+    # a platform's own plugins first, then the built-in generic ones, then the others; within
+    # a rank pluggy's tryfirst/trylast, then names: the first to register a provider name
+    # keeps it, so a generic plugin can never take a name from the platform's own plugin
+    called = [name for name, _ in _each(state, "opmux_register")]
+    order = sorted(state.modules, key=lambda n: (
+        _rank(state.records[n], platform), n not in called,
+        called.index(n) if n in called else 0))
+    for name in order:
         rec = state.records[name]
-        registry.begin_journal()
+        if rec.status == "failed":
+            continue  # blamed for another plugin's failure as a hook wrapper
+        registry.begin_journal(name)
         try:
-            if caller is not None:
-                caller(registry=registry, platform=platform)
+            _call_one(state, "opmux_register", name, registry, registry=registry,
+                      platform=platform)
         except Exception as exc:
             registry.end_journal(rollback=True)
             _fail(state, rec, f"opmux_register raised {type(exc).__name__}: {exc}", exc)
@@ -359,15 +420,17 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
         rec.providers = [f"{op.qualname}:{provider}" for op, provider in journal[0]]
         rec.status = "loaded"
     ops = registry.list_ops()
-    for name, caller in _each(state, "opmux_default_priority", list(state.modules)):
+    callers: dict[str, Callable[..., list[Any]]] = {}
+    for name in [n for n, _ in _each(state, "opmux_default_priority", list(state.modules))]:
         rec = state.records[name]
+        if rec.status == "failed":
+            continue  # a hook wrapper blamed while another plugin was asked
         answers: dict[str, list[str]] = {}
         try:
             for op in ops:
-                results = caller(op_name=_asked_name(op), platform=platform)
-                if not results:
+                result = _ask_priority(state, name, registry, op, platform, callers)
+                if result is None:
                     continue
-                result = results[0]
                 if isinstance(result, (str, bytes)) or not isinstance(result, (list, tuple)) \
                         or not all(isinstance(p, str) for p in result):
                     raise TypeError(f"opmux_default_priority({_asked_name(op)!r}) must return "
@@ -380,25 +443,53 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
         state.answers[name] = answers
 
 
+def _ask_priority(state: PluginState, name: str, registry: OpRegistry, op: Op,
+                  platform: Platform, callers: dict[str, Callable[..., list[Any]]]) -> Any:
+    """Plugin ``name``'s ``opmux_default_priority`` answer for ``op`` (``None``: none);
+    ``callers`` keeps each plugin's hook caller between ops."""
+    hook = "opmux_default_priority"
+    while True:
+        caller = callers.get(name)
+        if caller is None:
+            caller = callers[name] = _each(state, hook, [name])[0][1]
+        try:
+            results = caller(op_name=_asked_name(op), platform=platform)
+        except Exception as exc:
+            if not _blame_wrapper(state, hook, name, exc, registry):
+                raise
+            callers.clear()  # built with the failed plugin's wrapper
+            continue
+        return results[0] if results else None
+
+
 def _asked_name(op: Op) -> str:
-    # catalog ops are asked for by bare name, ops of other namespaces by qualname
+    """The name hooks and platforms are asked about: the one :func:`opmux.get_op` takes in
+    its shortest form (``"rms_norm"`` for a catalog op, ``"acme::softcap"`` otherwise)."""
     return op.name if op.namespace == "opmux" else op.qualname
+
+
+def _rank(rec: PluginRecord, platform: Platform) -> int:
+    """0: the plugin names the current platform; 1: a built-in plugin serving it through
+    ``"*"``; 2: any other generic plugin."""
+    if platform.name in rec.platforms:
+        return 0
+    return 1 if rec.value.split(":")[0].startswith("opmux.plugins.") else 2
 
 
 def _merged_priority(state: PluginState, op: Op, platform: Platform) -> list[str] | None:
     """The plugins' default priority for ``op`` under the merge rule (module docstring)."""
-    tiers: tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]] = ({}, {})
+    tiers: tuple[dict[str, tuple[str, ...]], ...] = ({}, {}, {})
     for name, answers in state.answers.items():
         answer = answers.get(op.qualname)
         if not answer:
             continue
         known = tuple(p for p in dict.fromkeys(answer) if p != NATIVE and op.has_provider(p))
         if known:
-            specific = platform.name in state.records[name].platforms
-            tiers[0 if specific else 1][name] = known
+            tiers[_rank(state.records[name], platform)][name] = known
     merged: list[str] = []
     conflicted = False
-    for tier, label in zip(tiers, ("platform-specific", "generic"), strict=True):
+    for tier, label in zip(tiers, ("platform-specific", "built-in generic", "generic"),
+                           strict=True):
         distinct = set(tier.values())
         if len(distinct) > 1:
             conflicted = True
@@ -424,7 +515,11 @@ def apply_priorities(state: PluginState, registry: OpRegistry, platform: Platfor
     """Compose priority defaults: platform → plugins (merge rule) → tuned table (see
     :mod:`opmux.core.tuned`; never fatal) → ``OPMUX_PRIORITY``.
 
-    :raises ConfigError: ``OPMUX_PRIORITY`` is malformed or names unknown ops/providers.
+    An ``OPMUX_PRIORITY`` entry naming an op or provider that is not registered (a plugin
+    failed or was uninstalled) is one line on stderr, naming any failed plugin; the op runs
+    the rest of its list.
+
+    :raises ConfigError: ``OPMUX_PRIORITY`` is malformed.
     """
     env = config.priority_overrides()  # parsed first: a malformed value changes nothing
     for rec in state.records.values():
@@ -435,23 +530,38 @@ def apply_priorities(state: PluginState, registry: OpRegistry, platform: Platfor
                       strict=False)
         op.priorities.set_layer("plugins", _merged_priority(state, op, platform), strict=False)
     tuned.apply_tuned(registry, platform, ops)
-    resolved: list[tuple[Op, list[str]]] = []
-    text = config.priority_text()
+    resolved: list[tuple[Op, list[str] | None]] = []
     for op_name, providers in env.items():
         try:
             op = registry.get_op(op_name)
-        except UnknownOpError as exc:
-            raise ConfigError(f"{config.ENV_PRIORITY}: unknown op {op_name!r} in {text!r}; "
-                              f"known ops: {sorted(o.name for o in ops)}") from exc
+        except UnknownOpError:
+            _say(f"{config.ENV_PRIORITY} names op {op_name!r}, which is not registered; its "
+                 f"entry is ignored (ops: `opmux info`){_failed_plugins(state)}")
+            continue
         unknown = [p for p in providers if not op.has_provider(p)]
         if unknown:
-            raise ConfigError(f"{config.ENV_PRIORITY}: op {op_name!r}: unknown provider(s) "
-                              f"{unknown}; registered: {sorted(op.impls)}")
-        resolved.append((op, providers))
+            providers = [p for p in providers if op.has_provider(p)]
+            _say(f"{config.ENV_PRIORITY}: op {op_name!r} has no provider(s) {unknown} "
+                 f"(registered: {sorted(op.impls)}); it runs the rest of the list, "
+                 f"{[*providers, NATIVE] if NATIVE not in providers else providers}"
+                 f"{_failed_plugins(state)}")
+        resolved.append((op, providers or None))
     for op in ops:
         op.priorities.set_layer("env", None)
-    for op, providers in resolved:
-        op.priorities.set_layer("env", providers)
+    for op, kept in resolved:
+        op.priorities.set_layer("env", kept)
+
+
+def _say(line: str) -> None:
+    """One line on stderr: what start-up could not do as asked and what it does instead."""
+    print(f"opmux: {line}", file=sys.stderr)
+
+
+def _failed_plugins(state: PluginState) -> str:
+    """``"; plugin 'x' failed: why"`` for each failed plugin (empty when none failed)."""
+    return "".join(f"; plugin {r.name!r} failed: {r.reason.splitlines()[0]}"
+                   for r in sorted(state.records.values(), key=lambda r: r.name)
+                   if r.status == "failed")
 
 
 def plugin_report() -> list[PluginRecord]:

@@ -60,6 +60,10 @@ class OpRegistry:
         self._loading_thread: int | None = None
         self._journal: list[tuple[Op, str]] | None = None
         self._op_journal: list[Op] | None = None
+        #: who registers now (a plugin's name while its journal is open), and who
+        #: registered each ``(op qualname, provider)`` pair under a named journal
+        self._owner: str | None = None
+        self._owners: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------ libraries
     def library(self, namespace: str) -> torch.library.Library:
@@ -130,15 +134,21 @@ class OpRegistry:
             self._catalog()
 
     def get_op(self, name: str) -> Op:
-        """The op called ``name`` (``"rms_norm"`` means ``"opmux::rms_norm"``)."""
+        """The op called ``name`` (``"rms_norm"`` means ``"opmux::rms_norm"``); an op not
+        known yet is looked for again after start-up (plugins define theirs then)."""
         qualname = name if "::" in name else f"{DEFAULT_NAMESPACE}::{name}"
         op = self._ops.get(qualname)
         if op is None and qualname.startswith(f"{DEFAULT_NAMESPACE}::"):
             self._load_catalog()
             op = self._ops.get(qualname)
+        if op is None and not self.loaded_flag[0]:
+            self.ensure_loaded()  # plugins define ops of their own when they load
+            op = self._ops.get(qualname)
         if op is None:
             raise UnknownOpError(
-                f"no op named {name!r}; registered ops: {sorted(self._ops)}"
+                f"no op named {name!r}; registered ops: {sorted(self._ops)} (an op a plugin "
+                f"defines exists once that plugin has loaded: `opmux info` shows the "
+                f"plugins, and why any failed)"
             )
         return op
 
@@ -188,16 +198,35 @@ class OpRegistry:
         """Note a provider registration in the open journal (see :meth:`begin_journal`)."""
         if self._journal is not None:
             self._journal.append((op, provider))
+            if self._owner is not None:
+                self._owners[(op.qualname, provider)] = self._owner
 
-    def begin_journal(self) -> None:
-        """Start recording registrations (a plugin's, so that a failure can undo them)."""
+    def clash(self, op: Op, provider: str) -> str:
+        """The words that say who holds ``provider`` of ``op`` and who asks for it again:
+        ``" by plugin 'a'; plugin 'b' cannot register it too"`` (empty when unknown)."""
+        holder = self._owners.get((op.qualname, provider))
+        asking = self._owner
+        if holder is None and asking is None:
+            return ""
+        held = f" by plugin {holder!r}" if holder is not None else " outside any plugin"
+        asked = (f"; plugin {asking!r} cannot register it too (rename its provider, or "
+                 f"uninstall one of the two)") if asking is not None else ""
+        return held + asked
+
+    def begin_journal(self, owner: str | None = None) -> None:
+        """Start recording registrations (a plugin's, so that a failure can undo them).
+
+        :param owner: the plugin registering, named by duplicate-provider errors.
+        """
         self._journal = []
         self._op_journal = []
+        self._owner = owner
 
     def end_journal(self, *, rollback: bool) -> tuple[list[tuple[Op, str]], list[Op]]:
         """Stop recording; return (and with ``rollback``, undo) what was registered."""
         journal, ops = self._journal or [], self._op_journal or []
         self._journal = self._op_journal = None
+        self._owner = None
         if rollback:
             self.rollback(journal, ops)
         return journal, ops
@@ -213,6 +242,7 @@ class OpRegistry:
         for op, provider in reversed(journal):
             if op.has_provider(provider):
                 op.unregister_impl(provider)
+            self._owners.pop((op.qualname, provider), None)
         if forget_ops:
             for op in ops:
                 self._forget_op(op)

@@ -1,10 +1,11 @@
 """The :class:`CustomOp` layer base class and its enablement switch.
 
 A layer subclasses :class:`CustomOp`, implements ``forward_native`` and may override
-``forward_cuda`` / ``forward_hip`` / ``forward_xla`` / ``forward_npu`` / ``forward_cpu``.
-The method is chosen once, at construction: the current platform names it
-(:attr:`opmux.Platform.forward_method`, so an out-of-tree platform gets its own path) and
-the enablement setting decides whether it runs: a disabled layer always runs
+``forward_cuda`` / ``forward_hip`` / ``forward_xla`` / ``forward_npu`` / ``forward_cpu`` /
+``forward_oot``. The method is chosen once, at construction: the current platform names it
+(:attr:`opmux.Platform.forward_method`, so an out-of-tree platform gets its own path; a
+layer without that method runs its catalog-op path ``forward_oot``, by default its CPU path)
+and the enablement setting decides whether it runs: a disabled layer always runs
 ``forward_native``.
 
 Enablement follows vLLM's ``CompilationConfig.custom_ops``:
@@ -279,6 +280,10 @@ class CustomOp(torch.nn.Module):
 
     forward_cuda = forward_xla = forward_npu = forward_cpu = _runs("forward_native")
     forward_hip = _runs("forward_cuda")
+    #: the catalog-op path, run on a platform whose own method (``forward_acme``) this layer
+    #: does not define: the CPU path calls catalog ops, which dispatch on the tensors'
+    #: device to that platform's providers by priority.
+    forward_oot = _runs("forward_cpu")
 
     @classmethod
     def enabled(cls) -> bool:
@@ -288,15 +293,16 @@ class CustomOp(torch.nn.Module):
 
     def dispatch_forward(self) -> Callable[..., Any]:
         """Pick the forward method for the current platform (called once, in ``__init__``):
-        the one the platform names (:attr:`opmux.Platform.forward_method`), or
-        ``forward_native`` when the layer is disabled or has no such method."""
+        the one the platform names (:attr:`opmux.Platform.forward_method`), the catalog-op
+        path ``forward_oot`` when the layer has no such method, and ``forward_native`` when
+        the layer is disabled."""
         enabled = self.enabled()
         counts = _settings().counts
         counts["enabled" if enabled else "disabled"][self.name or type(self).__name__] += 1
         if not enabled:
             return self.forward_native
         forward: Callable[..., Any] = getattr(self, current_platform().forward_method,
-                                              self.forward_native)
+                                              self.forward_oot)
         while (target := getattr(forward, "_opmux_runs", None)) is not None:
             forward = getattr(self, target)  # a _runs path: call its target directly
         return forward

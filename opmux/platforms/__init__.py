@@ -11,6 +11,7 @@ hook, through the source that :mod:`opmux._runtime` installs with
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 
@@ -78,11 +79,23 @@ def set_oot_source(source: Callable[[], Sequence[type[Platform]]]) -> None:
     _oot_source[0] = source
 
 
+def _detector_failed(what: str, exc: Exception) -> str:
+    """The reason a detector that raised gives: fatal in strict mode, else one stderr line
+    (detection goes on without that platform)."""
+    why = f"{what} raised {type(exc).__name__}: {exc}"
+    if config.strict_plugins():
+        raise PlatformError(f"platform detection failed: {why} (strict mode: fix the "
+                            f"detector, or unset {config.ENV_STRICT_PLUGINS})") from exc
+    print(f"opmux: platform detection: {why}; that platform is not chosen (`opmux info` "
+          f"lists every detector)", file=sys.stderr)
+    return why
+
+
 def _run_detector(name: str, detector: Callable[[], Detection]) -> Detection:
     try:
         return detector()
     except Exception as exc:  # kept as the reason; detection goes on
-        return Detection(name, None, f"detector raised {type(exc).__name__}: {exc}")
+        return Detection(name, None, _detector_failed(f"detector {name!r}", exc))
 
 
 def resolve_platform(oot: Sequence[type[Platform]] = ()) -> tuple[Platform, list[Detection]]:
@@ -112,7 +125,8 @@ def resolve_platform(oot: Sequence[type[Platform]] = ()) -> tuple[Platform, list
             ok = bool(cls.is_available())
             why = "is_available() returned " + str(ok)
         except Exception as exc:
-            ok, why = False, f"is_available() raised {type(exc).__name__}: {exc}"
+            ok, why = False, _detector_failed(
+                f"{cls.name!r} ({cls.__module__}.{cls.__qualname__}).is_available()", exc)
         found.append(Detection(cls.name, f"{cls.__module__}.{cls.__qualname__}" if ok else None,
                                f"out-of-tree: {why}"))
         if ok:

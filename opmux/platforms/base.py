@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
-__all__ = ["Detection", "Platform"]
+from opmux.core.errors import PlatformError
+
+__all__ = ["Detection", "Platform", "check_forward_method"]
+
+_FORWARD_NAME: Final = re.compile(r"forward_[A-Za-z0-9_]+")
 
 
 class Platform:
@@ -25,10 +30,11 @@ class Platform:
     #: the dispatch key providers of this platform register on, e.g. ``"CUDA"``.
     dispatch_key: ClassVar[str] = "CPU"
     #: the :class:`~opmux.CustomOp` method layers run here when enabled, e.g.
-    #: ``"forward_cuda"``; an out-of-tree platform names its own (``"forward_oot"``, or one
-    #: of the built-in paths its device shares), and a layer without that method runs
-    #: ``forward_native``.
-    forward_method: ClassVar[str] = "forward_native"
+    #: ``"forward_cuda"``. An out-of-tree platform may name its own (``"forward_acme"``):
+    #: a layer that defines it runs it, and a layer that does not runs its catalog-op path
+    #: (``forward_oot``), whose ops dispatch to this platform's providers by priority.
+    #: Checked when the class is created (:func:`check_forward_method`).
+    forward_method: ClassVar[str] = "forward_oot"
     #: the cheap detector of this platform (``None``: ``is_available`` decides alone).
     detector: ClassVar[Callable[[], Detection] | None] = None
 
@@ -42,6 +48,7 @@ class Platform:
                             ("detector", detector)):
             if value is not None:
                 setattr(cls, attr, value)
+        check_forward_method(cls)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -80,3 +87,18 @@ class Detection:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "claimed": self.claimed, "platform": self.qualname,
                 "reason": self.reason}
+
+
+def check_forward_method(cls: type[Platform]) -> None:
+    """Raise unless ``cls.forward_method`` names a layer method: an identifier
+    ``forward_<something>`` (``"forward"`` itself would make every layer call itself).
+
+    :raises PlatformError: naming the platform, the value and what is expected.
+    """
+    method = getattr(cls, "forward_method", None)
+    if not isinstance(method, str) or not _FORWARD_NAME.fullmatch(method):
+        raise PlatformError(
+            f"platform {getattr(cls, 'name', cls.__qualname__)!r} "
+            f"({cls.__module__}.{cls.__qualname__}): forward_method must name a CustomOp "
+            f"method 'forward_<name>' (e.g. 'forward_oot', 'forward_cuda', or the platform's "
+            f"own 'forward_acme'), got {method!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -122,17 +123,31 @@ def test_plugin_default_priority_and_env_priority_compose(
     assert reg_op(torch.zeros(1)).item() == 1.0
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("{op}=nope", r"unknown provider\(s\) \['nope'\]"),
-    ("no_such_op=a", "unknown op 'no_such_op'"),
-    ("{op}", "is not of the form"),
-])
-def test_bad_env_priority_says_which_part(fake: FakePlugins, registry: opmux.OpRegistry,
-                                          reg_op: opmux.Op, monkeypatch: pytest.MonkeyPatch,
-                                          value: str, message: str) -> None:
-    monkeypatch.setenv("OPMUX_PRIORITY", value.format(op=reg_op.qualname))
-    with pytest.raises(opmux.ConfigError, match=message):
+def test_a_malformed_env_priority_is_fatal(fake: FakePlugins, registry: opmux.OpRegistry,
+                                           reg_op: opmux.Op,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPMUX_PRIORITY", reg_op.qualname)
+    with pytest.raises(opmux.ConfigError, match="is not of the form"):
         runtime._start(registry)
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("{op}=nope,a", r"op '{op}' has no provider\(s\) \['nope'\] .* runs the rest of the "
+                    r"list, \['a', 'native'\]"),
+    ("no_such_op=a;{op}=a", "names op 'no_such_op', which is not registered; its entry is "
+                            "ignored"),
+])
+def test_an_env_priority_naming_what_is_missing_degrades(
+        fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        value: str, said: str) -> None:
+    fake.add("pa", register=_provider(reg_op, "a", 10))
+    monkeypatch.setenv("OPMUX_PRIORITY", value.format(op=reg_op.qualname))
+    runtime._start(registry)
+    err = capsys.readouterr().err
+    assert re.search(said.format(op=re.escape(reg_op.qualname)), err), err
+    assert len(err.splitlines()) == 1
+    assert reg_op.priority() == ["a", "native"] and reg_op(torch.zeros(1)).item() == 10.0
 
 
 def test_oot_platforms(fake: FakePlugins, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,7 +55,7 @@ def test_an_out_of_tree_platform_names_its_own_forward(monkeypatch: pytest.Monke
     platforms._reset_for_tests()
     assert opmux.current_platform().forward_method == "forward_oot"
     mark = _layer_classes("oot")
-    assert mark()(torch.zeros(1)).item() == 1.0  # no forward_oot: native
+    assert mark()(torch.zeros(1)).item() == 10.0  # no forward_oot of its own: the CPU path
 
     class OotMark(mark):  # type: ignore[misc,valid-type]
         def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
@@ -261,3 +261,53 @@ def test_register_oot_by_name_spares_unregistered_subclasses_and_takes_class_nam
     assert type(RMSNorm(8)) is RMSNorm
     with pytest.raises(RegistrationError, match="neither a layer name"):
         CustomOp.register_oot(VendorNorm, name="rms-norm")
+
+
+def test_a_platform_method_a_layer_lacks_runs_its_catalog_op_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Acme(opmux.Platform, name="acme_fw", device_type="cpu", dispatch_key="CPU",
+               forward_method="forward_acme"):
+        @classmethod
+        def is_available(cls) -> bool:
+            return True
+
+    from opmux import platforms
+
+    monkeypatch.setattr(platforms, "_oot_source", [lambda: [Acme]])
+    platforms._reset_for_tests()
+    mark = _layer_classes("acme")
+    assert mark()(torch.zeros(1)).item() == 10.0  # never forward_native by accident
+
+    class AcmeMark(mark):  # type: ignore[misc,valid-type]
+        def forward_acme(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 40
+
+    assert AcmeMark()(torch.zeros(1)).item() == 40.0
+    opmux.set_custom_ops("none")
+    assert AcmeMark()(torch.zeros(1)).item() == 1.0  # disabled: native
+    # a catalog layer reaches the catalog op, so the CPU key's providers serve it
+    opmux.set_custom_ops(None)
+    silu = opmux.layers.SiluAndMul()
+    x = torch.randn(3, 8)
+    calls = []
+    op = opmux.get_op("silu_and_mul")
+
+    def acme_silu(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return op.native(x)
+
+    op.register_impl("acme_silu", dispatch_key="CPU")(acme_silu)
+    try:
+        with op.set_priority(["acme_silu", "native"]):
+            torch.testing.assert_close(silu(x), op.native(x))
+    finally:
+        op.unregister_impl("acme_silu")
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("method", ["forward", "forward_", "run_acme", "forward-acme", None,
+                                    123, ""])
+def test_a_platform_forward_method_is_checked_when_the_class_is_made(method: object) -> None:
+    with pytest.raises(opmux.PlatformError, match=r"platform 'bad_fw' .* forward_method must "
+                                                  r"name a CustomOp method 'forward_<name>'"):
+        type("BadFw", (opmux.Platform,), {"name": "bad_fw", "forward_method": method})
