@@ -80,7 +80,12 @@ class OpRegistry:
     def register_op(self, fn: Callable[..., Any], *, name: str | None = None,
                     namespace: str = DEFAULT_NAMESPACE, mutates_args: Iterable[str] = (),
                     tags: Sequence[torch.Tag] = ()) -> Op:
-        """Define ``namespace::name`` from the native function ``fn``; see :func:`register_op`."""
+        """Define ``namespace::name`` from the native function ``fn``; see :func:`register_op`.
+
+        Registering the same function under the same name again returns the op already
+        defined (a plugin's ``opmux_register`` runs again after a reset); any other
+        function under a taken name is an error.
+        """
         op_name = validate_name("op", name if name is not None else fn.__name__)
         validate_namespace(namespace)
         qualname = f"{namespace}::{op_name}"
@@ -89,7 +94,11 @@ class OpRegistry:
         if namespace == DEFAULT_NAMESPACE:
             self._load_catalog()  # catalog names are reserved: they are taken first
         with self._lock:
-            if qualname in self._ops:
+            existing = self._ops.get(qualname)
+            if (existing is not None and existing.native is fn and existing.schema == schema
+                    and existing.mutates_args == mutates):
+                return existing  # the same definition again: a plugin loading anew
+            if existing is not None:
                 self.check_undefined(namespace, op_name)  # raises, naming the owner
             lib = self.library(namespace)
             try:

@@ -1,9 +1,12 @@
-"""The example vendor's provider: ``silu_and_mul`` on the CPU key.
+"""The example vendor's kernels: two catalog providers and an op of its own.
 
-It computes the gate in place on a scratch copy (one fewer temporary than the reference)
-and is correct for every float dtype; it declines float64 to show ``supports_args``. It runs
-the catalog's own input check first (:mod:`opmux.ops.checks`, with its provider name), so it
-refuses exactly what the native reference refuses, with the same error.
+``silu_and_mul`` and ``rms_norm`` serve the catalog ops on the ``CPU`` key as provider
+``example_vendor``; ``example_vendor::softcap`` is an op this plugin defines, with its own
+native reference and provider. Each provider computes in float32 and rounds once, as its
+native does. Each runs the catalog's own input check first (:mod:`opmux.ops.checks`, with
+its provider name and ``read_data=False``: shapes, dtypes and devices only), so it refuses
+exactly what the native reference refuses, with the same error; its ``supports_args``
+declines float64 to show how a provider leaves a call to the next one.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from typing import Any
 
 import torch
 
-from opmux.ops.checks import check_silu_and_mul
+from opmux.ops.checks import check_rms_norm, check_silu_and_mul
 
 PROVIDER = "example_vendor"
+NAMESPACE = "example_vendor"
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -26,10 +31,48 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_supports(x: torch.Tensor) -> bool:
-    return x.dtype in (torch.float32, torch.float16, torch.bfloat16) and x.shape[-1] % 2 == 0
+    return x.dtype in _FLOATS and x.shape[-1] % 2 == 0
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    check_rms_norm(x, weight, eps, provider=PROVIDER, read_data=False)
+    out = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps)
+    return out.to(x.dtype)
+
+
+def rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
+    return x.dtype in _FLOATS and weight.dtype in _FLOATS
+
+
+def softcap_native(x: torch.Tensor, cap: float = 30.0) -> torch.Tensor:
+    """``cap * tanh(x / cap)``, computed in float32 and returned in ``x.dtype``."""
+    if not x.is_floating_point():
+        raise TypeError(f"example_vendor::softcap: x must be a floating tensor, got {x.dtype}")
+    if not cap > 0:
+        raise ValueError(f"example_vendor::softcap: cap must be > 0, got {cap!r}")
+    xf = x.float()
+    return (cap * torch.tanh(xf / cap)).to(x.dtype)
+
+
+def softcap(x: torch.Tensor, cap: float = 30.0) -> torch.Tensor:
+    out = x.to(torch.float32, copy=True)
+    return out.div_(cap).tanh_().mul_(cap).to(x.dtype)
+
+
+def softcap_supports(x: torch.Tensor, cap: float = 30.0) -> bool:
+    return x.dtype in _FLOATS and cap > 0
 
 
 def register(registry: Any) -> None:
-    op = registry.get_op("silu_and_mul")
-    op.register_impl(PROVIDER, dispatch_key="CPU",
-                     supports_args=silu_and_mul_supports)(silu_and_mul)
+    """Register the providers, the op of its own and that op's conformance cases."""
+    from opmux.testing import register_cases
+
+    from opmux_example_vendor.cases import softcap_cases
+
+    registry.get_op("silu_and_mul").register_impl(
+        PROVIDER, dispatch_key="CPU", supports_args=silu_and_mul_supports)(silu_and_mul)
+    registry.get_op("rms_norm").register_impl(
+        PROVIDER, dispatch_key="CPU", supports_args=rms_norm_supports)(rms_norm)
+    op = registry.register_op(softcap_native, name="softcap", namespace=NAMESPACE)
+    op.register_impl(PROVIDER, dispatch_key="CPU", supports_args=softcap_supports)(softcap)
+    register_cases(op.qualname, softcap_cases, replace=True)

@@ -16,20 +16,25 @@ import opmux
 #: Setting this variable to 1 makes the example platform claim the machine.
 PLATFORM_ENV = "OPMUX_EXAMPLE_PLATFORM"
 
+#: The ops this plugin serves, by the name the priority hook is asked about.
+SERVED = ("rms_norm", "silu_and_mul", "example_vendor::softcap")
+
 
 class ExampleAccelPlatform(opmux.Platform):
-    """An out-of-tree platform. Its "device" is the host CPU, so it runs anywhere."""
+    """An out-of-tree platform. Its "device" is the host CPU, so it runs anywhere.
+
+    Its layers run ``forward_example_accel`` where a layer defines one, and their
+    catalog-op path otherwise, whose ops dispatch to this plugin's providers.
+    """
 
     name = "example_accel"
     device_type = "cpu"
     dispatch_key = "CPU"
+    forward_method = "forward_example_accel"
 
     @classmethod
     def is_available(cls) -> bool:
         return os.environ.get(PLATFORM_ENV) == "1"
-
-    def default_priority(self, op_name: str) -> list[str]:
-        return ["example_vendor", "native"] if op_name == "silu_and_mul" else []
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -56,8 +61,8 @@ def opmux_register(registry: Any, platform: opmux.Platform) -> None:
 
 @opmux.hookimpl
 def opmux_default_priority(op_name: str, platform: opmux.Platform) -> list[str] | None:
-    # Plugin defaults override platform defaults, so say it here too. On a plain CPU
-    # platform we express no preference: the built-in C++ provider goes first.
-    if platform.name == ExampleAccelPlatform.name and op_name == "silu_and_mul":
+    # On its own platform the vendor goes first; on a plain CPU platform it expresses no
+    # preference, so the built-in C++ provider stays first there.
+    if platform.name == ExampleAccelPlatform.name and op_name in SERVED:
         return ["example_vendor", "native"]
     return None
