@@ -1,10 +1,13 @@
 """Build hook: ship the C++/CUDA/AscendC sources in wheels as ``opmux/_csrc``.
 
 The plugins compile them on first use (``opmux/plugins/_sources.py`` finds them there, or in
-``csrc/`` of a source checkout for editable installs). Everything else is in pyproject.toml.
+``csrc/`` of a source checkout for editable installs). A build writes its intermediate files
+(``build/``, ``*.egg-info``) in a temporary directory, so ``pip install .`` leaves the
+checkout as it was. Everything else is in pyproject.toml.
 """
 
 import shutil
+import tempfile
 from pathlib import Path
 
 from setuptools import setup
@@ -19,4 +22,6 @@ class BuildPyWithSources(build_py):
             shutil.copytree(src, Path(self.build_lib) / "opmux" / "_csrc", dirs_exist_ok=True)
 
 
-setup(cmdclass={"build_py": BuildPyWithSources})
+_scratch = tempfile.mkdtemp(prefix="opmux-build-")
+setup(cmdclass={"build_py": BuildPyWithSources},
+      options={"build": {"build_base": _scratch}, "egg_info": {"egg_base": _scratch}})

@@ -53,8 +53,11 @@ def info_data() -> dict[str, Any]:
     from opmux.layers.custom_op import custom_op_settings
     from opmux.platforms import detections
 
-    opmux.load_plugins()
-    platform = opmux.current_platform()
+    try:
+        opmux.load_plugins()
+        platform = opmux.current_platform()
+    except opmux.OpmuxError as exc:
+        return _failed_start(exc)
     ops = []
     for op in opmux.list_ops():
         order = op.priority()
@@ -78,6 +81,22 @@ def info_data() -> dict[str, Any]:
         "custom_op_settings": custom_op_settings(),
         "versions": stack_versions(),
     }
+
+
+def _failed_start(exc: Exception) -> dict[str, Any]:
+    """What can still be shown when start-up fails: the error, the detectors when the
+    platform resolved, and the plugins with why each failed."""
+    import opmux
+    from opmux.platforms import detections
+
+    try:
+        platform: dict[str, Any] | None = opmux.current_platform().describe()
+        detectors = [d.as_dict() for d in detections()]
+    except opmux.OpmuxError:
+        platform, detectors = None, []
+    return {"error": f"start-up failed: {type(exc).__name__}: {exc}", "platform": platform,
+            "detectors": detectors, "plugins": [r.as_dict() for r in opmux.plugin_report()],
+            "versions": stack_versions()}
 
 
 def _kv_cache_formats(device_type: str) -> dict[str, Any]:
@@ -106,17 +125,25 @@ def run(ns: argparse.Namespace) -> int:
     data = info_data()
     if ns.json:
         print(json.dumps(data, indent=2, default=str))
-        return 0
+        return 1 if "error" in data else 0
+    if "error" in data:
+        print(data["error"])
+        print()
     p = data["platform"]
-    print(f"platform: {p['name']} (device {p['device_type']}, dispatch key {p['dispatch_key']})")
-    print()
-    print(format_table([(d["name"], "yes" if d["claimed"] else "no", d["reason"])
-                        for d in data["detectors"]], ("detector", "claims", "reason")))
-    print()
+    if p is not None:
+        print(f"platform: {p['name']} (device {p['device_type']}, dispatch key "
+              f"{p['dispatch_key']}, layers run {p['forward_method']})")
+        print()
+        print(format_table([(d["name"], "yes" if d["claimed"] else "no", d["reason"])
+                            for d in data["detectors"]], ("detector", "claims", "reason")))
+        print()
     print(format_table([(r["name"], r["status"], ",".join(r["platforms"]) or "-",
                          r["reason"].splitlines()[0] if r["reason"] else "")
                         for r in data["plugins"]], ("plugin", "status", "platforms", "reason")))
     print()
+    if "error" in data:
+        print("versions: " + ", ".join(f"{k} {v or '-'}" for k, v in data["versions"].items()))
+        return 1
     rows = []
     for op in data["ops"]:
         for pr in sorted(op["providers"], key=lambda x: (x["rank"] is None, x["rank"] or 0)):

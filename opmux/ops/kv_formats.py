@@ -322,6 +322,12 @@ def declare_kv_cache_formats(provider: str, formats: Sequence[str] | FormatChoos
         if not fixed:
             raise RegistrationError(f"declare_kv_cache_formats({provider!r}): name at least "
                                     "one format")
+        unknown = [n for n in fixed if _lookup_registered(n) is None]
+        if unknown:
+            raise RegistrationError(
+                f"declare_kv_cache_formats({provider!r}): format(s) {unknown} are not "
+                f"registered (registered: {', '.join(_table().formats)}); register a format "
+                "with opmux.register_kv_cache_format before declaring it", provider=provider)
 
         def chooser(spec: KVCacheSpec) -> Sequence[str]:
             return fixed
@@ -333,9 +339,27 @@ def declare_kv_cache_formats(provider: str, formats: Sequence[str] | FormatChoos
 
 def kv_cache_formats_of(provider: str, spec: KVCacheSpec) -> tuple[str, ...]:
     """The formats ``provider`` reads for ``spec``, preferred first (``("canonical",)`` for a
-    provider that declared none, native included)."""
-    chooser = _table().readers.get(provider)
-    return ("canonical",) if chooser is None else tuple(chooser(spec))
+    provider that declared none, native included).
+
+    :raises ConfigError: the provider's declaration answers a format that is not registered.
+    """
+    table = _table()
+    chooser = table.readers.get(provider)
+    if chooser is None:
+        return ("canonical",)
+    names = tuple(chooser(spec))
+    unknown = [n for n in names if _lookup_registered(n) is None]
+    if unknown:
+        raise ConfigError(f"provider {provider!r} declares KV-cache format(s) {unknown} for "
+                          f"{spec}, which are not registered (registered: "
+                          f"{', '.join(table.formats)}); its plugin must register them with "
+                          "opmux.register_kv_cache_format")
+    return names
+
+
+def _lookup_registered(name: object) -> KVCacheFormat | None:
+    """The format ``name`` among those registered now (no start-up is run)."""
+    return _table().formats.get(name) if isinstance(name, str) else None
 
 
 def kv_cache_format(device: torch.device | str, dtype: torch.dtype, head_size: int,

@@ -144,8 +144,8 @@ def test_strict_mode_covers_detection_errors(fake: FakePlugins,
     assert "is_available() raised OSError: driver not answering" in capsys.readouterr().err
     runtime.reset_for_tests()
     monkeypatch.setenv("OPMUX_STRICT_PLUGINS", "1")
-    with pytest.raises(opmux.PlatformError, match="platform detection failed: .*'boom'.*"
-                                                  "driver not answering .*strict mode"):
+    with pytest.raises(opmux.PlatformError, match=r"platform detection failed: .*'boom'.*"
+                                                  r"driver not answering .*strict mode"):
         opmux.load_plugins()
 
 

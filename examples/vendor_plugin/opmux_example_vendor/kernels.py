@@ -66,7 +66,6 @@ def softcap_supports(x: torch.Tensor, cap: float = 30.0) -> bool:
 def register(registry: Any) -> None:
     """Register the providers, the op of its own and that op's conformance cases."""
     from opmux.testing import register_cases
-
     from opmux_example_vendor.cases import softcap_cases
 
     registry.get_op("silu_and_mul").register_impl(
