@@ -104,12 +104,16 @@ def _kv_cache_formats(device_type: str) -> dict[str, Any]:
     returns on the platform's device (head size 128, 8 kv heads, block 16)."""
     import torch
 
+    from opmux.core.errors import OpmuxError
     from opmux.ops.kv_formats import get_kv_cache_format, kv_cache_format, list_kv_cache_formats
 
     preferred = {}
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        preferred[str(dtype).removeprefix("torch.")] = kv_cache_format(
-            device_type, dtype, 128, 8, 16).name
+        try:
+            name = kv_cache_format(device_type, dtype, 128, 8, 16).name
+        except OpmuxError as exc:  # a plugin's declaration is broken: say whose, go on
+            name = f"error: {exc}"
+        preferred[str(dtype).removeprefix("torch.")] = name
     return {"registered": {name: get_kv_cache_format(name).description
                            for name in list_kv_cache_formats()},
             "preferred": preferred}

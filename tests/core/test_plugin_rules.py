@@ -173,3 +173,27 @@ def test_opmux_explain_finds_a_plugin_op(tmp_path: Any) -> None:
         env={**__import__("os").environ, "OPMUX_EXAMPLE_PLATFORM": "1"})
     assert out.returncode == 0, out.stderr
     assert "example_vendor::softcap" in out.stdout and "example_vendor" in out.stdout
+
+
+def test_a_plugin_declaring_an_unregistered_kv_format_fails_at_load(
+        fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op) -> None:
+    def declare(registry: Any, platform: Any) -> None:
+        _provider(reg_op, "tiles", 5)(registry, platform)
+        opmux.declare_kv_cache_formats("tiles", ["acme_tiles"])
+
+    fake.add("acme", register=declare)
+    runtime._start(registry)
+    rec = _report()["acme"]
+    assert rec.status == "failed" and "format(s) ['acme_tiles'] are not registered" in rec.reason
+    assert "tiles" not in reg_op.impls
+
+
+def test_a_declaration_answering_an_unregistered_format_names_its_provider(
+        fresh_plugins: None) -> None:
+    from opmux.ops.kv_formats import kv_cache_formats_of
+
+    opmux.declare_kv_cache_formats("acme_chooser", lambda spec: ("acme_nz",))
+    spec = opmux.KVCacheSpec(torch.device("cpu"), torch.float32, 64, 2, 16)
+    with pytest.raises(opmux.ConfigError, match="provider 'acme_chooser' declares KV-cache "
+                                                r"format\(s\) \['acme_nz'\]"):
+        kv_cache_formats_of("acme_chooser", spec)
