@@ -266,13 +266,16 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   while (decode_heads > 1 && decode_units * ((Hkv + decode_heads - 1) / decode_heads) < want_items) {
     decode_heads = (decode_heads + 1) / 2;
   }
+  // With one kv head the head stride is never used, so an HND cache is an NHD one.
+  const int64_t head_stride = Hkv == 1 ? D : key_cache.stride(2);
   int64_t q_chunk = std::max<int64_t>(1, kMaxRows / G);
 #if defined(CPU_CAPABILITY_AVX512)
   // Prefill items of more than 8 rows take the row-tile path, which runs up to kMaxSub
   // sub-tiles of kMaxRows rows over each chunk of keys (one read of the chunk for all of
-  // them): as many positions per item as leave want_items items in all.
+  // them): as many positions per item as leave want_items items in all. The tile path
+  // reads NHD blocks only; items of HND blocks keep at most kMaxRows rows (run_item).
   const int64_t other_items = decode_units * ((Hkv + decode_heads - 1) / decode_heads);
-  for (int64_t sub = pa_tile::kMaxSub; sub > 1; sub /= 2) {
+  for (int64_t sub = pa_tile::kMaxSub; sub > 1 && head_stride == D; sub /= 2) {
     const int64_t qc = std::max<int64_t>(1, sub * kMaxRows / G);
     int64_t n = other_items;
     for (int64_t i = 0; i < S; ++i) {
@@ -346,7 +349,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   const Params params{H, Hkv, D, (D + kF - 1) / kF * kF, bs, M, query.stride(0), query.stride(1),
                       static_cast<float>(scale), static_cast<float>(soft_cap > 0 ? soft_cap : 0),
                       sliding_window, bt, lens, qsl, partials, key_cache.stride(0),
-                      key_cache.stride(1), key_cache.stride(2)};
+                      key_cache.stride(1), head_stride};
 #if defined(OPMUX_PA_AMX)
   const bool use_amx = dtype == at::kBFloat16 && D % 32 == 0 && params.nhd() &&
                        pa_amx::path().on();

@@ -81,3 +81,16 @@ def test_amx_bf16_layout_is_the_tile_operand_pairing(cpp: Any) -> None:
     assert (vc[1, 0, 2, :, 0] == 0).all()
     with pytest.raises(ValueError, match="must be even"):
         AMX_BF16.allocate(3, 15, 2, 32, torch.bfloat16)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 1), (8, 2), (32, 4)])
+def test_cpp_hnd_long_prefill_rows_stay_within_an_item(cpp: Any, heads: int,
+                                                        kv_heads: int) -> None:
+    # long prefills give items of many rows: only NHD blocks may take the row-tile path
+    b = paged_batch([64, 40, 1], [64, 90, 33], heads=heads, kv_heads=kv_heads, head_size=64,
+                    block_size=16, dtype=torch.float32,
+                    generator=torch.Generator().manual_seed(5))
+    args = list(b.args(None, 24, 30.0))
+    want = ops.paged_attention.native(*args)
+    args[1], args[2] = in_format(opmux.get_kv_cache_format("hnd"), b.key_cache, b.value_cache)
+    torch.testing.assert_close(cpp.paged_attention(*args, "hnd"), want, atol=1e-4, rtol=1e-4)
