@@ -81,3 +81,28 @@ def test_amx_bf16_layout_is_the_tile_operand_pairing(cpp: Any) -> None:
     assert (vc[1, 0, 2, :, 0] == 0).all()
     with pytest.raises(ValueError, match="must be even"):
         AMX_BF16.allocate(3, 15, 2, 32, torch.bfloat16)
+
+
+@pytest.mark.parametrize("damage", ["key-4d", "key-last-3", "value-short", "odd-block"])
+def test_a_wrongly_shaped_amx_bf16_cache_is_an_op_input_error(damage: str) -> None:
+    b = _batch(torch.bfloat16)
+    args = list(b.args())
+    kc, vc = in_format(AMX_BF16, b.key_cache, b.value_cache)
+    if damage == "key-4d":
+        kc = kc.flatten(3)
+    elif damage == "key-last-3":
+        kc = torch.zeros(*kc.shape[:4], 3, dtype=kc.dtype)
+    elif damage == "value-short":
+        vc = vc[:, :, :-1]
+    else:
+        kc, vc = kc[:, :, :, :15], vc[:, :, :7]
+    args[1], args[2] = kc, vc
+    for call in (ops.paged_attention, ops.paged_attention.native):
+        with pytest.raises(opmux.OpInputError, match=r"paged_attention \(provider 'native'\): "
+                           r"argument 'key_cache' expected caches in KV-cache format "
+                           r"'amx_bf16'") as info:
+            call(*args, "amx_bf16")
+        assert info.value.argument == "key_cache"
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(opmux.OpInputError, match="argument 'key_cache'"):
+        ops.paged_attention(*meta, "amx_bf16")
