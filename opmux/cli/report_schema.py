@@ -195,10 +195,10 @@ def parse_report(data: Any) -> dict[str, Any]:
     seen: dict[tuple[str, str], int] = {}
     for i, value in enumerate(entries):
         entry = _entry(value, f"reports[{i}]")
-        key = (entry["op"], entry["provider"])
-        if key in seen:
-            raise SchemaError(f"reports[{i}]", f"op {key[0]!r} x provider {key[1]!r} again "
-                                               f"(first in reports[{seen[key]}])")
-        seen[key] = i
+        pair = (entry["op"], entry["provider"])
+        if pair in seen:
+            raise SchemaError(f"reports[{i}]", f"op {pair[0]!r} x provider {pair[1]!r} again "
+                                               f"(first in reports[{seen[pair]}])")
+        seen[pair] = i
         out["reports"].append(entry)
     return out

@@ -28,7 +28,7 @@ __all__ = ["HOSTILE_SURFACE_CASES", "report", "report_entry"]
 Case = dict[str, Any]
 
 
-def report_entry(verdict: str = "PASS", cases: Any = None, **changes: Any) -> dict[str, Any]:
+def report_entry(verdict: Any = "PASS", cases: Any = None, **changes: Any) -> dict[str, Any]:
     """One ``reports[]`` entry of an ``opmux check --json`` report (passing by default)."""
     entry = {"op": "opmux::rms_norm", "provider": "cpp", "device": "cpu", "status": "checked",
              "reason": "", "ok": verdict != "FAIL", "verdict": verdict,
