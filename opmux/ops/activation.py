@@ -204,9 +204,10 @@ def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) 
 
     ``a_p = softplus(alpha_p)``, ``a_n = beta + softplus(alpha_n)`` (in the parameters'
     dtype, as vLLM's layer derives them), then ``a_p x^2 + beta x`` where ``x > 0`` and
-    ``(expm1(min(x, eps)) - x) a_n + beta x`` elsewhere, computed in float32 for half dtypes.
-    The result has the dtype PyTorch's type promotion gives vLLM's expression (with shape-[1]
-    parameters, ``promote_types(x, alpha)``).
+    ``(expm1(min(x, eps)) - x) a_n + beta x`` elsewhere. The result has the dtype PyTorch's
+    type promotion gives vLLM's expression (with shape-[1] parameters,
+    ``promote_types(x, alpha)``); a bf16/fp16 result is computed in float32 and rounded once,
+    a wider one (fp16 ``x`` with bf16 parameters, say) follows vLLM's expression as it is.
 
     :param alpha_p: raw (pre-softplus) positive-branch parameter, one value.
     :param alpha_n: raw negative-branch parameter, one value.
@@ -215,9 +216,10 @@ def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) 
     """
     checks.check_xielu(x, alpha_p, alpha_n, beta, eps)
     dtype = torch.promote_types(torch.promote_types(x.dtype, alpha_p.dtype), alpha_n.dtype)
-    xw = _wide(x)
-    a_p = _wide(F.softplus(alpha_p))
-    a_n = _wide(beta + F.softplus(alpha_n))
-    return torch.where(xw > 0, a_p * xw * xw + beta * xw,
-                       (torch.expm1(torch.clamp(xw, max=eps)) - xw) * a_n + beta * xw
-                       ).to(dtype)
+    a_p = F.softplus(alpha_p)
+    a_n = beta + F.softplus(alpha_n)
+    if dtype in (torch.bfloat16, torch.float16):  # a half result: float32 math, one rounding
+        x, a_p, a_n = x.float(), a_p.float(), a_n.float()
+    # a wider result (mixed dtypes promote to float32) is vLLM's expression as it stands
+    return torch.where(x > 0, a_p * x * x + beta * x,
+                       (torch.expm1(torch.clamp(x, max=eps)) - x) * a_n + beta * x).to(dtype)
