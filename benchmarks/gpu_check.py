@@ -94,6 +94,28 @@ def markdown(report_path: Path, payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_out(out: str | Path) -> Path:
+    """``out`` as the report folder, checked before the run: an existing writable folder, or
+    a path whose nearest existing parent is one (the folder is made when the report is
+    written).
+
+    :raises ValueError: a file in the way, or a folder that cannot be written, named.
+    """
+    folder = Path(out).expanduser()
+    probe = folder
+    while not probe.exists():
+        if probe.is_symlink():  # a dangling link
+            raise ValueError(f"--out {out}: {probe} is a link to nothing; choose a folder")
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"--out {out}: {probe} is not a folder; choose a folder for the "
+                         f"report")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: cannot write into {probe}; choose a folder you can "
+                         f"write")
+    return folder
+
+
 def write_report(out: str | Path, payload: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``gpu-check.json`` and ``gpu-check.md`` into ``out``; their paths."""
     folder = Path(out)

@@ -285,6 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=".",
                         help="folder of the --check report (default: the current one)")
     args = parser.parse_args(argv)
+    if args.check:  # a bad --out is refused before the run, not after it
+        import gpu_check
+
+        try:
+            gpu_check.check_out(args.out)
+        except ValueError as exc:
+            print(f"gpu_kernels: error: {exc}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("gpu_kernels: no CUDA/ROCm GPU is available (torch.cuda.is_available() is False); "
               "nothing to " + ("check" if args.check else "benchmark"))

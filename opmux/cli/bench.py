@@ -9,11 +9,12 @@ the speed-up over native, all measured in the same run with the providers interl
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any, Final
 
+from opmux.cli._option_checks import int_in, run_device
+from opmux.cli.strict_json import dumps
 from opmux.cli.table import format_table
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -25,9 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``."""
     parser.add_argument("--op", action="append", default=[], metavar="OP",
                         help="only this op (repeatable; 'ns::name' for other namespaces)")
-    parser.add_argument("--repeat", type=int, default=15, help="timed rounds (default 15)")
+    parser.add_argument("--repeat", type=int_in(1, 100_000), default=15,
+                        help="timed rounds (default 15)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON (strict: non-finite "
+                                                            "numbers as \"inf\" or \"nan\")")
 
 
 def _time_providers(op: Any, providers: list[str], device: str,
@@ -61,6 +64,7 @@ def run(ns: argparse.Namespace) -> int:
     from opmux.cli.check import select_ops
     from opmux.testing.cases import has_cases
 
+    run_device(ns.device, "bench")
     ops = select_ops(ns.op, "bench")
     if ops is None:
         return 2
@@ -70,12 +74,12 @@ def run(ns: argparse.Namespace) -> int:
         if len(providers) < 2 or not has_cases(op.qualname):
             continue
         providers = [p for p in providers if p != "native"] + ["native"]
-        times = _time_providers(op, providers, ns.device, max(1, ns.repeat))
+        times = _time_providers(op, providers, ns.device, ns.repeat)
         for name in providers:
             rows.append({"op": op.qualname, "provider": name, "ms": times[name],
                          "speedup_vs_native": times["native"] / times[name]})
     if ns.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows))
         return 0
     print(format_table([(r["op"], r["provider"], f"{r['ms']:.3f}",
                          f"{r['speedup_vs_native']:.2f}x") for r in rows],

@@ -2,7 +2,10 @@
 
 With ``--json`` it prints a report: a header saying where it ran (:func:`report_header`:
 label, platform, device name, the versions of opmux and of each stack) and one entry per
-op x provider. ``opmux matrix`` merges such reports from several machines or lanes.
+op x provider, in the schema of :mod:`opmux.cli.report_schema` (strict JSON: a non-finite
+error is written ``"inf"`` or ``"nan"``). ``opmux matrix`` merges such reports from several
+machines or lanes. ``--device`` must name a device that exists here (not ``meta``: a check
+compares values); it is checked before any op runs.
 
 Exit status: 0 when every checked provider passes, 1 when any case fails, 2 for a usage
 error (unknown op or provider).
@@ -12,19 +15,22 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform as _host
 import sys
 from typing import Any, Final
 
+from opmux.cli import report_schema
+from opmux.cli._option_checks import run_device
+from opmux.cli.strict_json import dumps
 from opmux.cli.table import format_table
 
 __all__ = ["HELP", "REPORT_FORMAT", "add_arguments", "report_header", "run", "select_ops"]
 
 HELP: Final = "conformance of providers against native"
 
-REPORT_FORMAT: Final = "opmux-check/1"
-"""The ``format`` field of a ``--json`` report; ``opmux matrix`` reads this format."""
+REPORT_FORMAT: Final = report_schema.REPORT_FORMAT
+"""The ``format`` field of a ``--json`` report; ``opmux matrix`` reads this format
+(:mod:`opmux.cli.report_schema`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -111,8 +117,13 @@ def report_header(device: str, label: str | None = None) -> dict[str, Any]:
 def run(ns: argparse.Namespace) -> int:
     """Run ``opmux check`` with parsed options; returns the exit status."""
     import opmux
+    from opmux.core.errors import ConfigError
     from opmux.testing.conformance import ProviderReport, check_provider
 
+    run_device(ns.device, "check")
+    if ns.label is not None and not ns.label.strip():
+        raise ConfigError("opmux check: --label must not be empty (it titles the report's "
+                          "columns in `opmux matrix`)")
     ops = select_ops(ns.op, "check")
     if ops is None:
         return 2
@@ -132,7 +143,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.json:
         payload: dict[str, Any] = {**report_header(ns.device, ns.label), "ok": not failed,
                                    "reports": [r.as_dict() for r in reports]}
-        print(json.dumps(payload, indent=2))
+        print(dumps(payload))
         return 1 if failed else 0
     if not reports:
         print("opmux check: no provider to check (only native is registered for the "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -27,7 +26,8 @@ from typing import Any, Final, TextIO
 
 import torch
 
-from opmux.cli._option_checks import int_in
+from opmux.cli._option_checks import int_in, run_device
+from opmux.cli.strict_json import dumps
 
 __all__ = ["LOGIT_TOLERANCE", "add_arguments", "run"]
 
@@ -85,11 +85,7 @@ def _check(ns: argparse.Namespace) -> None:
     if ns.steps < 1:
         raise ConfigError(f"opmux demo: --steps must be >= 1, got {ns.steps}")
     if ns.device is not None:
-        try:
-            torch.device(ns.device)
-        except (RuntimeError, ValueError):
-            raise ConfigError(f"opmux demo: --device {ns.device!r} is not a torch device; "
-                              f"use e.g. cpu, cuda or cuda:1") from None
+        run_device(ns.device, "demo")
     if ns.model_dir is not None:
         _check_model_dir(Path(ns.model_dir).expanduser(), ns.force)
     from opmux.models.memory import MemoryNeed, check_fits
@@ -256,7 +252,7 @@ def _run(ns: argparse.Namespace, directory: Path, out: TextIO, err: TextIO) -> i
         "outputs": selected.outputs,
     }
     if ns.json:
-        print(json.dumps(report, indent=2), file=out)
+        print(dumps(report), file=out)
     else:
         print(f"opmux demo: random LlamaForCausalLM checkpoint written to {directory} "
               f"({shape.num_parameters() / 1e6:.2f}M parameters: {shape.layers} layers, "

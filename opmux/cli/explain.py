@@ -1,11 +1,22 @@
-"""``opmux explain OP --shape ...``: which provider would run for such arguments, and why."""
+"""``opmux explain OP --shape ...``: which provider would run for such arguments, and why.
+
+The arguments are fake tensors (:class:`torch._subclasses.fake_tensor.FakeTensorMode`): they
+have the shapes, dtypes and device asked for but no storage, so nothing is allocated however
+large the shapes, and the op's fake (its checks, without reading values) decides whether it
+takes them. A ``supports_args`` predicate that reads tensor values sees none and declines.
+``--device`` must exist here (``meta`` too); one ``--shape`` per Tensor argument, no more.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
-import json
+import logging
+from collections.abc import Iterator
 from typing import Any, Final
+
+from opmux.cli.strict_json import dumps
 
 __all__ = ["HELP", "add_arguments", "op_args", "run"]
 
@@ -45,8 +56,10 @@ def _parse_value(text: str) -> Any:
 
 
 def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
-    """The op and zero-filled arguments of the requested shapes and dtypes."""
+    """The op and fake arguments of the requested shapes and dtypes (call it inside a
+    ``FakeTensorMode``)."""
     import opmux
+    from opmux.cli._option_checks import run_device
     from opmux.core.errors import ConfigError
 
     op = opmux.get_op(ns.op)
@@ -57,7 +70,7 @@ def _explain_args(ns: argparse.Namespace) -> tuple[Any, list[Any]]:
         if not sep:
             raise ConfigError(f"--arg {item!r}: expected name=value")
         extra[name] = _parse_value(value)
-    return op, op_args(op, shapes, ns.dtype, extra, _device(ns.device))
+    return op, op_args(op, shapes, ns.dtype, extra, run_device(ns.device, "explain", meta=True))
 
 
 _MAX_NUMEL: Final = 1 << 31
@@ -82,25 +95,6 @@ def parse_shape(text: str, sep: str, where: str) -> tuple[int, ...]:
         raise ConfigError(f"{where}: a shape is sizes >= 0 joined by {sep!r} (at most "
                           f"{_MAX_NUMEL} elements), e.g. 4{sep}256")
     return dims
-
-
-def _device(text: str) -> str:
-    """``text`` when it names a torch device that exists here."""
-    import torch
-
-    from opmux.core.errors import ConfigError
-
-    try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"--device {text!r} is not a torch device; use e.g. cpu or cuda"
-                          ) from None
-    module = getattr(torch, dev.type, None)
-    available = dev.type in ("cpu", "meta") or (
-        module is not None and hasattr(module, "is_available") and module.is_available())
-    if not available:
-        raise ConfigError(f"--device {text!r}: no {dev.type} device here; use --device cpu")
-    return text
 
 
 def op_args(op: Any, shapes: list[tuple[int, ...]], dtype_names: list[str],
@@ -138,34 +132,56 @@ def op_args(op: Any, shapes: list[tuple[int, ...]], dtype_names: list[str],
                               f"(signature {op.schema})")
     if extra:
         raise ConfigError(f"op {op.qualname!r} has no parameter(s) {sorted(extra)}")
+    if len(shapes) > tensor_i or len(dtype_names) > tensor_i:
+        raise ConfigError(f"op {op.qualname!r} takes {tensor_i} Tensor argument(s): give one "
+                          f"--shape (and at most one --dtype) per Tensor argument, got "
+                          f"{len(shapes)} --shape and {len(dtype_names)} --dtype; signature "
+                          f"{op.schema}")
     return args
 
 
 def run(ns: argparse.Namespace) -> int:
     """Print the explanation (or JSON); returns the exit status."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from opmux.core.errors import ConfigError, OpmuxError
 
-    op, args = _explain_args(ns)
-    chosen = op.dispatch(*args)
-    try:  # a provider is "chosen" only for arguments the op takes
-        op(*args)
-    except (OpmuxError, ValueError, TypeError, RuntimeError) as exc:
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"opmux explain: {op.qualname} rejects these arguments: {first}"
-                          ) from None
-    fmt = _kv_cache_format_line(op, args)
+    with _quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
+        op, args = _explain_args(ns)
+        chosen = op.dispatch(*args)
+        try:  # a provider is "chosen" only for arguments the op takes (its fake checks them)
+            op(*args)
+        except (OpmuxError, ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"opmux explain: {op.qualname} rejects these arguments: {first}"
+                              ) from None
+        explanation = op.explain(*args)
+        fmt = _kv_cache_format_line(op, args)
     if ns.json:
         data = {"op": op.qualname, "chosen": chosen.provider,
                 "dispatch_key": chosen.dispatch_key, "priority": op.priority(),
-                "explanation": op.explain(*args).splitlines()}
+                "explanation": explanation.splitlines()}
         if fmt is not None:
             data["kv_cache_format"] = fmt
-        print(json.dumps(data, indent=2))
+        print(dumps(data))
     else:
-        print(op.explain(*args))
+        print(explanation)
         if fmt is not None:
             print(fmt)
     return 0
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """FakeTensorMode logs a traceback when an op's fake raises; here that is the answer
+    (one line), not a fault."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _kv_cache_format_line(op: Any, args: list[Any]) -> str | None:

@@ -10,9 +10,15 @@ one column per report label x provider; each cell is
   declined every case), or
 - ``absent`` (that report has no such op x provider).
 
-It is printed as Markdown (for a CI summary or a README table) or, with ``--json``, as data.
-A report path that does not exist is listed as absent with ``--allow-missing`` (CI: a lane
-that did not run), and is an error otherwise; a file that is not a report is always an error.
+Each report is checked against the versioned schema of :mod:`opmux.cli.report_schema`
+(an unknown verdict, a verdict its cases contradict or an op x provider given twice is an
+error naming the file and the field). Columns belong to their report: labels that coincide
+get the device name, then the report's position, so no two columns share a title.
+
+It is printed as Markdown (for a CI summary or a README table) or, with ``--json``, as strict
+JSON (non-finite numbers as the strings ``"inf"``, ``"-inf"``, ``"nan"``). A report path
+that does not exist is listed as absent with ``--allow-missing`` (CI: a lane that did not
+run), and is an error otherwise; a file that is not a report is always an error.
 
 Exit status: 0 when merged (a failing cell is not an error here: the lanes' tests fail for
 it), 2 for a missing or bad report file.
@@ -21,11 +27,13 @@ it), 2 for a missing or bad report file.
 from __future__ import annotations
 
 import argparse
-import json
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from opmux.cli.strict_json import dumps
 from opmux.core.errors import OpmuxError
 
 __all__ = ["HELP", "Cell", "Matrix", "ReportError", "Report", "add_arguments", "format_markdown",
@@ -109,102 +117,91 @@ class Matrix:
 
 
 def _cell(entry: dict[str, Any]) -> Cell:
-    """The cell of one ``reports[]`` entry of ``opmux check --json``."""
-    verdict = entry["verdict"]
-    cases = entry.get("cases", [])
-    ran = [c for c in cases if c.get("status") in ("pass", "fail", "error")]
-    ratio = max((float(c.get("ratio", 0.0)) for c in ran), default=None)
-    max_abs = max((float(c.get("max_abs", 0.0)) for c in ran), default=None)
+    """The cell of one ``reports[]`` entry (checked by :func:`parse_report`)."""
+    verdict, cases = entry["verdict"], entry["cases"]
+    ran = [c for c in cases if c["status"] in ("pass", "fail", "error")]
+    ratio = max((c["ratio"] for c in ran), default=None)
+    max_abs = max((c["max_abs"] for c in ran), default=None)
     if verdict == "PASS":
         return Cell("pass", f"err/tol {ratio:.2g}" if ratio else "", ratio, max_abs)
     if verdict == "FAIL":
-        bad = [c for c in cases if c.get("status") in ("fail", "error")]
-        worst = max(bad, key=lambda c: float(c.get("ratio", 0.0)))
-        raised = sum(c.get("status") == "error" for c in bad)
+        bad = [c for c in cases if c["status"] in ("fail", "error")]
+        worst = max(bad, key=lambda c: c["ratio"])
+        raised = sum(c["status"] == "error" for c in bad)
         detail = f"{len(bad)}/{len(cases)} cases"
-        if float(worst.get("ratio", 0.0)) > 0:
-            detail += (f"; max err {float(worst['max_abs']):.2g} vs atol {worst.get('atol', 0):g}"
-                       f" rtol {worst.get('rtol', 0):g} (x{float(worst['ratio']):.2g})")
+        if worst["ratio"] > 0 or math.isnan(worst["ratio"]):
+            detail += (f"; max err {worst['max_abs']:.2g} vs atol {worst['atol']:g}"
+                       f" rtol {worst['rtol']:g} (x{worst['ratio']:.2g})")
         if raised:
             detail += f"; {raised} raised"
         return Cell("fail", detail, ratio, max_abs)
-    # UNSUPPORTED (supported=False here) or SKIP (no case ran: declined, or no cases)
-    reason = entry.get("reason") or ("every case declined" if cases else "no cases")
-    return Cell("declined", str(reason).splitlines()[0][:80], ratio, max_abs)
+    # UNSUPPORTED (supported=False there) or SKIP (no case ran: declined, or no cases)
+    lines = [line for line in entry["reason"].splitlines() if line.strip()]
+    reason = lines[0] if lines else ("every case declined" if cases else "no cases")
+    return Cell("declined", reason[:80], ratio, max_abs)
 
 
-_HEADER_KEYS: Final = ("label", "platform", "device", "device_name", "versions")
+MAX_REPORT_BYTES: Final = 64 << 20
+"""The largest report file read (64 MiB)."""
 
 
 def load_report(path: str | Path) -> Report:
-    """Read one ``opmux check --json`` report.
+    """Read one ``opmux check --json`` report and check it against
+    :mod:`opmux.cli.report_schema`.
 
-    :raises ReportError: the file is missing, not JSON, or not such a report (the message
-        says what is wrong and how to make one).
+    :raises ReportError: the file is missing, unreadable, not UTF-8 JSON, or breaks the
+        schema; the message names the file and the field and says how to make a report.
     """
-    from opmux.cli.check import REPORT_FORMAT
+    from opmux.cli.report_schema import SchemaError, parse_report
+    from opmux.core._cache_json import read_cache_json
 
     p = Path(path)
+    data, why = read_cache_json(p, MAX_REPORT_BYTES)
+    if why == "missing":
+        raise ReportError(p, "no such file (pass --allow-missing to list it as absent)")
+    if why is not None:
+        raise ReportError(p, f"{why}; write reports with `opmux check --json > FILE`")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReportError(p, "no such file (pass --allow-missing to list it as absent)") \
-            from None
-    except OSError as exc:
-        raise ReportError(p, f"cannot read it: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ReportError(p, f"not JSON ({exc.msg} at line {exc.lineno}); write reports with "
-                             f"`opmux check --json > FILE`") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("reports"), list):
-        raise ReportError(p, "not an `opmux check --json` report (no 'reports' list)")
-    if data.get("format") != REPORT_FORMAT:
-        raise ReportError(p, f"report format {data.get('format')!r}, expected "
-                             f"{REPORT_FORMAT!r}: write it again with this opmux's "
-                             f"`opmux check --json`")
-    missing = [k for k in _HEADER_KEYS if k not in data]
-    if missing or not isinstance(data["versions"], dict):
-        raise ReportError(p, f"header lacks {missing or ['versions']}; write it again with "
-                             f"`opmux check --json`")
-    report = Report(str(p), str(data["label"]), str(data["platform"]), str(data["device"]),
-                    str(data["device_name"]), dict(data["versions"]),
-                    str(data.get("created", "")))
-    for i, entry in enumerate(data["reports"]):
-        try:
-            key = (str(entry["op"]), str(entry["provider"]))
-            report.cells[key] = _cell(entry)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReportError(p, f"reports[{i}] is malformed ({type(exc).__name__}: {exc}); "
-                                 f"expected op, provider, verdict and cases") from exc
+        parsed = parse_report(data)
+    except SchemaError as exc:
+        raise ReportError(p, f"not an `opmux check --json` report: {exc}") from None
+    report = Report(str(p), parsed["label"], parsed["platform"], parsed["device"],
+                    parsed["device_name"], parsed["versions"], parsed["created"])
+    for entry in parsed["reports"]:
+        report.cells[(entry["op"], entry["provider"])] = _cell(entry)
     return report
 
 
 def _unique_labels(reports: list[Report]) -> None:
-    """Make labels distinct: add the device name, then a counter, where two coincide."""
-    for fix in (lambda r, i: f"{r.label} ({r.device_name})", lambda r, i: f"{r.label} #{i}"):
-        seen: dict[str, int] = {}
-        for r in reports:
-            seen[r.label] = seen.get(r.label, 0) + 1
+    """Make labels distinct: add the device name where two coincide, then the report's
+    position where they still do, then (for a label written like such a fixed one) the
+    position again until no two are equal."""
+    fixes = (lambda r, i: f"{r.label} ({r.device_name})", lambda r, i: f"{r.label} #{i}")
+    for fix in fixes:
+        counts = Counter(r.label for r in reports)
         for i, r in enumerate(reports, 1):
-            if seen[r.label] > 1:
+            if counts[r.label] > 1:
                 r.label = fix(r, i)
+    taken: set[str] = set()
+    for i, r in enumerate(reports, 1):
+        while r.label in taken:
+            r.label = f"{r.label} #{i}"
+        taken.add(r.label)
 
 
 def merge(reports: list[Report], absent: list[str] | None = None) -> Matrix:
     """Merge ``reports`` (in order) into a :class:`Matrix`; ``absent`` lists report files
     that do not exist (shown, no columns)."""
     _unique_labels(reports)
-    columns = [(r.label, p) for r in reports for p in r.providers]
+    owned = [(r, p) for r in reports for p in r.providers]  # each column knows its report
+    columns = [(r.label, p) for r, p in owned]
     ops = sorted({op for r in reports for op, _ in r.cells})
-    by_label = {r.label: r for r in reports}
-    rows = {op: [by_label[label].cells.get((op, provider), ABSENT)
-                 for label, provider in columns] for op in ops}
+    rows = {op: [r.cells.get((op, provider), ABSENT) for r, provider in owned] for op in ops}
     return Matrix(reports, list(absent or []), columns, rows)
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|")
+    return " ".join(text.replace("|", "\\|").split())
 
 
 def format_markdown(matrix: Matrix) -> str:
@@ -259,7 +256,7 @@ def run(ns: argparse.Namespace) -> int:
         reports.append(load_report(path))
     matrix = merge(reports, absent)
     if ns.json:
-        print(json.dumps(matrix.as_dict(), indent=2))
+        print(dumps(matrix.as_dict()))
     else:
         print(format_markdown(matrix))
     return 0

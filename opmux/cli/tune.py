@@ -8,7 +8,9 @@ with native, and ranked by the geometric mean of its time over native's. A provi
 than native is listed after it (it then never runs there). The table is written to
 ``$OPMUX_CACHE_DIR/tuned/<platform>-<fingerprint>.json`` and loaded by the next start-up as
 the ``tuned`` priority layer (see :mod:`opmux.core.tuned`); ``OPMUX_PRIORITY`` and code
-still override it.
+still override it. The table is for the platform's device: ``--device`` may only name a
+device of that type (not ``meta``, nor another platform's), checked before any timing.
+``--dry-run`` changes nothing, with ``--clear`` too.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import sys
 import time
 from typing import Any, Final
 
-from opmux.cli._option_checks import int_in
+from opmux.cli._option_checks import int_in, run_device
+from opmux.cli.strict_json import dumps
 from opmux.cli.table import format_table
 
 __all__ = ["HELP", "add_arguments", "measure_op", "run"]
@@ -40,11 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rms_norm=64x4096,4096 (repeatable)")
     parser.add_argument("--repeat", type=int_in(1, 100_000), default=9,
                         help="timed rounds (default 9)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dry-run", action="store_true", help="measure, write nothing")
+    parser.add_argument("--device", default=None,
+                        help="device to time on: the platform's own (default), the one the "
+                             "table is loaded for")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="change nothing: measure and print (with --clear: list what "
+                             "would be deleted)")
     parser.add_argument("--clear", action="store_true",
                         help="delete this platform's tuned tables and exit")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON (strict: non-finite "
+                                                            "numbers as \"inf\" or \"nan\")")
 
 
 def _user_cases(ops: list[Any], specs: list[str], device: str) -> dict[str, list[Any]]:
@@ -131,15 +139,38 @@ def _overall(buckets: dict[int, dict[str, Any]], providers: list[str]) -> list[s
     return ranked + [n for n in providers if n not in score]
 
 
-def _clear(platform_name: str) -> int:
+def _clear(platform_name: str, dry_run: bool, as_json: bool) -> int:
     from opmux.core.tuned import tuned_dir
 
     folder = tuned_dir()
-    removed = sorted(folder.glob(f"{platform_name}-*.json")) if folder.is_dir() else []
-    for path in removed:
-        path.unlink()
-    print(f"removed {len(removed)} tuned table(s) of platform {platform_name!r} from {folder}")
+    tables = sorted(folder.glob(f"{platform_name}-*.json")) if folder.is_dir() else []
+    if not dry_run:
+        for path in tables:
+            path.unlink()
+    if as_json:
+        print(dumps({"platform": platform_name, "folder": str(folder),
+                     "tables": [str(p) for p in tables], "removed": not dry_run}))
+        return 0
+    verb = "would remove" if dry_run else "removed"
+    print(f"{verb} {len(tables)} tuned table(s) of platform {platform_name!r} from {folder}")
     return 0
+
+
+def _tune_device(text: str | None, platform: Any) -> str:
+    """The device to time on: the platform's own; a table is loaded for that device only."""
+    from opmux.core.errors import ConfigError
+
+    if text is None:
+        return str(platform.device_type)
+    run_device(text, "tune")
+    import torch
+
+    kind = torch.device(text).type
+    if kind != platform.device_type:
+        raise ConfigError(f"opmux tune: --device {text!r}: the tuned table is for platform "
+                          f"{platform.name!r}, which runs on {platform.device_type!r}; use "
+                          f"--device {platform.device_type} (or leave --device out)")
+    return text
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -152,7 +183,8 @@ def run(ns: argparse.Namespace) -> int:
 
     platform = opmux.current_platform()
     if ns.clear:
-        return _clear(platform.name)
+        return _clear(platform.name, ns.dry_run, ns.json)
+    device = _tune_device(ns.device, platform)
     names = [n.strip() for n in (ns.ops or "").split(",") if n.strip()]
     if ns.ops is not None and not names:
         raise ConfigError(f"opmux tune: --ops {ns.ops!r} names no op; give OP[,OP...] or leave "
@@ -160,11 +192,11 @@ def run(ns: argparse.Namespace) -> int:
     ops = select_ops(names, "tune")
     if ops is None:
         return 2
-    user = _user_cases(ops, ns.shape, ns.device)
+    user = _user_cases(ops, ns.shape, device)
     table: dict[str, Any] = {}
     for op in ops:
         providers = [p for p, impl in op.impls.items() if impl.supported]
-        makers = [lambda c=c: c.materialize(ns.device)
+        makers = [lambda c=c: c.materialize(device)
                   for c in (cases_for(op.qualname) if has_cases(op.qualname) else [])]
         makers += user.get(op.qualname, [])
         if len(providers) < 2 or not makers:
@@ -184,7 +216,7 @@ def run(ns: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
         tmp.replace(path)  # readers never see half a file
     if ns.json:
-        print(json.dumps({**data, "path": str(path), "written": not ns.dry_run}, indent=2))
+        print(dumps({**data, "path": str(path), "written": not ns.dry_run}))
         return 0
     rows = []
     for qualname, entry in table.items():

@@ -430,7 +430,14 @@ class Op:
         needs ``torch.library.get_ctx()`` (data-dependent sizes) must use
         :meth:`register_fake`; after it, a torch-registered fake takes precedence under
         FakeTensorMode.
+
+        :raises RegistrationError: ``fn`` is not callable (the error would otherwise come at
+            the next meta call).
         """
+        if not callable(fn):
+            raise RegistrationError(f"register_meta on op {self.qualname!r}: expected a "
+                                    f"function with the op's signature, got "
+                                    f"{type(fn).__name__}", op=self.qualname)
         self._fake = fn
         return fn
 

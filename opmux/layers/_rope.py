@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from opmux.core.errors import ConfigError
@@ -25,6 +27,11 @@ class _RopeLayer(CustomOp):
         if head_size <= 0 or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_size:
             raise ConfigError(f"{layer}: rotary_dim must be even and in [2, head_size="
                               f"{head_size}], got rotary_dim={rotary_dim}")
+        if (not isinstance(base, int | float) or isinstance(base, bool)
+                or not math.isfinite(base) or base <= 0):
+            raise ConfigError(f"{layer}: base (rope_theta) must be a finite number > 0, got "
+                              f"{base!r}; the config's rope_theta is the frequency base, "
+                              f"usually 10000")
         if max_position_embeddings <= 0:
             raise ConfigError(f"{layer}: max_position_embeddings must be positive, got "
                               f"{max_position_embeddings}")

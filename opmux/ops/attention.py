@@ -23,7 +23,7 @@ from opmux.ops.checks.attention import (
     check_mla_attention,
     check_paged_attention,
 )
-from opmux.ops.kv_formats import resolve_kv_cache_format
+from opmux.ops.kv_formats import canonical_caches
 
 __all__ = ["concat_and_cache_mla", "encoder_attention", "mla_attention", "paged_attention"]
 
@@ -90,8 +90,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
         than its block table, a block id out of range, or an unregistered ``kv_cache_format``.
     """
     if kv_cache_format != "canonical":
-        key_cache, value_cache = resolve_kv_cache_format(
-            "paged_attention", kv_cache_format).to_canonical(key_cache, value_cache)
+        key_cache, value_cache = canonical_caches("paged_attention", kv_cache_format,
+                                                  key_cache, value_cache)
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap)
     _, heads, head_size = query.shape
@@ -120,8 +120,8 @@ def _paged_attention_fake(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                           scale: float, sliding_window: Optional[int] = None,
                           soft_cap: Optional[float] = None,
                           kv_cache_format: str = "canonical") -> Tensor:
-    key_cache, value_cache = resolve_kv_cache_format(
-        "paged_attention", kv_cache_format).to_canonical(key_cache, value_cache)
+    key_cache, value_cache = canonical_caches("paged_attention", kv_cache_format, key_cache,
+                                              value_cache)
     check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                           query_start_loc, scale, sliding_window, soft_cap, read_data=False)
     return query.new_empty(query.shape)

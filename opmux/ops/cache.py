@@ -6,7 +6,7 @@ from torch import Tensor
 
 from opmux.core.registry import register_op
 from opmux.ops.checks import check_advance_step_flashattn, check_reshape_and_cache
-from opmux.ops.kv_formats import resolve_kv_cache_format, scatter_canonical
+from opmux.ops.kv_formats import canonical_caches, resolve_kv_cache_format, scatter_canonical
 
 __all__ = ["advance_step_flashattn", "reshape_and_cache"]
 
@@ -42,7 +42,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
         scatter_canonical(key, value, key_cache, value_cache, slot_mapping)
         return
     fmt = resolve_kv_cache_format("reshape_and_cache", kv_cache_format)
-    kc, vc = fmt.to_canonical(key_cache, value_cache)
+    kc, vc = canonical_caches("reshape_and_cache", kv_cache_format, key_cache, value_cache)
     check_reshape_and_cache(key, value, kc, vc, slot_mapping)
     fmt.write(key, value, key_cache, value_cache, slot_mapping)
 
@@ -50,8 +50,7 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
 @reshape_and_cache.register_meta
 def _reshape_and_cache_fake(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                             slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
-    kc, vc = resolve_kv_cache_format("reshape_and_cache", kv_cache_format).to_canonical(
-        key_cache, value_cache)
+    kc, vc = canonical_caches("reshape_and_cache", kv_cache_format, key_cache, value_cache)
     check_reshape_and_cache(key, value, kc, vc, slot_mapping, read_data=False)
 
 

@@ -31,7 +31,7 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from opmux.core.errors import ConfigError, RegistrationError
+from opmux.core.errors import ConfigError, OpmuxError, RegistrationError
 from opmux.core.op import DEVICE_TYPE_TO_KEY
 from opmux.core.state import claim, runtime
 
@@ -289,6 +289,30 @@ def resolve_kv_cache_format(op: str, name: str, *, provider: str = "native") -> 
     return fmt
 
 
+def canonical_caches(op: str, name: str, key_cache: Tensor, value_cache: Tensor, *,
+                     provider: str = "native") -> tuple[Tensor, Tensor]:
+    """The caches, laid out in format ``name``, as ``canonical`` ones (the format's
+    ``to_canonical``), or the standard error.
+
+    :raises OpInputError: an unknown format, or caches the format cannot read (shapes that do
+        not fit its layout), naming the op, the provider and ``key_cache``.
+    """
+    fmt = resolve_kv_cache_format(op, name, provider=provider)
+    try:
+        return fmt.to_canonical(key_cache, value_cache)
+    except OpmuxError:
+        raise
+    except (ValueError, RuntimeError, IndexError, TypeError) as exc:
+        from opmux.ops.checks import arguments as arg
+
+        shapes = [list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                  for t in (key_cache, value_cache)]
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise arg.input_error(op, provider, "key_cache",
+                              f"caches in KV-cache format {name!r} ({fmt.description})",
+                              f"key and value {shapes[0]} and {shapes[1]}: {why}") from None
+
+
 def require_kv_cache_format(op: str, name: str, provider: str,
                             accepted: Sequence[str] = (CANONICAL_NAME,)) -> None:
     """Raise the standard error unless ``name`` is one of the formats ``provider`` takes
@@ -313,15 +337,30 @@ def declare_kv_cache_formats(provider: str, formats: Sequence[str] | FormatChoos
 
     :param formats: names, or ``spec -> names`` when the answer depends on the allocation
         (dtype, head size, ...); an empty answer means the provider would not take such caches.
+    :raises RegistrationError: a bare string (``"hnd"`` would read as ``'h', 'n', 'd'``), no
+        name, or a name that is not a string.
     """
     chooser: FormatChooser
     if callable(formats):
         chooser = formats
     else:
-        fixed = tuple(formats)
+        if isinstance(formats, str | bytes):
+            raise RegistrationError(f"declare_kv_cache_formats({provider!r}, {formats!r}): "
+                                    f"give a sequence of format names, e.g. ({formats!r},), "
+                                    f"or a function of the cache spec, not a bare string")
+        try:
+            fixed = tuple(formats)
+        except TypeError:
+            raise RegistrationError(f"declare_kv_cache_formats({provider!r}): expected a "
+                                    f"sequence of format names or a function of the cache "
+                                    f"spec, got {type(formats).__name__}") from None
         if not fixed:
             raise RegistrationError(f"declare_kv_cache_formats({provider!r}): name at least "
                                     "one format")
+        bad = [name for name in fixed if not isinstance(name, str) or not name]
+        if bad:
+            raise RegistrationError(f"declare_kv_cache_formats({provider!r}): format names "
+                                    f"are non-empty strings, got {bad!r}")
         unknown = [n for n in fixed if _lookup_registered(n) is None]
         if unknown:
             raise RegistrationError(

@@ -11,11 +11,13 @@ token. Routing returns ``topk_weights [T, k]`` float32 and ``topk_ids [T, k]`` i
 
 The reference runs every expert on every token and keeps the selected results: it has
 no data-dependent shapes (compiles, runs on XLA) at the price of E/k times the FLOPs of
-a grouped provider. Weighted sums accumulate in float32; the result has
-``hidden_states.dtype``. With float32 inputs everything runs in float32: on vLLM's CPU MoE
-shapes (8 experts, top 4, hidden/intermediate 128 and 2880) native and the ``grouped``
-provider stay within float32's default tolerance of a float64 evaluation
-(``tests/ops/test_moe_accuracy.py``).
+a grouped provider. Everything runs in float32 whatever the input dtype: the gate/up
+projection, the SiLU-and-mul, the down projection and the weighted sum, rounded once to
+``hidden_states.dtype`` at the end (the catalog's numerics rule; the providers follow it).
+On vLLM's CPU MoE shapes (8 experts, top 4, hidden/intermediate 128 and 2880) native and the
+``grouped`` provider stay within float32's default tolerance of a float64 evaluation, and in
+bf16/fp16 no further from it than a computation rounding after every step
+(``tests/ops/test_moe_accuracy.py``, ``tests/ops/test_numerics_rule.py``).
 """
 
 from typing import Optional
@@ -143,14 +145,15 @@ def fused_moe(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tenso
         lo, hi = torch.aminmax(topk_ids)
         check_expert_ids("native", int(lo), int(hi), experts)
     weights = topk_weights.float()
+    x = hidden_states.float()
     out = torch.zeros(tokens, hidden, dtype=torch.float32, device=hidden_states.device)
     for e in range(experts):
         hit = topk_ids == e  # [T, k]
         selected = hit.any(dim=-1, keepdim=True)
         weight = (weights * hit).sum(dim=-1, keepdim=True)
-        gate_up = F.linear(hidden_states, w1[e])
+        gate_up = F.linear(x, w1[e].float())
         act = F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]
-        y = F.linear(act, w2[e]).float()
+        y = F.linear(act, w2[e].float())
         out += torch.where(selected, y * weight, 0.0)
     return out.to(hidden_states.dtype)
 

@@ -75,3 +75,31 @@ def test_conformance_reports_a_broken_check() -> None:
     gpu_check = _load("gpu_check")
     with pytest.raises(RuntimeError, match=r"opmux check exited 2: .*unknown provider"):
         gpu_check.conformance(device="cpu", providers=("no_such_provider",))
+
+
+@pytest.mark.parametrize("where", ["file", "under-file", "read-only"])
+def test_a_bad_out_is_refused_before_the_run(tmp_path: Path, where: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    gpu_kernels = _load("gpu_kernels")
+    (tmp_path / "f").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    out = {"file": tmp_path / "f", "under-file": tmp_path / "f" / "report",
+           "read-only": locked / "report"}[where]
+    if where == "read-only" and os.access(locked, os.W_OK):
+        pytest.skip("this user writes into read-only folders (root)")
+    ran: list[int] = []
+    gpu_kernels.run = lambda *a, **k: ran.append(1)  # the run must not start
+    assert gpu_kernels.main(["--check", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu_kernels: error: --out {out}: ") and err.count("\n") == 1
+    assert ran == []
+
+
+def test_check_out_takes_a_new_folder_under_a_writable_one(tmp_path: Path) -> None:
+    gpu_check = _load("gpu_check")
+    assert gpu_check.check_out(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # made when the report is written

@@ -1,4 +1,5 @@
-"""Runs cases of ``hostile_table`` in this one process, under ``RLIMIT_AS``, and prints one
+"""Runs cases of ``hostile_table`` and of :mod:`opmux.testing.hostile_surfaces` in this one
+process, under ``RLIMIT_AS``, and prints one
 JSON line of results per case (``python _hostile_driver.py WORKDIR HEADROOM_BYTES ID...``).
 
 Each ``cli`` case calls :func:`opmux.cli.main` with stdout and stderr captured; each cache
@@ -113,7 +114,16 @@ def _run_cli(case: dict[str, Any], work: Path, base: Path) -> dict[str, Any]:
     (work / "file").write_text("x")
     shutil.copytree(base, ckpt)
     _damage(ckpt, case.get("ckpt", {}))
+    report = work / "report.json"
+    if "report" in case:
+        report.write_text(json.dumps(case["report"]))
+    elif "report_raw" in case:
+        report.write_bytes(case["report_raw"].encode("utf-8", "surrogateescape"))
+    elif "report_blank_bytes" in case:
+        with open(report, "wb") as fh:
+            fh.truncate(case["report_blank_bytes"])
     argv = [a.replace("{ckpt}", str(ckpt)).replace("{scratch}", str(scratch))
+            .replace("{report}", str(report))
             .replace("{full}", str(full)).replace("{file}", str(work / "file"))
             for a in case["argv"]]
     saved = {k: os.environ.get(k) for k in case.get("env", {})}
@@ -142,6 +152,26 @@ def _run_cli(case: dict[str, Any], work: Path, base: Path) -> dict[str, Any]:
     result["json"] = "--json" in argv
     result["written"] = _listing(scratch) + [f"full/{p}" for p in _listing(full)
                                               if p != "mine.txt"]
+    return result
+
+
+def _run_declare(case: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    import opmux
+    from opmux.ops.kv_formats import KVCacheSpec, kv_cache_formats_of
+
+    spec = KVCacheSpec(torch.device("cpu"), torch.float32, 64, 2, 16)
+    result: dict[str, Any] = {"id": case["id"]}
+    try:
+        opmux.declare_kv_cache_formats("hostile_provider", case["formats"])
+        result["raised"] = None
+    except opmux.RegistrationError as exc:
+        result["raised"] = str(exc)
+    except BaseException as exc:
+        result["escaped"] = f"{type(exc).__name__}: {exc}"[:300]
+        result["traceback"] = traceback.format_exc()[-1500:]
+    result["formats_after"] = list(kv_cache_formats_of("hostile_provider", spec))
     return result
 
 
@@ -240,13 +270,22 @@ def main() -> None:
         layers=1, hidden=32, heads=4, kv_heads=2, intermediate=32, vocab=64,
         max_position=64))
     _limit(limit)
-    for case in hostile_table.CHECKPOINT_AND_CLI_CASES + hostile_table.CACHE_AND_TRACE_CASES:
+    from opmux.testing.hostile_surfaces import HOSTILE_SURFACE_CASES
+
+    for case in (hostile_table.CHECKPOINT_AND_CLI_CASES + hostile_table.CACHE_AND_TRACE_CASES
+                 + HOSTILE_SURFACE_CASES):
         if case["id"] not in ids:
             continue
         work = work_root / f"case{len(list(work_root.iterdir()))}"
         work.mkdir()
-        result = (_run_cli(case, work, base) if case["kind"] == "cli"
-                  else _run_cache(case, work))
+        if case["kind"] == "cli":
+            result = _run_cli(case, work, base)
+        elif case["kind"] == "declare":
+            result = _run_declare(case)
+        else:
+            result = _run_cache(case, work)
+        if "{report}" in case.get("argv", []):
+            (work / "report.json").unlink(missing_ok=True)  # the large ones, gone at once
         print(json.dumps(result), flush=True)
     children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == os.getpid()]
     print(json.dumps({"id": "__children__", "children": children}), flush=True)

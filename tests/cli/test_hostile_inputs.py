@@ -20,12 +20,17 @@ from typing import Any
 
 import hostile_table
 import pytest
+import torch
+
+from opmux.testing.hostile_surfaces import HOSTILE_SURFACE_CASES
 
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parents[1]
 _HEADROOM = 3 << 30  # address space the driver may map beyond what torch mapped at import
 _CLI = {c["id"]: c for c in hostile_table.CHECKPOINT_AND_CLI_CASES}
 _CACHE = {c["id"]: c for c in hostile_table.CACHE_AND_TRACE_CASES}
+_SURFACES = {c["id"]: c for c in HOSTILE_SURFACE_CASES
+             if not (c.get("cuda_ok") and torch.cuda.is_available())}
 
 
 def _env() -> dict[str, str]:
@@ -60,8 +65,15 @@ def cache_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
     return _drive(tmp_path_factory.mktemp("hostile-cache"), list(_CACHE))
 
 
+@pytest.fixture(scope="module")
+def surface_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return _drive(tmp_path_factory.mktemp("hostile-surfaces"), list(_SURFACES))
+
+
 def test_the_suite_is_as_large_as_promised() -> None:
     assert len(_CLI) >= 100 and len(_CACHE) >= 50
+    assert len(HOSTILE_SURFACE_CASES) >= 100
+    assert len({c["id"] for c in HOSTILE_SURFACE_CASES}) == len(HOSTILE_SURFACE_CASES)
 
 
 def _get(results: dict[str, dict[str, Any]], case_id: str) -> dict[str, Any]:
@@ -85,6 +97,30 @@ def test_hostile_checkpoint_or_command_line(cli_results: dict[str, dict[str, Any
     assert result["written"] == []  # nothing written where it failed
 
 
+def _refuse_constant(token: str) -> None:
+    raise AssertionError(f"not strict JSON: {token}")
+
+
+@pytest.mark.parametrize("case_id", list(_SURFACES))
+def test_hostile_report_option_or_declaration(surface_results: dict[str, dict[str, Any]],
+                                              case_id: str) -> None:
+    case, result = _SURFACES[case_id], _get(surface_results, case_id)
+    if case["kind"] == "declare":
+        assert result["raised"] is not None and case["expect"] in result["raised"]
+        assert result["formats_after"] == ["canonical"]  # nothing was declared
+        return
+    err = result["stderr"]
+    assert result["code"] == case.get("code", 2), (result["stdout"], err)
+    if result["code"] == 0:
+        assert err == "" and "Traceback" not in result["stdout"]
+        if result["json"]:
+            json.loads(result["stdout"], parse_constant=_refuse_constant)
+    else:
+        assert err.endswith("\n") and err.count("\n") == 1, err  # one line
+        assert case["expect"] in err and "Traceback" not in err, err
+    assert result["written"] == []  # nothing written where it failed
+
+
 @pytest.mark.parametrize("case_id", list(_CACHE))
 def test_hostile_cache_or_trace_file(cache_results: dict[str, dict[str, Any]],
                                      case_id: str) -> None:
@@ -100,8 +136,9 @@ def test_hostile_cache_or_trace_file(cache_results: dict[str, dict[str, Any]],
 
 
 def test_no_process_is_left_behind(cli_results: dict[str, dict[str, Any]],
-                                   cache_results: dict[str, dict[str, Any]]) -> None:
-    for results in (cli_results, cache_results):
+                                   cache_results: dict[str, dict[str, Any]],
+                                   surface_results: dict[str, dict[str, Any]]) -> None:
+    for results in (cli_results, cache_results, surface_results):
         assert results["__children__"]["children"] == []
         assert results["__driver__"]["returncode"] == 0, results["__driver__"]["stderr"]
 

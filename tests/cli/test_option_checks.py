@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,72 @@ def test_tune_repeat_zero_is_refused(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["tune", "--repeat", "0", "--dry-run"])
     assert "argument --repeat: must be an integer in 1..100000" in capsys.readouterr().err
+
+
+_NO_CUDA = pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                              reason="a CUDA device is here")
+_DEMO = ["demo", "--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "1",
+         "--vocab", "64", "--steps", "2", "--batch", "1"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["check", "--op", "rms_norm", "--device", "nonsense"],
+     "opmux check: --device 'nonsense' is not a torch device"),
+    (["check", "--op", "rms_norm", "--device", "meta"], "meta tensors hold no values"),
+    pytest.param(["check", "--op", "rms_norm", "--device", "cuda"], "no cuda device here",
+                 marks=_NO_CUDA),
+    (["check", "--op", "rms_norm", "--json", "--label", " "], "--label must not be empty"),
+    (["bench", "--op", "rms_norm", "--device", "nonsense"], "not a torch device"),
+    (["bench", "--op", "rms_norm", "--device", "meta"], "meta tensors hold no values"),
+    (["explain", "rms_norm", "--shape", "4,8", "--shape", "8", "--shape", "3"],
+     "takes 2 Tensor argument(s): give one --shape"),
+    (["explain", "rms_norm", "--shape", "4,8", "--shape", "8", "--dtype", "fp32",
+      "--dtype", "fp32", "--dtype", "fp32"], "takes 2 Tensor argument(s)"),
+    (["explain", "rms_norm", "--shape", "4,8", "--shape", "8", "--device", "cpu:x"],
+     "is not a torch device"),
+])
+def test_devices_and_shapes_are_checked_before_any_work(
+        argv: list[str], message: str, fresh_plugins: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("repeat", ["0", "-3"])
+def test_bench_repeat_below_one_is_refused(repeat: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--op", "rms_norm", "--repeat", repeat])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --repeat: must be an integer in 1..100000" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("meta", "meta tensors hold no values"),
+    pytest.param("cuda", "no cuda device here", marks=_NO_CUDA),
+    ("nonsense", "is not a torch device")])
+def test_demo_device_is_checked_before_the_checkpoint_is_written(
+        device: str, message: str, tmp_path: Path, fresh_plugins: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "model"
+    assert main([*_DEMO, "--device", device, "--model-dir", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_explain_never_allocates_the_tensors(fresh_plugins: None,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # 40000 x 40000 float32 is 6.4 GB: explained from fake tensors, nothing is allocated
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert main(["explain", "rms_norm", "--shape", "40000,40000", "--shape", "40000",
+                 "--json"]) == 0
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert json.loads(capsys.readouterr().out)["op"] == "opmux::rms_norm"
+    assert grown_kb < 1 << 20  # far below the 6.4 GB the real tensor would take

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -300,3 +302,19 @@ def test_catalog_names_are_reserved_before_the_catalog_loads() -> None:
         assert "'opmux::rms_norm' is already defined (by opmux.ops.layernorm)" in message
         assert "reserved in namespace 'opmux'" in message
     assert out["ok"] and out["ops"] >= 11 and out["module"] == "opmux.ops.layernorm"
+
+
+@pytest.mark.parametrize("fn", [None, 3, "shape"])
+def test_register_meta_refuses_what_is_not_a_function(ns: str, fn: Any) -> None:
+    registry = opmux.OpRegistry()
+    try:
+        @opmux.register_op(namespace=ns, registry=registry)
+        def halve(x: torch.Tensor) -> torch.Tensor:
+            return x[: x.shape[0] // 2].clone()
+
+        with pytest.raises(opmux.RegistrationError, match=r"register_meta on op .*halve': "
+                           r"expected a function with the op's signature, got "):
+            halve.register_meta(fn)
+        assert halve(torch.empty(8, device="meta")).shape == (4,)  # the default fake stays
+    finally:
+        registry._reset_for_tests()

@@ -97,6 +97,50 @@ def test_dry_run_writes_nothing_and_clear_removes(tuned_env: FakePlugins) -> Non
     assert list(tuned.tuned_dir().iterdir()) == []
 
 
+def test_clear_dry_run_deletes_nothing_and_clear_json_is_json(tuned_env: FakePlugins) -> None:
+    first = _write({"ops": {}})
+    second = _write({"ops": {}}, name="cpu-0000000000000000.json")
+    status, out = _cli("tune", "--clear", "--dry-run")
+    assert status == 0 and out.startswith("would remove 2 tuned table(s)")
+    assert first.exists() and second.exists()
+    status, out = _cli("tune", "--clear", "--dry-run", "--json")
+    data = json.loads(out)
+    assert status == 0 and data["removed"] is False and data["platform"] == "cpu"
+    assert sorted(data["tables"]) == sorted([str(first), str(second)])
+    assert first.exists() and second.exists()
+    status, out = _cli("tune", "--clear", "--json")
+    assert status == 0 and json.loads(out)["removed"] is True
+    assert not first.exists() and not second.exists()
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("meta", "meta tensors hold no values"),
+    ("nonsense", "--device 'nonsense' is not a torch device"),
+    pytest.param("cuda", "no cuda device here", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a CUDA device is here")),
+])
+def test_tune_refuses_a_device_the_platform_does_not_run(
+        tuned_env: FakePlugins, device: str, message: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    status, out = _cli("tune", "--ops", "silu_and_mul", "--repeat", "1", "--device", device)
+    err = capsys.readouterr().err
+    assert status == 2 and out == "" and message in err and err.count("\n") == 1
+    assert not tuned.tuned_dir().exists()  # nothing written, not even the folder
+
+
+def test_tune_device_must_be_the_platforms(tuned_env: FakePlugins,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # a device that exists here but is not the platform's: its table would be the wrong one
+    from opmux.cli import tune
+
+    monkeypatch.setattr(tune, "run_device", lambda text, command, meta=False: text)
+    status, _ = _cli("tune", "--ops", "silu_and_mul", "--repeat", "1", "--device", "cuda")
+    err = capsys.readouterr().err
+    assert status == 2 and "the tuned table is for platform 'cpu', which runs on 'cpu'" in err
+    assert not tuned.tuned_dir().exists()
+
+
 def test_tuned_sits_between_plugins_and_opmux_priority(tuned_env: FakePlugins,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     opmux.load_plugins()

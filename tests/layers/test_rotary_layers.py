@@ -424,3 +424,20 @@ def test_layers_compile_fullgraph(name: str, enabled: bool) -> None:
 @pytest.mark.parametrize("name", ["default", "llama3", "apply_rotary_emb", "dual_chunk"])
 def test_layers_compile_inductor(name: str) -> None:
     _check_compiled(name, "inductor")
+
+
+@pytest.mark.parametrize("theta", [0, -10000.0, float("nan"), float("inf"), True, "10000"])
+@pytest.mark.parametrize("rope_type", [{}, {"rope_type": "linear", "factor": 2.0},
+                                       {"rope_type": "dynamic", "factor": 2.0}])
+def test_get_rope_refuses_a_theta_that_is_not_positive(theta: Any,
+                                                       rope_type: dict[str, Any]) -> None:
+    reset_rope_cache()
+    with pytest.raises(opmux.ConfigError, match=r"base \(rope_theta\) must be a finite number "
+                                                r"> 0, got"):
+        get_rope(8, 16, True, {"rope_theta": theta, **rope_type})
+
+
+def test_dual_chunk_rope_refuses_theta_zero() -> None:
+    with pytest.raises(opmux.ConfigError, match=r"rope_theta"):
+        get_rope(8, 16, True, {"rope_theta": 0}, torch.float32,
+                 {"chunk_size": 8, "local_size": 2})

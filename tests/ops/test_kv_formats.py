@@ -4,7 +4,7 @@ is told to allocate, and the conformance of every registered format."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -229,3 +229,20 @@ def test_an_unknown_name_is_a_config_error() -> None:
 def test_declaring_no_format_is_refused() -> None:
     with pytest.raises(opmux.RegistrationError, match="at least one format"):
         opmux.declare_kv_cache_formats("someone", [])
+
+
+@pytest.mark.parametrize(("formats", "message"), [
+    ("hnd", r"declare_kv_cache_formats\('someone', 'hnd'\): give a sequence of format names, "
+            r"e.g. \('hnd',\)"),
+    (["hnd", 3], r"format names are non-empty strings, got \[3\]"),
+    (["hnd", ""], r"format names are non-empty strings"),
+    (5, r"expected a sequence of format names or a function of the cache spec, got int"),
+])
+def test_declaring_formats_refuses_a_bare_string_and_non_names(formats: Any,
+                                                               message: str) -> None:
+    from opmux.ops.kv_formats import KVCacheSpec, kv_cache_formats_of
+
+    with pytest.raises(opmux.RegistrationError, match=message):
+        opmux.declare_kv_cache_formats("someone", formats)
+    spec = KVCacheSpec(torch.device("cpu"), torch.float32, 64, 2, 16)
+    assert kv_cache_formats_of("someone", spec) == ("canonical",)  # nothing was declared

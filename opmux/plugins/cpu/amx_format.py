@@ -62,11 +62,15 @@ class AmxBf16Format(KVCacheFormat):
         return value_cache.permute(0, 2, 4, 1, 3)
 
     def to_canonical(self, key_cache: Tensor, value_cache: Tensor) -> tuple[Tensor, Tensor]:
-        if key_cache.dim() != 5 or value_cache.dim() != 5:
-            raise ValueError(f"'amx_bf16' caches are 5-d (key [blocks, Hkv, D/2, bs, 2], "
-                             f"value [blocks, Hkv, bs/2, D, 2]), got {list(key_cache.shape)} "
-                             f"and {list(value_cache.shape)}")
-        nb, hkv, half_d, bs, _ = key_cache.shape
+        shapes_ok = key_cache.dim() == 5 and key_cache.shape[4] == 2
+        if shapes_ok:
+            nb, hkv, half_d, bs, _ = key_cache.shape
+            shapes_ok = bs % 2 == 0 and tuple(value_cache.shape) == (nb, hkv, bs // 2,
+                                                                     2 * half_d, 2)
+        if not shapes_ok:
+            raise ValueError(f"'amx_bf16' caches are key [blocks, Hkv, D/2, bs, 2] and value "
+                             f"[blocks, Hkv, bs/2, D, 2] (even bs), got "
+                             f"{list(key_cache.shape)} and {list(value_cache.shape)}")
         key = self._key_view(key_cache).reshape(nb, bs, hkv, 2 * half_d)
         value = self._value_view(value_cache).reshape(nb, bs, hkv, 2 * half_d)
         return key, value

@@ -15,9 +15,11 @@ provider (``grouped``):
   do not read as fast;
 * bfloat16 batches on CPUs with AMX tiles (:data:`BF16_ON_TILES`) whose hidden or
   intermediate width is not a multiple of 32. Widths in whole tile steps run on the kernel's
-  AMX tile path (``moe_amx`` in the C++ file; 2.0-2.2x faster than ``grouped`` at 64-256
-  tokens); the others would take its vector path, which widens to fp32 and which torch's bf16
-  matmuls, run on the tiles by ``grouped``, outrun there (1.9-3.9x).
+  AMX tile path (``moe_amx`` in the C++ file); the others go to ``grouped``.
+
+Numerics: the vector path computes in fp32 from the widened weights and rounds once, as the
+native does. The AMX tile path rounds the activations to bf16 once more, for the down
+projection's tile products.
 
 Numbers in ``benchmarks/moe_cpu.py``'s README section.
 """

@@ -10,19 +10,22 @@ in cache, and one ``embedding_bag`` forms each token's weighted sum over its k r
 straight into the output. The work is k/E of the reference's, which runs every expert on
 every token, and there is no per-token Python loop: the only loop is over the experts.
 
-Two layouts, chosen once per call from the dtype and the mean segment length:
+Every dtype computes in float32 (the catalog's numerics rule): the gathered rows are widened
+once and each expert's weights as its turn comes (a no-op for float32), and the result is
+rounded once to the input dtype at the end.
 
-- *weight-major* (float32, short segments, e.g. decode and small prefill batches): ``w @ x.T``,
+Two layouts, chosen once per call from the mean segment length:
+
+- *weight-major* (short segments, e.g. decode and small prefill batches): ``w @ x.T``,
   one ``[2I, n]`` then ``[d, n]`` block per expert. With a few rows per expert the
   matmuls only stream the weights, and BLAS does that markedly faster with the weight as
   the left operand (about 1.6x on ``[16, 1024] x [1024, 1024]`` fp32 here).
-- *token-major* (long segments, and all of bf16/fp16): ``x @ w.T`` into row blocks, the
-  layout BLAS prefers once the matmuls are compute-bound; bf16 measured no faster
-  weight-major (slower at 64 tokens).
+- *token-major* (long segments): ``x @ w.T`` into row blocks, the layout BLAS prefers once
+  the matmuls are compute-bound.
 
 When every expert received tokens and the segments are short (small batches), a third
 layout, *batched*, pads each segment to the longest one and runs each projection as one
-``bmm`` over all experts (weight-major for float32, token-major otherwise): two batched
+``bmm`` over all experts (weight-major): two batched
 matmuls instead of two per expert, so two thread-pool fork/joins instead of 2E. The
 padding rows are zeros and never read back. Measured on E=8, d=1024, I=512 at 64 tokens
 on 2 contended threads: about half the time of the per-expert loop (medians).
@@ -63,9 +66,9 @@ def _experts_weight_major(x: Tensor, w1: Tensor, w2: Tensor,
     work = torch.empty(2 * inter * longest, dtype=x.dtype, device=x.device)
     for e, start, n in segments:
         gate_up = work[:2 * inter * n].view(2 * inter, n)
-        torch.mm(w1[e], x[start:start + n].t(), out=gate_up)
+        torch.mm(w1[e].float(), x[start:start + n].t(), out=gate_up)
         act = F.silu(gate_up[:inter], inplace=True).mul_(gate_up[inter:])
-        torch.mm(w2[e], act, out=y_t[:, start:start + n])
+        torch.mm(w2[e].float(), act, out=y_t[:, start:start + n])
     return y_t.t()
 
 
@@ -78,11 +81,10 @@ def _experts_token_major(x: Tensor, w1: Tensor, w2: Tensor,
     gate_up = torch.empty(longest, 2 * inter, dtype=x.dtype, device=x.device)
     act = torch.empty(longest, inter, dtype=x.dtype, device=x.device)
     for e, start, n in segments:
-        torch.mm(x[start:start + n], w1[e].t(), out=gate_up[:n])
-        # act stays contiguous: a strided left operand costs the bf16 matmul a copy
+        torch.mm(x[start:start + n], w1[e].float().t(), out=gate_up[:n])
         torch.mul(F.silu(gate_up[:n, :inter], inplace=True), gate_up[:n, inter:],
                   out=act[:n])
-        torch.mm(act[:n], w2[e].t(), out=y[start:start + n])
+        torch.mm(act[:n], w2[e].float().t(), out=y[start:start + n])
     return y
 
 
@@ -100,14 +102,9 @@ def _experts_batched(x: Tensor, w1: Tensor, w2: Tensor, sorted_ids: Tensor,
     row = sorted_ids * longest + (torch.arange(rows, device=x.device) - starts[sorted_ids])
     padded = x.new_zeros(experts * longest, hidden).index_copy_(0, row, x)
     padded = padded.view(experts, longest, hidden)
-    if x.dtype == torch.float32:
-        gate_up = torch.bmm(w1, padded.transpose(1, 2))  # [E, 2I, L]
-        act = F.silu(gate_up[:, :inter], inplace=True).mul_(gate_up[:, inter:])
-        y = torch.bmm(w2, act).transpose(1, 2)  # [E, L, d] (a view)
-    else:
-        gate_up = torch.bmm(padded, w1.transpose(1, 2))  # [E, L, 2I]
-        act = torch.mul(F.silu(gate_up[..., :inter], inplace=True), gate_up[..., inter:])
-        y = torch.bmm(act, w2.transpose(1, 2))
+    gate_up = torch.bmm(w1.float(), padded.transpose(1, 2))  # [E, 2I, L]
+    act = F.silu(gate_up[:, :inter], inplace=True).mul_(gate_up[:, inter:])
+    y = torch.bmm(w2.float(), act).transpose(1, 2)  # [E, L, d] (a view)
     return y.reshape(experts * longest, hidden), row
 
 
@@ -132,7 +129,7 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
     counts = torch.bincount(sorted_ids, minlength=experts).tolist()
 
     rows = order.numel()
-    x = hidden_states.index_select(0, order // top_k)  # [rows, d], grouped by expert
+    x = hidden_states.index_select(0, order // top_k).float()  # [rows, d], grouped by expert
     segments = []
     start = 0
     for e, n in enumerate(counts):
@@ -146,14 +143,14 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
         y, row = _experts_batched(x, w1, w2, sorted_ids, counts, longest)
         inverse[order] = row
     else:
-        if dtype == torch.float32 and short:
+        if short:
             y = _experts_weight_major(x, w1, w2, segments, longest)
         else:
             y = _experts_token_major(x, w1, w2, segments, longest)
         inverse[order] = torch.arange(rows, device=order.device)
 
     # each token's weighted sum over its k rows (in y's layout), in float32
-    rows_f32 = y.to(torch.float32, memory_format=torch.contiguous_format)
+    rows_f32 = y.contiguous()
     out = F.embedding_bag(inverse.view(tokens, top_k), rows_f32, mode="sum",
                           per_sample_weights=topk_weights.to(torch.float32))
     return out if dtype == torch.float32 else out.to(dtype)

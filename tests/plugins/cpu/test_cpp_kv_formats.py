@@ -94,3 +94,28 @@ def test_cpp_hnd_long_prefill_rows_stay_within_an_item(cpp: Any, heads: int,
     want = ops.paged_attention.native(*args)
     args[1], args[2] = in_format(opmux.get_kv_cache_format("hnd"), b.key_cache, b.value_cache)
     torch.testing.assert_close(cpp.paged_attention(*args, "hnd"), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("damage", ["key-4d", "key-last-3", "value-short", "odd-block"])
+def test_a_wrongly_shaped_amx_bf16_cache_is_an_op_input_error(damage: str) -> None:
+    b = _batch(torch.bfloat16)
+    args = list(b.args())
+    kc, vc = in_format(AMX_BF16, b.key_cache, b.value_cache)
+    if damage == "key-4d":
+        kc = kc.flatten(3)
+    elif damage == "key-last-3":
+        kc = torch.zeros(*kc.shape[:4], 3, dtype=kc.dtype)
+    elif damage == "value-short":
+        vc = vc[:, :, :-1]
+    else:
+        kc, vc = kc[:, :, :, :15], vc[:, :, :7]
+    args[1], args[2] = kc, vc
+    for call in (ops.paged_attention, ops.paged_attention.native):
+        with pytest.raises(opmux.OpInputError, match=r"paged_attention \(provider 'native'\): "
+                           r"argument 'key_cache' expected caches in KV-cache format "
+                           r"'amx_bf16'") as info:
+            call(*args, "amx_bf16")
+        assert info.value.argument == "key_cache"
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(opmux.OpInputError, match="argument 'key_cache'"):
+        ops.paged_attention(*meta, "amx_bf16")
