@@ -34,7 +34,6 @@ here. The registry is held by the runtime object (:mod:`opmux.core.state`);
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,29 +44,15 @@ from opmux.core.plugins import PluginRecord, plugin_report, plugin_state
 from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, global_registry
 from opmux.core.state import register_reset, reset_for_tests, runtime
 from opmux.core.torch_lib import define_custom_op, validate_name
-from opmux.platforms import current_platform, set_oot_source
+from opmux.platforms import current_platform
 
 __all__ = ["direct_register_custom_op", "load_plugins", "reset_for_tests"]
 
-_catalog_lock = threading.RLock()
-#: [imported, importing]: the catalog is imported once per process (its ops outlive any
-#: reset); read by every lookup of an ``opmux::`` op name
-_catalog: list[bool] = [False, False]
-
-
 def _load_catalog() -> None:
-    """Import the op catalog once (its modules register into the global registry)."""
-    if _catalog[0]:
-        return
-    with _catalog_lock:
-        if _catalog[0] or _catalog[1]:
-            return  # loaded, or re-entered by the catalog's own registrations
-        _catalog[1] = True
-        try:
-            import opmux.ops  # noqa: F401  (re-entrant: a partial import returns at once)
-        finally:
-            _catalog[1] = False
-        _catalog[0] = True
+    """Import the op catalog (its modules register into the global registry). Python's
+    import system makes this once per process, and a catalog module registering an op
+    (which asks for the catalog again) gets the module being imported."""
+    import opmux.ops  # noqa: F401
 
 
 def _start(registry: OpRegistry) -> None:
@@ -92,7 +77,6 @@ def _platform_key() -> str:
 
 
 runtime().install(OpRegistry(loader=_start, catalog=_load_catalog, platform_key=_platform_key))
-set_oot_source(plugins.discovered_platforms)
 
 
 def load_plugins() -> list[PluginRecord]:

@@ -6,7 +6,7 @@ process is one rank; otherwise the command starts N copies of itself on this mac
 Prompts are text (``--prompt``, encoded with the checkpoint's ``tokenizer.json`` through
 ``tokenizers``) or token ids (``--prompt-ids 1,2,3``), in the order given. The report lists
 each op's provider and how many calls each provider served (counted during the run by
-:class:`~opmux.models.provider_tally.ProviderTally`; ``tokens_per_s`` includes that cost,
+:class:`~opmux.core.tally.ProviderTally`; ``tokens_per_s`` includes that cost,
 a selection lookup per op call).
 """
 

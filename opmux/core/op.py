@@ -15,8 +15,8 @@ context manager inside a fullgraph region is not traceable); selection happens w
 compiled graph runs.
 
 A ``supports_args`` predicate that raises counts as declining the call (the next
-provider, ultimately native, runs and validates the arguments itself); ``explain`` shows
-the exception as the reason.
+provider, ultimately native, runs and validates the arguments itself), and warns once per
+provider; ``explain`` shows the exception as the reason.
 """
 
 from __future__ import annotations
@@ -219,9 +219,9 @@ class Op:
         self._registry.ensure_loaded()
         holder = self.priorities.chains.get(_key_of(args, kwargs))
         if holder is not None:
-            for impl in holder.chain_for(self._first_arg(args, kwargs)):
-                if impl.supports_args is None or _pred_verdict(impl, args, kwargs) is True:
-                    return impl
+            impl = holder.pick(args, kwargs)[0]
+            if impl is not None:
+                return impl
         return self._native_impl
 
     def _first_arg(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

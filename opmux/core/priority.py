@@ -181,7 +181,7 @@ class Priorities:
             holder = self._chains.get(key)
             if holder is not None:
                 return holder, False
-            holder = self._chains[key] = KeyChain(key, native)
+            holder = self._chains[key] = KeyChain(key, native, self._qualname)
             return holder, True
 
     def rebuild(self) -> None:

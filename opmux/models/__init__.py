@@ -9,12 +9,12 @@ pickle) and returns a :class:`CausalLM`; :class:`Engine` generates from it on a 
 cache (see :mod:`opmux.models.engine`). ``opmux generate`` is the command line.
 """
 
+from opmux.core.tally import ProviderTally
 from opmux.models.checkpoint import CheckpointError, load_model
 from opmux.models.config import ARCHITECTURES, ModelConfig, read_config
 from opmux.models.decoder import AttentionBatch, CausalLM
 from opmux.models.engine import BlockAllocator, Engine, GenerationOutput, SamplingParams
 from opmux.models.memory import MemoryBudgetError
-from opmux.models.provider_tally import ProviderTally
 
 __all__ = [
     "ARCHITECTURES",

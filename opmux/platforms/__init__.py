@@ -2,8 +2,7 @@
 
 Each built-in platform has one cheap detector in :data:`BUILTIN_DETECTORS` (tests
 monkeypatch this dict). Out-of-tree platforms come from plugins' ``opmux_platforms``
-hook, through the source that :mod:`opmux._runtime` installs with
-:func:`set_oot_source` (this package imports nothing of the plugin machinery).
+hook (:func:`opmux.core.plugins.discovered_platforms`, which discovers the plugins).
 :func:`current_platform` resolves once, lazily, and caches only a success: an unknown
 ``OPMUX_PLATFORM`` or two claiming platforms raise on every call until fixed.
 ``OPMUX_PLATFORM`` forces a platform by name.
@@ -15,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from opmux.core import config
+from opmux.core import config, plugins
 from opmux.core.errors import PlatformError
 from opmux.core.state import runtime
 from opmux.platforms.ascend import AscendPlatform, detect_ascend
@@ -38,7 +37,6 @@ __all__ = [
     "current_platform",
     "detections",
     "resolve_platform",
-    "set_oot_source",
 ]
 
 #: Detectors of the built-in platforms, in the order they are consulted. The first
@@ -60,9 +58,6 @@ BUILTIN_PLATFORMS: dict[str, type[Platform]] = {
 }
 
 _lock = threading.Lock()
-#: where out-of-tree platform classes come from: wiring installed once by opmux._runtime
-#: (not state: it does not change after import)
-_oot_source: list[Callable[[], Sequence[type[Platform]]]] = [tuple]
 
 
 class _PlatformState:
@@ -71,12 +66,6 @@ class _PlatformState:
     def __init__(self) -> None:
         self.current: Platform | None = None
         self.detections: list[Detection] = []
-
-
-def set_oot_source(source: Callable[[], Sequence[type[Platform]]]) -> None:
-    """Set where :func:`current_platform` gets out-of-tree platform classes (start-up
-    wiring: :mod:`opmux._runtime` passes the plugins' ``opmux_platforms`` answers)."""
-    _oot_source[0] = source
 
 
 def _detector_failed(what: str, exc: Exception) -> str:
@@ -158,7 +147,7 @@ def current_platform() -> Platform:
     cached = state.current
     if cached is not None:
         return cached
-    oot = _oot_source[0]()
+    oot = plugins.discovered_platforms()
     with _lock:
         if state.current is None:
             platform, found = resolve_platform(oot)

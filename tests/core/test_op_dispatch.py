@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import threading
+import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -233,7 +235,12 @@ def test_a_raising_supports_args_declines(registry: opmux.OpRegistry, ns: str,
 
     with opmux.enable_torch_wrap(wrap):
         assert double(torch.ones(2, 4))[0, 0].item() == 102.0
-        assert double(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]  # declined: native ran
+        with pytest.warns(RuntimeWarning, match=r"supports_args of provider 'fragile' raised "
+                                                r"IndexError: .*counts as declining"):
+            assert double(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]  # declined: native ran
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per (op, provider)
+            assert double(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
     assert double.dispatch(torch.ones(3)).provider == "native"
     text = double.explain(torch.ones(3))
     assert "runs 'native'" in text
@@ -299,3 +306,32 @@ def test_eager_is_one_node_under_compile(add: opmux.Op, ns: str) -> None:
         targets = [str(n.target) for n in graphs[-1].graph.nodes if n.op == "call_function"]
         assert f"{ns}.add_one.default" in targets
     assert len(graphs) == 2
+
+
+@pytest.mark.parametrize("wrap", [True, False])
+def test_the_kernel_and_dispatch_choose_alike(registry: opmux.OpRegistry, ns: str,
+                                              wrap: bool) -> None:
+    @opmux.register_op(namespace=ns, registry=registry)
+    def tag(x: torch.Tensor) -> torch.Tensor:
+        return x * 0
+
+    preds = {"wide": lambda x: x.shape[-1] > 4, "f64": lambda x: x.dtype == torch.float64,
+             "any": None, "odd": lambda x: x.numel() % 2 == 1}
+    def filler(value: float) -> Callable[[torch.Tensor], torch.Tensor]:
+        def impl(x: torch.Tensor) -> torch.Tensor:
+            return torch.full_like(x, value)
+
+        return impl
+
+    for i, (name, pred) in enumerate(preds.items(), start=1):
+        tag.register_impl(name, dispatch_key="CPU", supports_args=pred)(filler(float(i)))
+    names = list(preds)
+    inputs = [torch.zeros(2, 3), torch.zeros(2, 8), torch.zeros(3, dtype=torch.float64),
+              torch.zeros(1, 3)]
+    for order in (["wide", "f64", "odd", "any"], ["odd", "wide"], ["f64"], ["any", "wide"]):
+        tag.set_default_priority([*order, "native"])
+        with opmux.enable_torch_wrap(wrap):
+            for x in inputs:
+                ran = int(tag(x).flatten()[0].item()) if x.numel() else 0
+                chosen = tag.dispatch(x).provider
+                assert chosen == (names[ran - 1] if ran else "native"), (order, x.shape)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import opmux
-from opmux.core import config
+from opmux.core import config, plugins
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +51,7 @@ def test_an_out_of_tree_platform_names_its_own_forward(monkeypatch: pytest.Monke
 
     from opmux import platforms
 
-    monkeypatch.setattr(platforms, "_oot_source", [lambda: [Accel]])
+    monkeypatch.setattr(plugins, "discovered_platforms", lambda: [Accel])
     platforms._reset_for_tests()
     assert opmux.current_platform().forward_method == "forward_oot"
     mark = _layer_classes("oot")
@@ -273,7 +273,7 @@ def test_a_platform_method_a_layer_lacks_runs_its_catalog_op_path(
 
     from opmux import platforms
 
-    monkeypatch.setattr(platforms, "_oot_source", [lambda: [Acme]])
+    monkeypatch.setattr(plugins, "discovered_platforms", lambda: [Acme])
     platforms._reset_for_tests()
     mark = _layer_classes("acme")
     assert mark()(torch.zeros(1)).item() == 10.0  # never forward_native by accident

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["opmux.models", "opmux.models.provider_tally",
+@pytest.mark.parametrize("module", ["opmux.models", "opmux.core.tally",
                                     "opmux.models.memory"])
 def test_doctests(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

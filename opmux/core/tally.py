@@ -1,4 +1,5 @@
-"""Which provider served each op call, counted over a block of code.
+"""Which provider served each op call, counted over a block of code (beside
+:mod:`opmux.core.trace`, which counts a whole process's calls for ``OPMUX_TRACE``).
 
 :class:`ProviderTally` swaps :class:`opmux.Op`'s call for one that, for the ops it
 watches, asks :meth:`opmux.Op.dispatch` which implementation the arguments select, counts
