@@ -60,7 +60,10 @@ class _CatalogOpLayer(_OpLayer):
     _op_params: ClassVar[tuple[str, ...]] = ()
 
     def forward_op(self, x: Tensor) -> Tensor:
-        return type(self)._catalog_op(x, *[getattr(self, n) for n in self._op_params])
+        op = type(self)._catalog_op
+        if not self._op_params:  # no comprehension frame for the parameterless layers
+            return op(x)
+        return op(x, *[getattr(self, n) for n in self._op_params])
 
     def extra_repr(self) -> str:
         return ", ".join(f"{n}={getattr(self, n)!r}" for n in self._op_params)

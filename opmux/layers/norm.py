@@ -73,6 +73,8 @@ class _RMSNormOps(CustomOp):
     catalog ops take one dtype; vLLM allows a mix)."""
 
     _ops: ClassVar[tuple[Any, Any]] = (rms_norm, fused_add_rms_norm)
+    #: the layer has no catalog op for its configuration (set by the constructor)
+    _native_only: bool = False
     weight: Tensor
     variance_epsilon: float
 
@@ -80,19 +82,20 @@ class _RMSNormOps(CustomOp):
                        ) -> Tensor | tuple[Tensor, Tensor]:
         raise NotImplementedError(f"{type(self).__name__} must implement forward_native")
 
-    def _native_only(self) -> bool:
-        return False
-
     def _forward_ops(self, x: Tensor, residual: Tensor | None = None
                      ) -> Tensor | tuple[Tensor, Tensor]:
-        if self._native_only() or (residual is not None and residual.dtype != x.dtype):
+        if self._native_only or (residual is not None and residual.dtype != x.dtype):
             return self.forward_native(x, residual)
+        # the weight straight from the module's tables: ``self.weight`` would go through
+        # Module.__getattr__, a frame per call (tests/layers/test_custom_op.py counts them)
+        weight = self._parameters.get("weight")
+        if weight is None:
+            weight = self._buffers["weight"]
         norm, fused_add_norm = self._ops
         if residual is None:
-            out: Tensor = norm(x, self.weight, self.variance_epsilon)
+            out: Tensor = norm(x, weight, self.variance_epsilon)
             return out
-        pair: tuple[Tensor, Tensor] = fused_add_norm(x, residual, self.weight,
-                                                     self.variance_epsilon)
+        pair: tuple[Tensor, Tensor] = fused_add_norm(x, residual, weight, self.variance_epsilon)
         return pair
 
     forward_cpu = forward_cuda = forward_hip = forward_xla = forward_npu = _forward_ops
@@ -124,6 +127,7 @@ class RMSNorm(_RMSNormOps):
         self.variance_epsilon = eps
         self.variance_size_override = (
             None if var_hidden_size == hidden_size else var_hidden_size)
+        self._native_only = self.variance_size_override is not None
         self.has_weight = has_weight
         ones = torch.ones(hidden_size, dtype=dtype or torch.get_default_dtype())
         self.weight: Tensor
@@ -141,8 +145,6 @@ class RMSNorm(_RMSNormOps):
         return fused_add_rms_norm_reference(x, residual, weight, self.variance_epsilon,
                                             self.variance_size_override)
 
-    def _native_only(self) -> bool:
-        return self.variance_size_override is not None
 
 
 @CustomOp.register("gemma_rms_norm")

@@ -111,7 +111,7 @@ def test_layer_matches_reference(name: str, dtype: torch.dtype, enabled: bool) -
     layer = make()
     assert type(layer).__name__ == CLASS_NAMES[name] and type(layer).name == name
     assert opmux.CustomOp.op_registry[name] is type(layer)
-    method = layer._forward_method.__func__  # type: ignore[attr-defined]
+    method = layer.forward.__func__  # type: ignore[attr-defined]
     # the platform path is a _runs alias: dispatch binds its target, the catalog op path
     assert method is (type(layer).forward_op if enabled else type(layer).forward_native)
     x = _input(dtype)
@@ -182,7 +182,7 @@ def test_layer_compiles_fullgraph_without_breaks(name: str) -> None:
 def test_inductor_compile_mode_disables_layers_and_compiles_their_native_code() -> None:
     opmux.set_compile_mode("inductor")
     layer = layers.NewGELU()
-    assert layer._forward_method.__func__ is layers.NewGELU.forward_native  # type: ignore[attr-defined]
+    assert layer.forward.__func__ is layers.NewGELU.forward_native  # type: ignore[attr-defined]
     x = _input(torch.float32)
     compiled = torch.compile(layer, backend="inductor", fullgraph=True)
     torch.testing.assert_close(compiled(x), layer(x), atol=1e-5, rtol=1e-5)

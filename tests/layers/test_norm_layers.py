@@ -28,7 +28,7 @@ def _build(fresh: None, mode: str, cls: type[opmux.CustomOp], *args: Any,
            **kwargs: Any) -> Any:
     opmux.set_custom_ops(MODES[mode].format(name=cls.name))
     layer = cls(*args, **kwargs)
-    on_ops = layer._forward_method.__func__ is type(layer)._forward_ops  # type: ignore[attr-defined]
+    on_ops = layer.forward.__func__ is type(layer)._forward_ops  # type: ignore[attr-defined]
     assert on_ops == (mode == "enabled")
     return layer
 

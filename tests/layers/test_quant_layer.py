@@ -25,7 +25,7 @@ def _no_grad() -> Iterator[None]:
 def _layer(mode: str, *args: object, **kwargs: object) -> QuantFP8:
     opmux.set_custom_ops(MODES[mode])
     layer = QuantFP8(*args, **kwargs)  # type: ignore[arg-type]
-    assert (layer._forward_method.__func__ is QuantFP8._forward_ops) == (mode == "enabled")
+    assert (layer.forward.__func__ is QuantFP8._forward_ops) == (mode == "enabled")
     return layer
 
 

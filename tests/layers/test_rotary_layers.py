@@ -182,7 +182,7 @@ def test_rotary_layers_match_reference(name: str, dtype: torch.dtype, enabled: b
     opmux.set_custom_ops("all" if enabled else "all,-rotary_embedding")
     build, cache = VARIANTS[name]
     layer = build(dtype)
-    assert layer._forward_method.__name__ == ("forward_op" if enabled else "forward_native")
+    assert layer.forward.__name__ == ("forward_op" if enabled else "forward_native")
     for shape in ((9,), (2, 5)):
         positions, query, key = _layer_inputs(dtype, cache.shape[0], shape)
         q0, k0 = query.clone(), key.clone()
@@ -280,7 +280,7 @@ def test_apply_rotary_emb_matches_reference(neox: bool, fp32: bool, dtype: torch
                                             enabled: bool) -> None:
     opmux.set_custom_ops("all" if enabled else "all,-apply_rotary_emb")
     layer = ApplyRotaryEmb(is_neox_style=neox, enable_fp32_compute=fp32)
-    assert layer._forward_method.__name__ == ("forward_op" if enabled else "forward_native")
+    assert layer.forward.__name__ == ("forward_op" if enabled else "forward_native")
     g = torch.Generator().manual_seed(3)
     seq, heads, d = 6, 3, 32
     angles = torch.rand(seq, d // 2, generator=g, dtype=torch.float64) * 6.3
@@ -298,8 +298,8 @@ def test_apply_rotary_emb_matches_reference(neox: bool, fp32: bool, dtype: torch
 
 def test_apply_rotary_emb_enforce_enable() -> None:
     opmux.set_custom_ops("none")
-    assert ApplyRotaryEmb()._forward_method.__name__ == "forward_native"
-    assert ApplyRotaryEmb(enforce_enable=True)._forward_method.__name__ == "forward_op"
+    assert ApplyRotaryEmb().forward.__name__ == "forward_native"
+    assert ApplyRotaryEmb(enforce_enable=True).forward.__name__ == "forward_op"
 
 
 # ---------------------------------------------------------------- DualChunkRotaryEmbedding
@@ -328,7 +328,7 @@ def test_dual_chunk_matches_reference(neox: bool, rot: int, dtype: torch.dtype,
     opmux.set_custom_ops("all" if enabled else "all,-dual_chunk_rotary_embedding")
     layer = DualChunkRotaryEmbedding(HEAD, rot, 256, BASE, neox, dtype, chunk_size=48,
                                      local_size=16)
-    assert layer._forward_method.__name__ == ("forward_op" if enabled else "forward_native")
+    assert layer.forward.__name__ == ("forward_op" if enabled else "forward_native")
     g = torch.Generator().manual_seed(5)
     positions = torch.randint(0, 200, (7,), generator=g)
     offsets = torch.randint(0, 50, (7,), generator=g)

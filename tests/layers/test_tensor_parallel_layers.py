@@ -179,7 +179,7 @@ def test_layers_compile_fullgraph_at_tp1() -> None:
 def test_disabled_layers_run_forward_native(fresh_custom_ops: None) -> None:
     opmux.set_custom_ops("none")
     layer = ColumnParallelLinear(4, 6, return_bias=False)
-    assert layer._forward_method == layer.forward_native
+    assert layer.forward == layer.forward_native
     _load(layer, weight=torch.eye(6, 4), bias=torch.zeros(6))
     torch.testing.assert_close(layer(torch.ones(1, 4)), torch.eye(6, 4).sum(1).unsqueeze(0))
     assert opmux.custom_op_counts()["disabled"]["column_parallel_linear"] == 1

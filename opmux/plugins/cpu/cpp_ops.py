@@ -20,17 +20,11 @@ import torch
 from torch import Tensor
 
 from opmux.ops.checks import (
-    check_fused_add_rms_norm,
-    check_gelu_and_mul,
-    check_gemma_fused_add_rms_norm,
-    check_gemma_rms_norm,
     check_paged_attention,
     check_quant_fp8,
     check_reshape_and_cache,
-    check_rms_norm,
     check_rms_norm_gated,
     check_rotary_embedding,
-    check_silu_and_mul,
     checked_advance_step,
     kernel_error,
 )
@@ -90,82 +84,112 @@ def _rows_view(out: Tensor, tokens: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- norms
-def _norm_impl(op: str, check: Callable[..., None], kernel: str) -> Callable[..., Tensor]:
-    """The impl of norm ``op``: its shared check, then ``K.<kernel>(out, x, weight, eps)``
-    (looked up per call: the kernels are loaded after this module is imported)."""
+# The norms and the gated activations check once: each predicate is the provider's whole
+# acceptance test (metadata only; every call it takes is one native takes too, which the
+# conformance kit's bad-input cases check), the impl calls its kernel directly, and the
+# kernel's own checks are the last guard (a ValueError becomes the op's OpInputError). A
+# call a predicate declines runs the next provider, finally native, whose check says what
+# is wrong. One frame each for predicate and impl: ``benchmarks/dispatch_overhead.py`` and
+# ``tests/plugins/cpu/test_cpp_frames.py``.
+def _norm_impl(op: str, kernel: str) -> Callable[..., Tensor]:
+    """The impl of norm ``op``: ``K.<kernel>(out, x, weight, eps)`` (looked up per call:
+    the kernels are loaded after this module is imported)."""
 
     def impl(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-        check(x, weight, eps, provider=PROVIDER)
         out = torch.empty_like(x)
-        call(op, getattr(K, kernel), out, x, weight, eps)
+        try:
+            getattr(K, kernel)(out, x, weight, eps)
+        except ValueError as exc:
+            raise kernel_error(op, PROVIDER, exc) from None
         return out
 
     impl.__name__ = impl.__qualname__ = op
     return impl
 
 
-def _fused_add_norm_impl(op: str, check: Callable[..., None],
-                         kernel: str) -> Callable[..., tuple[Tensor, Tensor]]:
-    """The impl of fused-add norm ``op``: its shared check, then
-    ``K.<kernel>(out, new_residual, x, residual, weight, eps)``."""
+def _fused_add_norm_impl(op: str, kernel: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The impl of fused-add norm ``op``: ``K.<kernel>(out, new_residual, x, residual,
+    weight, eps)``."""
 
     def impl(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
              ) -> tuple[Tensor, Tensor]:
-        check(x, residual, weight, eps, provider=PROVIDER)
         out = torch.empty_like(x)
         new_residual = torch.empty_like(x)
-        call(op, getattr(K, kernel), out, new_residual, x, residual, weight, eps)
+        try:
+            getattr(K, kernel)(out, new_residual, x, residual, weight, eps)
+        except ValueError as exc:
+            raise kernel_error(op, PROVIDER, exc) from None
         return out, new_residual
 
     impl.__name__ = impl.__qualname__ = op
     return impl
 
 
-def _fused_add_ok(weight_ok: Callable[[Tensor, Tensor], bool]) -> Callable[..., bool]:
-    """The predicate of a fused-add norm whose ``x``/``weight`` pass ``weight_ok``: the
-    residual must be a contiguous CPU tensor of x's dtype."""
+def _norm_supports(float32_weight: bool) -> Callable[..., bool]:
+    """The predicate of a norm: contiguous CPU ``x[..., d]`` of a kernel dtype, a contiguous
+    ``weight[d]`` of x's dtype (or float32 with ``float32_weight``), a real ``eps >= 0``
+    (NaN fails the comparison)."""
 
-    def ok(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
-        return (weight_ok(x, weight) and isinstance(residual, Tensor)
-                and residual.dtype == x.dtype and residual.is_cpu and residual.is_contiguous())
+    def supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+        return (isinstance(x, Tensor) and x.dtype in FLOATS and x.is_cpu and x.dim() >= 1
+                and x.is_contiguous() and isinstance(weight, Tensor)
+                and (weight.dtype == x.dtype
+                     or (float32_weight and weight.dtype == torch.float32))
+                and weight.is_cpu and weight.dim() == 1 and weight.shape[0] == x.shape[-1]
+                and weight.is_contiguous() and type(eps) in (float, int) and eps >= 0)
 
-    return ok
-
-
-rms_norm = _norm_impl("rms_norm", check_rms_norm, "rms_norm_out")
-fused_add_rms_norm = _fused_add_norm_impl("fused_add_rms_norm", check_fused_add_rms_norm,
-                                          "fused_add_rms_norm_out")
-
-
-def rms_norm_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
-    # contiguous x and weight only: strided and stride-0 views go to native
-    return (cpu_float(x) and isinstance(weight, Tensor) and weight.dtype == x.dtype
-            and weight.is_cpu and x.is_contiguous() and weight.is_contiguous())
+    return supports
 
 
-fused_add_rms_norm_supports = _fused_add_ok(rms_norm_supports)
+def _fused_add_supports(float32_weight: bool) -> Callable[..., bool]:
+    """The predicate of a fused-add norm: :func:`_norm_supports`'s conditions, and a
+    contiguous CPU residual of x's shape and dtype."""
+
+    def supports(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+        return (isinstance(x, Tensor) and x.dtype in FLOATS and x.is_cpu and x.dim() >= 1
+                and x.is_contiguous() and isinstance(weight, Tensor)
+                and (weight.dtype == x.dtype
+                     or (float32_weight and weight.dtype == torch.float32))
+                and weight.is_cpu and weight.dim() == 1 and weight.shape[0] == x.shape[-1]
+                and weight.is_contiguous() and type(eps) in (float, int) and eps >= 0
+                and isinstance(residual, Tensor) and residual.dtype == x.dtype
+                and residual.is_cpu and residual.shape == x.shape and residual.is_contiguous())
+
+    return supports
+
+
+rms_norm_supports = _norm_supports(float32_weight=False)
+rms_norm = _norm_impl("rms_norm", "rms_norm_out")
+fused_add_rms_norm = _fused_add_norm_impl("fused_add_rms_norm", "fused_add_rms_norm_out")
+fused_add_rms_norm_supports = _fused_add_supports(float32_weight=False)
 
 
 # ----------------------------------------------------------------------------- activations
 def silu_and_mul(x: Tensor) -> Tensor:
-    check_silu_and_mul(x, provider=PROVIDER)
     out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-    call("silu_and_mul", K.silu_and_mul_out, out, x)
+    try:
+        K.silu_and_mul_out(out, x)
+    except ValueError as exc:
+        raise kernel_error("silu_and_mul", PROVIDER, exc) from None
     return out
 
 
 def silu_and_mul_supports(x: Tensor) -> bool:
-    return cpu_float(x) and x.is_contiguous()
+    return (isinstance(x, Tensor) and x.dtype in FLOATS and x.is_cpu and x.dim() >= 1
+            and x.shape[-1] % 2 == 0 and x.is_contiguous())
 
 
 def gelu_and_mul(x: Tensor, approximate: str = "none") -> Tensor:
-    check_gelu_and_mul(x, approximate, provider=PROVIDER)
     out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-    call("gelu_and_mul", K.gelu_and_mul_out, out, x, approximate)
+    try:
+        K.gelu_and_mul_out(out, x, approximate)
+    except ValueError as exc:
+        raise kernel_error("gelu_and_mul", PROVIDER, exc) from None
     return out
 
 
-gelu_and_mul_supports = predicate(gelu_and_mul, silu_and_mul_supports)
+def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool:
+    return silu_and_mul_supports(x) and approximate in ("none", "tanh")
 
 
 # ----------------------------------------------------------------------------- rotary
@@ -410,18 +434,11 @@ dual_chunk_rotary_embedding_supports = predicate(dual_chunk_rotary_embedding,
 
 
 # ------------------------------------------------------- gemma / gated norms, fp8 quant
-def _norm_weight_ok(x: Tensor, weight: Tensor) -> bool:
-    return (cpu_float(x) and x.is_contiguous() and weight.is_cpu and weight.is_contiguous()
-            and weight.dtype in (x.dtype, torch.float32))
-
-
-gemma_rms_norm = _norm_impl("gemma_rms_norm", check_gemma_rms_norm, "gemma_rms_norm_out")
-gemma_fused_add_rms_norm = _fused_add_norm_impl(
-    "gemma_fused_add_rms_norm", check_gemma_fused_add_rms_norm, "gemma_fused_add_rms_norm_out")
-gemma_fused_add_rms_norm_supports = _fused_add_ok(_norm_weight_ok)
-
-
-gemma_rms_norm_supports = predicate(gemma_rms_norm, _norm_weight_ok)
+gemma_rms_norm = _norm_impl("gemma_rms_norm", "gemma_rms_norm_out")
+gemma_rms_norm_supports = _norm_supports(float32_weight=True)
+gemma_fused_add_rms_norm = _fused_add_norm_impl("gemma_fused_add_rms_norm",
+                                                "gemma_fused_add_rms_norm_out")
+gemma_fused_add_rms_norm_supports = _fused_add_supports(float32_weight=True)
 
 
 def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-5,
@@ -436,7 +453,8 @@ def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: f
 
 
 def _gated_tensors_ok(x: Tensor, weight: Tensor, z: Optional[Tensor]) -> bool:
-    return _norm_weight_ok(x, weight) and (
+    return (cpu_float(x) and x.is_contiguous() and weight.is_cpu and weight.is_contiguous()
+            and weight.dtype in (x.dtype, torch.float32)) and (
         z is None or (z.dtype == x.dtype and z.is_cpu and z.is_contiguous()))
 
 

@@ -9,6 +9,7 @@ import cpu_reference as ref
 import pytest
 import torch
 
+import opmux
 from opmux.core.errors import OpInputError
 from opmux.testing import paged_batch
 
@@ -66,8 +67,14 @@ def test_fused_add_rms_norm(cpp: Any, dtype: torch.dtype) -> None:
 
 
 def test_rms_norm_rejects_mismatched_weight(cpp: Any) -> None:
-    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'cpp'\): argument 'weight' "
-                                           r"expected shape \[8\]"):
+    # through the op the predicate declines and native says what is wrong
+    assert not cpp.rms_norm_supports(torch.randn(4, 8), torch.randn(7), 1e-6)
+    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'native'\): argument "
+                                           r"'weight' expected shape \[8\]"):
+        opmux.ops.rms_norm(torch.randn(4, 8), torch.randn(7), 1e-6)
+    # the impl called directly: the kernel's own check is the last guard
+    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'cpp'\): .*rejected by the "
+                                           r"kernel: weight must be a contiguous \[8\] tensor"):
         cpp.rms_norm(torch.randn(4, 8), torch.randn(7), 1e-6)
     # a dtype the shared check accepts but the kernel does not: the kernel's own check
     with pytest.raises(OpInputError, match="weight dtype must equal x dtype") as info:
@@ -98,8 +105,12 @@ def test_gelu_and_mul(cpp: Any, dtype: torch.dtype, approximate: str) -> None:
 
 
 def test_gelu_and_mul_rejects_unknown_approximation(cpp: Any) -> None:
+    assert not cpp.gelu_and_mul_supports(torch.randn(2, 8), "erf")
     with pytest.raises(OpInputError, match=r"'approximate' expected one of \['none', 'tanh'\]"):
-        cpp.gelu_and_mul(torch.randn(2, 8), "erf")
+        opmux.ops.gelu_and_mul(torch.randn(2, 8), "erf")
+    with pytest.raises(OpInputError, match=r"gelu_and_mul \(provider 'cpp'\): .*rejected by "
+                                           r"the kernel"):
+        cpp.gelu_and_mul(torch.randn(2, 8), "erf")  # the kernel's own check, the last guard
 
 
 # ----------------------------------------------------------------------------- rotary

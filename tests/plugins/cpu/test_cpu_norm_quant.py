@@ -75,9 +75,11 @@ def test_dispatch_reaches_cpp_and_declines_what_it_cannot_read(cpp: Any) -> None
 
 
 def test_provider_rejects_what_native_rejects(cpp: Any) -> None:
-    with pytest.raises(OpInputError, match=r"opmux::gemma_rms_norm \(provider 'cpp'\): "
+    # the predicate declines what native rejects; through the op, native says why
+    assert not cpp.gemma_rms_norm_supports(torch.randn(2, 8), torch.randn(8), -1.0)
+    with pytest.raises(OpInputError, match=r"opmux::gemma_rms_norm \(provider 'native'\): "
                        r"argument 'eps' expected a non-negative float"):
-        cpp.gemma_rms_norm(torch.randn(2, 8), torch.randn(8), -1.0)
+        opmux.ops.gemma_rms_norm(torch.randn(2, 8), torch.randn(8), -1.0)
     with pytest.raises(OpInputError, match=r"quant_fp8 \(provider 'cpp'\): argument "
                        r"'scale_ub' expected None unless per_token"):
         cpp.quant_fp8(torch.randn(2, 8), None, False, torch.tensor([1.0]))
