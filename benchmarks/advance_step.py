@@ -14,7 +14,7 @@ call, median of repeats):
 
 ``overhead`` is ``bridge - ms_op``: the price of serving torch tensors (target <= 10 us).
 Waiting for the asynchronous pipeline instead (``ms_async`` + ``_pynative_executor.sync()``)
-costs milliseconds per call on a loaded two-core machine: ``--with-sync`` adds that column; it
+is far slower on a loaded machine: ``--with-sync`` adds that column; it
 runs last because once MindSpore's pipeline has gone asynchronous in a process, the flag no
 longer makes ops inline (see opmux.plugins.ascend.dlpack_provider).
 """

@@ -1,4 +1,4 @@
-"""CPU benchmark of ``encoder_attention`` and ``mla_attention`` decode (issue 14).
+"""CPU benchmark of ``encoder_attention`` and ``mla_attention`` decode.
 
 Contenders, timed round-robin in one process: ``native eager`` (the catalog reference),
 ``torch.compile(native)`` (Inductor, graph breaks allowed: the reference loops over sequences

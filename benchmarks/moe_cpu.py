@@ -20,13 +20,13 @@ four times the last-level cache, read and written), and the FLOPs of the routed 
 roofline time is the larger of the two, and the columns ``/roof`` are ``cpp``'s, ``grouped``'s
 and the op's time over it. For bfloat16 both mm rates are printed and the roofline takes the
 faster: a kernel can widen bf16 to fp32 and run fp32 FMAs (``cpp``'s vector path does), so the
-fp32 rate is within reach whatever torch's bf16 GEMM does (on AVX2 without AVX-512 BF16 it is
-about 1 GFLOP/s), and on CPUs with AMX tiles the bf16 rate is the higher one. Goal: the op
+fp32 rate is within reach whatever torch's bf16 GEMM does (slow on AVX2 without AVX-512
+BF16), and on CPUs with AMX tiles the bf16 rate is the higher one. Goal: the op
 <= 1.5x the roofline in every cell.
 
 A kernel's speed here also depends on the process it runs in (where its buffers land
-relative to each other; two builds of the same source differ by up to 13% in one process
-and are level over many): ``--processes N`` runs the whole measurement in N fresh processes
+relative to each other; two builds of the same source can differ in one process and are
+level over many): ``--processes N`` runs the whole measurement in N fresh processes
 and prints each cell's speed-up per process, their median and the verdict on the medians.
 """
 

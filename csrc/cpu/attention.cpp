@@ -1,5 +1,5 @@
-// Encoder attention (packed, non-causal, no cache) and the MLA latent cache + latent attention
-// (issue 14). The Python side (plugins/cpu/cpp_attention_extra.py) validates index values
+// Encoder attention (packed, non-causal, no cache) and the MLA latent cache + latent attention.
+// The Python side (plugins/cpu/cpp_attention_extra.py) validates index values
 // with the catalog's checks before calling; the checks here guard the layouts the loops read.
 #include "op_library.h"
 #include "vec_common.h"

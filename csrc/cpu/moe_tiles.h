@@ -15,8 +15,7 @@ namespace {
 // would give six, too few to cover the FMA latency); against leftover rows, kW x kR dot
 // products (kR = 2 on AVX2: each token vector feeds six FMAs). With AVX-512 every row is a
 // leftover row: its 32 registers hold 6 x 4 dot products (24 accumulators, each weight vector
-// feeding four FMAs and each token vector six), which measured 1.15-1.22x faster than the
-// panels at 16 rows per expert and 1.06-1.08x at 64 and 256 (fp32; bf16 and fp16 1.01-1.17x),
+// feeding four FMAs and each token vector six), faster than the panels (benchmarks/moe_cpu.py),
 // where a panel of 32 lanes is mostly half full and each broadcast weight element feeds as
 // few FMAs.
 constexpr int kW = 6;
@@ -38,10 +37,9 @@ inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16 + 16; }
 
 // Rows of an expert's n that go into token panels (the others are leftover rows): whole
 // vectors of kF rows, or all n when the last panel would hold at least kPadFrom rows; that
-// panel then has zero lanes up to the vector boundary. At 64 tokens (13-18 rows per expert)
-// an expert of 13-15 rows ran a half panel (six accumulators: too few FMA chains) and 5-7 dot
-// rows; one padded panel is faster (benchmarks/moe_cpu.py's shapes, interleaved in one
-// process, best of 31, 2 threads, AVX2: 4.01 vs 4.37 ms fp32, 4.01 vs 4.16 ms bf16).
+// panel then has zero lanes up to the vector boundary. Without it an expert of, say, 13-15
+// rows would run a half panel (six accumulators: too few FMA chains) and 5-7 dot rows; one
+// padded panel is faster (benchmarks/moe_cpu.py).
 constexpr int64_t kPadFrom = 9;
 inline int64_t panel_rows(int64_t n) {
   if (!kPanels) return 0;
@@ -98,9 +96,8 @@ __attribute__((always_inline)) inline void fma_pair(const float* w, __m256 x0, _
 }
 
 // The full panel on AVX2 with the 12 accumulators as named registers: with the array above,
-// GCC stored and reloaded all 12 around every block of 16 steps (the prefetch's loop).
-// benchmarks/moe_cpu.py's shapes, interleaved in one process (best of 31, 2 threads): bf16
-// 3.62 vs 4.01 ms at 64 tokens and 44.3 vs 48.3 ms at 1024; fp32 3.94 vs 4.01, 43.3 vs 44.0.
+// GCC stores and reloads all 12 around every block of 16 steps (the prefetch's loop)
+// (benchmarks/moe_cpu.py).
 template <>
 inline void tile_kernel<2>(const float* const* rows, const float* xp, int64_t n,
                            const char* const* next, int64_t pf, fVec (&acc)[kW][2]) {
@@ -172,9 +169,8 @@ inline void widen_rows(const T* const* src, int64_t n, float* dst, int64_t ld) {
   }
 }
 
-// silu(g) * u on whole vectors (exp_u20, as silu_and_mul in activation.cpp). Against a scalar
-// std::exp per activation, benchmarks/moe_cpu.py's shapes interleaved in one process (best of
-// 31, 2 threads, AVX2): 1024 tokens 43.8 vs 45.9 ms fp32, 48.1 vs 49.7 ms bf16; level at 64.
+// silu(g) * u on whole vectors (exp_u20, as silu_and_mul in activation.cpp), not a scalar
+// std::exp per activation (benchmarks/moe_cpu.py).
 inline fVec silu_mul(const fVec& g, const fVec& u) {
   return g / (fVec(1.f) + g.neg().exp_u20()) * u;
 }

@@ -12,8 +12,8 @@
 // address order. Scores use a 16-token transpose-reduce (AVX-512); the query rows that share a
 // kv head (GQA group, prefill positions) go four at a time against four keys, so each key
 // vector load feeds four rows, and the value accumulation takes up to eight rows per value
-// load. (Software prefetch of the next chunk or of the next 16-token group measured no faster
-// on this path than the hardware prefetcher: its token rows are contiguous.) Value rows with a
+// load. (No software prefetch on this path: its token rows are contiguous, which the hardware
+// prefetcher follows; benchmarks/paged_attention_cpu.py.) Value rows with a
 // head size that is a multiple of the vector width are widened in registers, others go
 // through a zero-padded fp32 copy; bf16 scores use AVX512-BF16 pair dot products when the build has them. Items with one
 // kv head and more than 8 rows (prefill) take the row-tile path of paged_attention_tile.h, in
@@ -220,7 +220,7 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& query, const at::Ten
   const int32_t* lens = seq_lens.const_data_ptr<int32_t>();
   const int32_t* bt = block_tables.const_data_ptr<int32_t>();
   // Value checks: the same conditions as the shared check_paged_attention, so that the
-  // provider can skip reading these tensors in Python (#18).
+  // provider can skip reading these tensors in Python.
   PA_CHECK(S == 0 || (qsl[0] == 0 && qsl[S] <= T), "query_start_loc must run from 0 to at most ",
            T, ", got first ", S ? qsl[0] : 0, " last ", S ? qsl[S] : 0);
   for (int64_t i = 0; i < S; ++i) {

@@ -53,8 +53,8 @@ using amx::tiles_granted;
 
 constexpr int64_t kLanes = 16;
 // most keys per chunk (across blocks where every 16-key step lies inside one block): fewer
-// accumulator loads, stores and rescales than one 128-key block, 1-4% faster on GQA 4/8
-// decodes and mixed batches (separate processes); 512 was within 2% of 256.
+// accumulator loads, stores and rescales than one 128-key block; longer chunks gain nothing
+// more (benchmarks/paged_attention_cpu.py).
 constexpr int64_t kChunk = 256;
 constexpr int64_t kItemRows = 128;  // most rows of an item (the row-tile path's 4 x 32)
 
@@ -112,8 +112,8 @@ inline void acc_products(const uint16_t* b, int64_t stride, int64_t k) {
 }
 
 // The scratch buffers live in one allocation, each starting on a different 64-byte line of a
-// 4 KiB page. As separate vectors the large ones were each page-aligned (and 16 bytes on), so
-// their rows met in the same L1 sets: mixed batches measured 12-16% slower.
+// 4 KiB page: as separate vectors the large ones would each be page-aligned (and 16 bytes on),
+// so their rows would meet in the same L1 sets (benchmarks/paged_attention_cpu.py).
 struct AmxScratch {
   int64_t D;
   uint32_t* qT;    // per group and 32-wide slice of D: [16 pairs][R] 32-bit cells
@@ -168,8 +168,8 @@ inline bool takes(const WorkItem& w, int64_t G) {
   // one kv head: prefill positions x G rows, or a decode group; several: decode rows only, 1,
   // 2, 4, 8 or 16 per head (each head's group inside one lane tile). Groups of 8 rows at most
   // take the parity form of the value products, which reads the value rows from the cache
-  // as they are: GQA 1/2 decodes, which the interleaving form left 24-45% slower than the
-  // vector path, measured 0-20% faster than it at 1 and 2 threads.
+  // as they are: GQA 1/2 decodes, where the interleaving form is slower than the vector path
+  // and the parity form faster (benchmarks/paged_attention_cpu.py).
   if (nkh == 1) return true;
   return w.q_end - w.q_begin == 1 && kLanes % G == 0;
 }

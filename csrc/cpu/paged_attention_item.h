@@ -62,9 +62,9 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   int64_t row_lo[kMaxRows];
   [[maybe_unused]] const T* q_raw[kMaxRows];  // the query rows as given (unscaled), for the
                                               // AVX-512 bf16 score paths
-  // bf16 with a head size that is a multiple of 32: scores by pair dot products. (The same for
-  // the value step, with bf16-rounded probabilities, measured 10% slower than widening the
-  // values in registers.)
+  // bf16 with a head size that is a multiple of 32: scores by pair dot products. The value
+  // step widens the values in registers instead, which is faster than pair dot products with
+  // bf16-rounded probabilities (benchmarks/paged_attention_cpu.py).
   [[maybe_unused]] const bool pairs =
       std::is_same_v<T, at::BFloat16> && D % 32 == 0 && kHasBf16Pairs;
   const fVec sc(p.scale);
@@ -128,9 +128,9 @@ void run_item(const WorkItem& w, const Params& p, const T* query, const T* kc, c
   const bool grouped4 = G == 4;
   const int64_t D2 = (D + 1) / 2 * 2;  // elements per packed row (even)
   // Narrow keys of a GQA 4/8 item are widened for 16 tokens at a time in address order (each
-  // token's [heads, D] row as one stream), not head by head: the head-by-head widening read
-  // D elements every Hkv * D and waited on memory there (bf16 decodes 10-13% faster). fp32
-  // keys stay in place (a copy in address order measured 10-16% slower for GQA 4).
+  // token's [heads, D] row as one stream), not head by head: the head-by-head widening reads
+  // D elements every Hkv * D and waits on memory there. fp32 keys stay in place: a copy in
+  // address order is slower for them (benchmarks/paged_attention_cpu.py).
   const bool keys_first = !std::is_same_v<T, float> && (grouped8 || grouped4) &&
                           nkh <= kGroupHeads;
   for (int64_t r = 0; grouped4 && r < rows; r += 4) {

@@ -39,8 +39,8 @@ inline __m256 reduce8(const __m256* v) {
 // Scores of R (1 to 3) query rows against 4 keys: 4R accumulators, each query vector loaded
 // once for four keys. With R = 3 the 12 accumulators leave too few of the 16 registers for the
 // keys, so the compiler makes them FMA memory operands (15 loads per 12 FMAs, from L1); tiles
-// of two rows (all in registers, 6 loads per 8 FMAs) measured the same within this machine's
-// noise. Row i's four scores go to out[i][0, 4).
+// of two rows (all in registers, 6 loads per 8 FMAs) are no faster
+// (benchmarks/paged_attention_cpu.py). Row i's four scores go to out[i][0, 4).
 template <int R>
 inline void qk_tile_r4(const float* const* q, float* const* out, const float* const* k,
                        int64_t padded) {
@@ -79,7 +79,7 @@ inline void qk_tile_r4(const float* const* q, float* const* out, const float* co
 // score of key j; one 8 x 8 transpose per eight keys puts row g's scores in out[g][t0, t0 + 8).
 // k has 16 valid row pointers (n <= 16 real keys); d counts elements. The element loop goes four
 // at a time, so the eight key rows are read at one shared offset (eight pointer increments per
-// element otherwise): 4-6% faster on GQA 8 decodes here.
+// element otherwise; benchmarks/paged_attention_cpu.py).
 inline void pack_rows8(const float* const* rows, float* qpack, int64_t d) {
   for (int64_t c = 0; c < d; ++c) {
     for (int g = 0; g < 8; ++g) qpack[8 * c + g] = rows[g][c];
@@ -133,7 +133,7 @@ inline void qk_rows8(const float* qpack, float* const* out, const float* const* 
 // pairwise add and a transpose per eight keys put row g's scores in out[g][t0, t0 + 8). The
 // key rows must hold an even number of elements (their zero padding covers an odd head size).
 // qk_rows8 and qk_rows4 stay two functions: one template for both (the broadcast and the final
-// reduction chosen by the pair width) measured 5-7% slower on bf16 GQA 4/8 decodes here.
+// reduction chosen by the pair width) is slower (benchmarks/paged_attention_cpu.py).
 inline void pack_rows4(const float* const* rows, float* qpack, int64_t d) {
   for (int64_t c = 0; c < (d + 1) / 2; ++c) {
     for (int g = 0; g < 4; ++g) {

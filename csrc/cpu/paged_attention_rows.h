@@ -19,8 +19,8 @@ namespace opmux_cpu {
 namespace {
 
 
-constexpr int64_t kTokenChunk = 128;  // keys scored per step (a 64-key chunk measured 8% slower
-                                      // on bf16 GQA 8 decode: per-chunk softmax work)
+constexpr int64_t kTokenChunk = 128;  // keys scored per step (shorter chunks add per-chunk
+                                      // softmax work; benchmarks/paged_attention_cpu.py)
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
 constexpr bool kHasBf16Pairs = true;
 #else
@@ -167,11 +167,11 @@ inline __m512 reduce16(const __m512* v) {
 }
 
 // tanh as a rational function of x (odd 13th over even 6th degree, the Eigen fast_tanh_float
-// coefficients), x clamped to +-7.905: within 4e-7 of tanh in a dozen FMAs, where Sleef's tanh
-// cost a quarter of the whole capped prefill. The soft cap of the row-tile and AMX paths.
-// NaN stays NaN: VMAXPS / VMINPS return their second operand when either is NaN, so x goes
-// second in the clamp (with x first, a NaN score became -1, and a NaN key gave a finite
-// capped softmax where native gives NaN).
+// coefficients), x clamped to +-7.905: within 4e-7 of tanh in a dozen FMAs, far cheaper than
+// Sleef's tanh on a capped prefill (benchmarks/paged_attention_cpu.py). The soft cap of the
+// row-tile and AMX paths. NaN stays NaN: VMAXPS / VMINPS return their second operand when
+// either is NaN, so x goes second in the clamp (with x first, a NaN score would become -1,
+// and a NaN key would give a finite capped softmax where native gives NaN).
 inline __m512 fast_tanh(__m512 x) {
   const __m512 lim = _mm512_set1_ps(7.90531110763549805f);
   x = _mm512_min_ps(lim, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), lim), x));
@@ -188,7 +188,7 @@ inline __m512 fast_tanh(__m512 x) {
   q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.18534705686654e-04f));
   q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.26843463243900e-03f));
   q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.89352518554385e-03f));
-  // p / q with a reciprocal estimate and one Newton step (a full-width division is ~10 cycles)
+  // p / q with a reciprocal estimate and one Newton step (cheaper than a full-width division)
   const __m512 r0 = _mm512_rcp14_ps(q);
   const __m512 r = _mm512_mul_ps(r0, _mm512_fnmadd_ps(q, r0, _mm512_set1_ps(2.f)));
   return _mm512_mul_ps(p, r);

@@ -18,8 +18,7 @@
 // then taken by each sub-tile in turn, which halves to quarters the cache reads of a long
 // prefill. With many kv heads one head's piece of a token row is a few cache lines every
 // several KiB, which the hardware prefetcher follows poorly, so the next chunk's pieces are
-// prefetched into L2 while the current one is computed (measured 7-15% faster on bf16
-// prefill, neutral on fp32).
+// prefetched into L2 while the current one is computed (benchmarks/paged_attention_cpu.py).
 #pragma once
 
 #include "paged_attention_rows.h"
@@ -195,8 +194,8 @@ void run_tile_item(const WorkItem& w, const Params& p, const T* query, const T* 
   const bool in_place = kInPlace && D == Dp;
   // Cache rows 4 KiB or more apart (many kv heads) fall into a few L1 sets; the value step
   // walks all the chunk's rows once per block of dims, so their values go through the
-  // contiguous copy (measured: 10% faster prefill at 4 KiB, 20% at 16 KiB, no gain at 2 KiB);
-  // keys, read 8 rows at a time, only from 8 KiB.
+  // contiguous copy from 4 KiB apart; keys, read 8 rows at a time, only from 8 KiB
+  // (benchmarks/paged_attention_cpu.py).
   const int64_t row_bytes = ig.tok_stride * static_cast<int64_t>(sizeof(T));
   const bool k_in_place = row_bytes < 8192;
   const bool v_in_place = row_bytes < 4096;

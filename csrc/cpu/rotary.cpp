@@ -64,7 +64,7 @@ void rotary_embedding_out(at::Tensor& query_out, at::Tensor& key_out,
                  query_out.scalar_type() == query.scalar_type() &&
                  key_out.scalar_type() == key.scalar_type(),
              "query_out/key_out must be contiguous like query/key");
-  // positions may be any 1-d view (strided, stride 0): read through its stride (#11)
+  // positions may be any 1-d view (strided, stride 0): read through its stride
   const int64_t* pos = positions.const_data_ptr<int64_t>();
   const int64_t ps = positions.stride(0);
   for (int64_t t = 0; t < T; ++t) {

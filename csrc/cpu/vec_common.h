@@ -126,8 +126,8 @@ inline void store_nt(T* p, const fVec& v, int64_t n) {
 // n = round(x log2(e)), r = x - n ln 2 in two steps (n times ln 2's 15-bit high part is
 // exact), e^r by a degree-5 polynomial fitted on [-ln 2 / 2, ln 2 / 2], then VSCALEFPS
 // multiplies by 2^n. Below x = -87 (e^x under 1.7e-38) the result is 0, so no denormal ever
-// comes out (an operation on one costs a microcode assist: a first version that let them
-// through made windowed batches 25% slower); inf above 88.7; NaN for a NaN x and for x = +inf
+// comes out (an operation on one costs a microcode assist, which slows windowed batches;
+// benchmarks/paged_attention_cpu.py); inf above 88.7; NaN for a NaN x and for x = +inf
 // (the softmax loops pass x - max <= 0).
 inline __m512 exp512(__m512 x) {
   const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_NLT_UQ);  // NaN too
@@ -197,7 +197,7 @@ inline float hmax(const fVec& v) {
 
 // Asks Linux for transparent huge pages on a large output before its first write. A fresh
 // multi-MiB output is otherwise faulted in 4 KiB at a time, which costs more than the kernel
-// itself (about 17 ms per 64 MiB here); with THP in "madvise" mode this makes it 2 MiB faults.
+// itself (benchmarks/ops_cpu.py --full); with THP in "madvise" mode this makes it 2 MiB faults.
 // Only the 2 MiB-aligned interior is advised; failure is harmless and ignored.
 inline void advise_huge_pages(const at::Tensor& t) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

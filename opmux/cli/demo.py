@@ -98,7 +98,7 @@ def _check(ns: argparse.Namespace) -> None:
 
 
 def _check_model_dir(directory: Path, force: bool) -> None:
-    """Refuse to put a checkpoint where one would replace something (#39)."""
+    """Refuse to put a checkpoint where one would replace something."""
     from opmux.core.errors import ConfigError
 
     if directory.exists() and not directory.is_dir():

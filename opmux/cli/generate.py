@@ -140,7 +140,7 @@ def run(ns: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None
     world = os.environ.get("WORLD_SIZE")
     if world is not None and world.strip() != str(ns.tp):
         # a leftover torchrun environment would wait in the rendezvous for ranks that
-        # never come (#39)
+        # never come
         held = " ".join(f"{v}={os.environ[v]}" for v in _TORCHRUN_ENV if v in os.environ)
         raise ConfigError(
             f"opmux generate: the environment holds {held} (left over from torchrun or "

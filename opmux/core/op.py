@@ -171,8 +171,8 @@ class Op:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # no empty keyword dict passed on: 1 % of a call (benchmarks/dispatch_overhead.py's
-        # ops counted in instructions, benchmarks/RESULTS.md)
+        # no empty keyword dict passed on: the call without ``**kwargs`` is the cheaper one
+        # (benchmarks/dispatch_overhead.py)
         if kwargs:
             return self._call(*args, **kwargs)
         return self._call(*args)
@@ -425,8 +425,8 @@ class Op:
         kernel when no fake is registered with torch, so this serves tracing and meta-device
         calls as :meth:`register_fake` does, for a fake whose output sizes follow from its
         inputs. It skips ``torch.library.register_fake``, which reads its caller's source
-        line: the catalog's nineteen fakes cost about 10 ms of ``opmux.load_plugins()`` that
-        way (medians of fresh processes; ``benchmarks/startup.py`` times it). A fake that
+        line, a noticeable part of ``opmux.load_plugins()`` for the catalog's fakes
+        (``benchmarks/startup.py``). A fake that
         needs ``torch.library.get_ctx()`` (data-dependent sizes) must use
         :meth:`register_fake`; after it, a torch-registered fake takes precedence under
         FakeTensorMode.

@@ -503,7 +503,7 @@ def _merged_priority(state: PluginState, op: Op, platform: Platform) -> list[str
             merged.extend(p for p in agreed if p not in merged)
     if not merged and conflicted:
         # every opinion was a conflict: with no layer here the registration order would
-        # pick, i.e. the plugins' load order, i.e. their names (#39 item 10). The platform's
+        # pick, i.e. the plugins' load order, i.e. their names. The platform's
         # default decides, else native (the disputed providers listed after it never run)
         # until OPMUX_PRIORITY or code chooses
         disputed = sorted({p for tier in tiers for answer in tier.values() for p in answer})

@@ -194,7 +194,7 @@ class OpRegistry:
                     loader = torch._dynamo.disable(loader)
                 loader(self)
                 # only a start-up that succeeded counts: a fatal error is raised again on
-                # the next call, until the configuration is fixed (#11)
+                # the next call, until the configuration is fixed
                 self.loaded_flag[0] = True
             finally:
                 self._loading_thread = None

@@ -180,7 +180,7 @@ def _flush_at_exit() -> None:
     try:
         flush()
     except OSError as exc:
-        # stderr: stdout may be a --json report that must stay JSON (#39)
+        # stderr: stdout may be a --json report that must stay JSON
         print(f"opmux: could not write the OPMUX_TRACE file: {exc}", file=sys.stderr,
               flush=True)
 

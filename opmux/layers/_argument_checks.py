@@ -1,7 +1,7 @@
 """Checks of layer constructor arguments, in the shape of the op checks.
 
-A layer built with a size or epsilon no op can take used to fail later, inside a forward
-(``ZeroDivisionError``) or not at all (NaN outputs); these raise
+A layer built with a size or epsilon no op can take would otherwise fail later, inside a
+forward (``ZeroDivisionError``) or not at all (NaN outputs); these raise
 :class:`opmux.OpInputError` at construction, naming the layer, the argument and the range.
 """
 

@@ -1,5 +1,5 @@
 """Attention layers of vLLM 0.32's CustomOp table: ``mm_encoder_attn`` and
-``multi_head_latent_attention`` (issue 14).
+``multi_head_latent_attention``.
 
 :class:`MMEncoderAttention` is vLLM's vision-encoder attention (no cache, non-causal, packed
 sequences through ``cu_seqlens``); its platform paths call ``opmux::encoder_attention``.

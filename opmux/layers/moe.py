@@ -12,7 +12,7 @@ shapes reach the compiler. ``forward_native`` (the layer disabled with
 The layer returns ``(shared_output, fused_output)`` as engines do; ``shared_output`` is
 ``None`` without shared experts.
 
-Tensor parallelism (#15): each TP rank of :mod:`opmux.distributed` holds every expert
+Tensor parallelism: each TP rank of :mod:`opmux.distributed` holds every expert
 with a ``1/tp`` slice of its intermediate dimension (``w13_weight [E, 2I/tp, d]``: this
 rank's gate rows, then its up rows; ``w2_weight [E, d, I/tp]``), and the shared experts
 likewise; each rank computes partial sums that are all-reduced through the catalog op

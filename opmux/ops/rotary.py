@@ -126,7 +126,7 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
     vLLM's CPU kernel does. vLLM's Python reference instead rotates bf16/fp16 inputs in
     that dtype (cos and sin cast down, every product and sum rounded), so on large bf16
     inputs the two differ by about one bf16 ulp, beyond vLLM's test tolerance; in fp32
-    they agree for every head size, rotary width, style and layout (#19).
+    they agree for every head size, rotary width, style and layout.
 
     :param positions: int64/int32 positions, each in ``[0, max_pos)``.
     :param query: ``[*P, H*D]`` or ``[*P, H, D]``.

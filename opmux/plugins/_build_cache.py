@@ -5,7 +5,7 @@ Layout: ``<root>/<kind>/<key>/`` holds one built library plus its intermediate f
 (``cpu``, ``cuda_c``, ``ascend``) and ``<key>`` is :func:`hash_key` of everything the library
 depends on (sources, compiler, flags, torch / MindSpore version, CPU features).
 
-Integrity (hardening #11): a build runs in a fresh temporary folder next to the entry; only
+Integrity: a build runs in a fresh temporary folder next to the entry; only
 after it completed is a stamp written (:data:`STAMP`: the library's name, size and sha256, and
 the sha256 of every intermediate file), and the folder is renamed into place. A process that
 finds an entry checks the stamp *before* it maps the library (a truncated shared object is a
@@ -18,7 +18,7 @@ the file's size, mtime, ctime, inode and device (once its ctime is two seconds o
 below), and a later start-up that finds all of them unchanged skips the read. Any write to the
 library moves its ctime, so a damaged library is read and refused again.
 
-Keys: hashing every source file at each start-up costs milliseconds, so :meth:`BuildCache.key`
+Keys: hashing every source file would slow every start-up, so :meth:`BuildCache.key`
 remembers the last key of a source tree in ``<root>/<kind>/.sources-<tree>.json`` with the size,
 mtime, ctime and inode of each file, and hashes again only when one of them (or the file list, or
 another input) changed. ctime moves on every write, even one that puts the old mtime back.

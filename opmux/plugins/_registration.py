@@ -13,7 +13,7 @@ A predicate must take the op's parameters, but most read only a few of them: :fu
 builds one with an impl's parameters from a check that names just those it reads. Predicates
 are named ``<op>_supports`` (``_<op>_supports`` when private), as the Triton modules and the
 example vendor do; the ``cpp`` table (``_<op>_ok``), ``cuda_c`` (abbreviated op names) and
-``mindspore`` (``supports_args``) still carry their earlier names.
+``mindspore`` (``supports_args``) use names of their own.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def predicate(impl: Callable[..., Any], check: Callable[..., bool]) -> Callable[
     supports.__name__ = supports.__qualname__ = f"_{impl.__name__}_supports"
     supports.__module__ = impl.__module__
     # inspect.signature follows __wrapped__ (impl's parameters, built only when asked);
-    # registration compares impl's code with native's instead (benchmarks/startup.py: the
-    # 80-odd signatures cost about 4 ms of start-up)
+    # registration compares impl's code with native's instead, sparing start-up the
+    # signatures (benchmarks/startup.py)
     supports.__wrapped__ = impl  # type: ignore[attr-defined]
     return supports
 

@@ -196,7 +196,7 @@ def paged_attention_cases() -> Iterator[Case]:
     yield attention_case("fp32-d128-long", q_lens=[1, 1], kv_lens=[300, 129], heads=4,
                          kv_heads=1, head_size=128, block_size=32)
     yield attention_case("fp32-empty", q_lens=[], kv_lens=[])
-    # #19: caches that are permuted or sliced views of one allocation
+    # caches that are permuted or sliced views of one allocation
     for layout in CACHE_LAYOUTS[1:]:
         yield attention_case(f"fp32-layout-{layout}", q_lens=[3, 1, 2], kv_lens=[20, 9, 2],
                              layout=layout)

@@ -3,7 +3,7 @@
 Each op's generators yield :class:`BadInput` rows ``(label, args, kwargs, argument)``:
 arguments the op must refuse with :class:`opmux.OpInputError` whose ``.argument`` is
 ``argument``, through native and through every provider (called directly and through the
-op), without changing any input tensor (#11). Every generator enters the table through
+op), without changing any input tensor. Every generator enters the table through
 :func:`register_bad_inputs`: the catalog's family modules (``bad_inputs_elementwise``,
 ``bad_inputs_cache``, ``bad_inputs_moe``) and plugins that add ops alike. This module imports
 none of them; :mod:`opmux.testing.bad_inputs` loads the catalog's and answers lookups.

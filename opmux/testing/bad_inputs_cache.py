@@ -1,5 +1,5 @@
 """Bad inputs of the KV-cache ops: ``reshape_and_cache``, ``paged_attention`` and
-``advance_step_flashattn`` (#11).
+``advance_step_flashattn``.
 
 Registered by :func:`register_cache_bad_inputs` (called by :mod:`opmux.testing.bad_inputs`).
 Every row is refused by native and by every provider with an :class:`opmux.OpInputError` naming

@@ -1,4 +1,4 @@
-"""Bad inputs of the activations, the RMS norms and ``rotary_embedding`` (#11).
+"""Bad inputs of the activations, the RMS norms and ``rotary_embedding``.
 
 Registered by :func:`register_elementwise_bad_inputs` (called by
 :mod:`opmux.testing.bad_inputs`). Every row is refused by native and by every provider with an

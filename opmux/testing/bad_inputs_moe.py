@@ -1,5 +1,5 @@
 """Bad inputs of the mixture-of-experts ops: ``topk_softmax``, ``grouped_topk`` and
-``fused_moe`` (#11).
+``fused_moe``.
 
 Registered by :func:`register_moe_bad_inputs` (called by :mod:`opmux.testing.bad_inputs`). Every
 row is refused by native and by every provider with an :class:`opmux.OpInputError` naming the

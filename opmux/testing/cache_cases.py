@@ -46,7 +46,7 @@ def reshape_and_cache_cases() -> Iterator[Case]:
 
 def cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same cache values in an engine's memory layout (#19); logical shape unchanged.
+    """The same cache values in an engine's memory layout; logical shape unchanged.
 
     - ``"nhd"``: two contiguous ``[num_blocks, block_size, Hkv, D]`` tensors;
     - ``"hnd"``: each stored ``[num_blocks, Hkv, block_size, D]``, viewed permuted;
@@ -83,7 +83,7 @@ CACHE_LAYOUTS: tuple[str, ...] = ("nhd", "hnd", "kv-split", "kv-split-hnd", "pad
 
 
 def _reshape_and_cache_layout_cases() -> Iterator[Case]:
-    # #19: engines hand out permuted or sliced views of one cache allocation
+    # engines hand out permuted or sliced views of one cache allocation
     for tag, dt, layout in (("fp32", torch.float32, "hnd"), ("fp32", torch.float32, "kv-split"),
                             ("bf16", torch.bfloat16, "kv-split-hnd"),
                             ("fp16", torch.float16, "padded-d")):

@@ -47,7 +47,7 @@ class Case:
         """Fresh copies of the arguments on ``device`` (safe to mutate).
 
         A strided, non-overlapping tensor keeps its sizes, strides and storage offset (a
-        case may hold a cache that is one half of a K/V buffer, #19); an overlapping one
+        case may hold a cache that is one half of a K/V buffer); an overlapping one
         (expanded) becomes contiguous.
         """
         def move(a: Any) -> Any:

@@ -48,7 +48,7 @@ def rotary_embedding_cases() -> Iterator[Case]:
     yield Case("fp32-3d-layout", (positions, seeded_randn(g, (5, 4, 32), torch.float32),
                                   seeded_randn(g, (5, 2, 32), torch.float32),
                                   make_cos_sin_cache(32, 32), 32, True))
-    # vLLM's layouts (#19): positions [batch, seq] with queries [batch, seq, H*D] or
+    # vLLM's layouts: positions [batch, seq] with queries [batch, seq, H*D] or
     # [batch, seq, H, D]; per-head [T, H, D] with a partial rotary width (strided views of
     # every layout come from opmux.testing.views)
     layouts: list[tuple[str, torch.dtype, tuple[int, ...], int, bool, int, int, bool]] = [

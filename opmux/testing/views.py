@@ -1,4 +1,4 @@
-"""Strided views of conformance cases: every provider must honour strides or decline (#11).
+"""Strided views of conformance cases: every provider must honour strides or decline.
 
 A provider agrees with native on every input native accepts, whatever its memory layout, or
 declines it in ``supports_args`` (so native runs). :func:`strided_variants` turns one

@@ -1,4 +1,4 @@
-"""The table of hostile inputs (#39 "Done means"): checkpoints, configs, command lines, and
+"""The table of hostile inputs: checkpoints, configs, command lines, and
 cache and trace files. Plain data, read by ``test_hostile_inputs.py`` (to name the cases)
 and by ``_hostile_driver.py`` (which runs them under a memory limit).
 

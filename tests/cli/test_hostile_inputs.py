@@ -1,4 +1,4 @@
-"""The hostile-input suite (#39 "Done means"): every case of ``hostile_table`` is answered
+"""The hostile-input suite: every case of ``hostile_table`` is answered
 by an opmux error (one stderr line, no traceback, exit status 2, nothing written) or, for
 cache and trace files, by one warning naming the file while op calls go on, in a process
 under a memory limit (``RLIMIT_AS``) that leaves no process behind.

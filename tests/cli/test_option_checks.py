@@ -1,4 +1,4 @@
-"""Bad option values end a command with one line naming the option (#39 items 7-9)."""
+"""Bad option values end a command with one line naming the option."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ``--tp`` launcher: its ranks never outlive it, whatever ends it (#39)."""
+"""The ``--tp`` launcher: its ranks never outlive it, whatever ends it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Provider output checks (``OPMUX_CHECK_OUTPUTS=1`` / ``enable_output_checks``), #11 item 12."""
+"""Provider output checks (``OPMUX_CHECK_OUTPUTS=1`` / ``enable_output_checks``)."""
 
 from __future__ import annotations
 

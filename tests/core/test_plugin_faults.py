@@ -1,4 +1,4 @@
-"""Fault injection: a plugin failing in each hook, and fatal configuration (#11 items 8, 9, 15).
+"""Fault injection: a plugin failing in each hook, and fatal configuration.
 
 Every hook is isolated alike: the failing plugin is recorded as ``failed`` with the hook
 and its traceback, whatever it registered is rolled back, the other plugins load and

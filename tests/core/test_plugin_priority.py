@@ -1,4 +1,4 @@
-"""The plugin priority merge rule: independent of plugin names and install order (#11 item 10).
+"""The plugin priority merge rule: independent of plugin names and install order.
 
 A plugin naming the current platform in ``opmux_plugin_info`` is *specific*; one serving
 it through ``"*"`` is *generic*. Specific answers go first; generic ones add what is not
@@ -100,7 +100,7 @@ def test_two_generic_plugins_that_disagree_never_let_a_name_decide(
         fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux.Op, vendor: str,
         reverse_install_order: bool) -> None:
     # the cpu plugin serves "*" (CPU tensors exist everywhere): a "*" vendor that prefers
-    # itself ties with it, whatever either is called (#39 item 10)
+    # itself ties with it, whatever either is called
     _plugin(fake, "cpu", reg_op, platforms=["*"], provides={"cpp": 10}, prefers=["cpp"])
     _plugin(fake, vendor, reg_op, platforms=["*"], provides={"vendor": 20},
             prefers=["vendor"])

@@ -1,4 +1,4 @@
-"""Start-up in one module, one reset, one configuration module (#12 items 1, 4, 5)."""
+"""Start-up in one module, one reset, one configuration module."""
 
 from __future__ import annotations
 

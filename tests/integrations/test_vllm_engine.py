@@ -1,6 +1,6 @@
 """vLLM offline generation with the opmux plugin off and on (vllm lane).
 
-One engine per model per mode (engine start is 30-100 s here): a tiny float32 Llama and a
+One engine per model per mode (an engine is slow to start): a tiny float32 Llama and a
 tiny Qwen2 written by the test, greedy tokens compared, and the plugin-on run traced with
 ``OPMUX_TRACE`` while the example vendor plugin is first for ``silu_and_mul``.
 """

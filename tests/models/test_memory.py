@@ -1,5 +1,5 @@
 """Sizes from users are range-checked, and what they imply is compared with the memory
-available before it is allocated (#39)."""
+available before it is allocated."""
 
 from __future__ import annotations
 

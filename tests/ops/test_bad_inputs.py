@@ -1,4 +1,4 @@
-"""Table-driven bad inputs (#11): every registered row through native and every provider.
+"""Table-driven bad inputs: every registered row through native and every provider.
 
 Each row of :mod:`opmux.testing.bad_inputs` must raise :class:`opmux.OpInputError` with
 ``.op``, ``.provider`` and ``.argument`` set and the one message format, when the provider's

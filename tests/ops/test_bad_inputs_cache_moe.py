@@ -1,4 +1,4 @@
-"""Bad inputs of the KV-cache and MoE ops (#11 item 7), beyond the generic table test.
+"""Bad inputs of the KV-cache and MoE ops, beyond the generic table test.
 
 The rows themselves live in :mod:`opmux.testing.bad_inputs_cache` and
 :mod:`opmux.testing.bad_inputs_moe` and run through native and every CPU provider in

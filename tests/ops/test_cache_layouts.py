@@ -1,4 +1,4 @@
-"""KV caches in the layouts engines allocate (#19), through every provider present.
+"""KV caches in the layouts engines allocate, through every provider present.
 
 Adapted from the parameters of vLLM's ``tests/kernels/attention/test_cache.py``
 (``reshape_and_cache`` / ``reshape_and_cache_flash``): 8 heads, head sizes 64/80/256,

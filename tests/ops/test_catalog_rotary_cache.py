@@ -161,7 +161,7 @@ def test_advance_step_errors_write_nothing(mutate, match) -> None:  # type: igno
 
 
 def test_advance_step_writes_through_strided_state() -> None:
-    # #11: the state vectors may be strided views (columns of one [num_seqs, 4] buffer)
+    # the state vectors may be strided views (columns of one [num_seqs, 4] buffer)
     tokens, pos, lens, slots, tables = _state([6, 8, 6, 6], torch.arange(4).view(4, 1))
     sampled = torch.tensor([[11], [12], [13]])
     buf = torch.full((4, 4), 99, dtype=torch.int64)

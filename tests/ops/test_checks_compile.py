@@ -1,4 +1,4 @@
-"""The shared checks under torch.compile(fullgraph=True, dynamic=True) (#11 item 6).
+"""The shared checks under torch.compile(fullgraph=True, dynamic=True).
 
 Checks compare symbolic sizes through ``require`` (deferred runtime asserts), never call
 ``int()``/``bool()`` on them, so a model step calling the activations, the norms and rotary

@@ -1,4 +1,4 @@
-"""Dynamic shapes under ``torch.compile`` (#11 item 6).
+"""Dynamic shapes under ``torch.compile``.
 
 A decoder step that calls every catalog op, compiled with ``fullgraph=True, dynamic=True``,
 serves 16 different token / sequence counts with at most 2 compilations: the ops' fake
@@ -95,7 +95,7 @@ def decoder_step(x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
 
 def _caches() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    # K and V as two views of one buffer, as engines allocate them (#19)
+    # K and V as two views of one buffer, as engines allocate them
     kv = torch.randn(BLOCKS, 2, BS, HKV, D, generator=g)
     return kv[:, 0], kv[:, 1]
 

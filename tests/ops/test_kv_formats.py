@@ -69,7 +69,7 @@ def test_every_builtin_format_conforms(name: str) -> None:
 def test_a_copying_format_conforms_and_runs_in_the_ops(dim_major: opmux.KVCacheFormat) -> None:
     assert "test_dim_major" in opmux.list_kv_cache_formats()
     assert check_kv_cache_format("test_dim_major") == []
-    # the kit's cases now carry it; native passes them against itself, cpp declines them
+    # the kit's cases carry it once registered; native passes them against itself, cpp declines them
     names = [c.name for c in cases_for("paged_attention")]
     assert "format-test_dim_major-float32" in names
     report = check_provider("reshape_and_cache", "native")

@@ -203,7 +203,7 @@ def test_fused_moe_errors(impl: object) -> None:
 
 
 def test_moe_mixed_devices_and_non_tensors_are_input_errors() -> None:
-    # #11 item 3: a meta tensor among CPU tensors used to return uninitialised memory
+    # a meta tensor among CPU tensors would otherwise run the fake: uninitialised memory
     opmux.load_plugins()
     case = fused_moe_case("dev", tokens=3, hidden=8, experts=4, intermediate=6, topk=2)
     x, w1, w2, weights, ids = case.args

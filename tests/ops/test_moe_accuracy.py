@@ -1,4 +1,4 @@
-"""``fused_moe`` in float32 against a float64 reference of ours (#19).
+"""``fused_moe`` in float32 against a float64 reference of ours.
 
 Shapes and initialisation follow vLLM's CPU MoE test (8 experts, top 4, hidden and
 intermediate sizes 128 / 2880, inputs and weights scaled by ``0.5 * sqrt(fan_in)``); the

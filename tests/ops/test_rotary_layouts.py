@@ -1,4 +1,4 @@
-"""rotary_embedding takes vLLM's layouts (#19), through native and every provider here.
+"""rotary_embedding takes vLLM's layouts, through native and every provider here.
 
 Positions of any shape (``[T]``, ``[batch, seq]``) with queries flattened
 (``[*P, H*D]``) or per-head (``[*P, H, D]``), padded per-head views included; outputs keep
@@ -93,10 +93,10 @@ def test_layouts_against_reference(provider: str, layout: str, head_size: int, p
 
 
 def test_bf16_rounds_once() -> None:
-    """#19's numeric mismatch: vLLM's Python reference rotates bf16 inputs *in bf16* (cos and
-    sin cast to the input dtype, each product and sum rounded), while opmux (and vLLM's own
-    CPU kernel) compute in fp32 and round once. Pin opmux's choice: within half a bf16 ulp
-    of the float64 reference, and never worse than rotating in bf16."""
+    """vLLM's Python reference rotates bf16 inputs *in bf16* (cos and sin cast to the input
+    dtype, each product and sum rounded), while opmux (and vLLM's own CPU kernel) compute in
+    fp32 and round once. Pin opmux's choice: within half a bf16 ulp of the float64 reference,
+    and never worse than rotating in bf16."""
     op = opmux.ops.rotary_embedding
     g = torch.Generator().manual_seed(3)
     positions = torch.randint(0, 4096, (256,), generator=g)

@@ -1,4 +1,4 @@
-"""Every catalog op with conformance cases, every provider here, on strided views (#11).
+"""Every catalog op with conformance cases, every provider here, on strided views.
 
 For each case, each tensor argument is replaced in turn by a non-contiguous, a transposed
 (column-major), a stride-0 (expanded) and a storage-offset view
@@ -21,8 +21,8 @@ import opmux.ops
 from opmux.testing import cases_for, has_cases
 from opmux.testing.views import run_variant, strided_variants
 
-#: (op, provider, case) known to fail here, fixed on another branch; strict, so the merge
-#: shows when they pass
+#: (op, provider, case) expected to fail, with the reason; strict, so one that starts passing
+#: is noticed
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
@@ -75,7 +75,7 @@ def test_catalog_is_covered() -> None:
 
 
 def test_cpp_rotary_honours_positions_strides() -> None:
-    """#11: cpp read positions as contiguous (garbage with strided or stride-0 positions)."""
+    """cpp takes strided and stride-0 positions and agrees with native on them."""
     op = opmux.ops.rotary_embedding
     if "cpp" not in op.supported_providers():
         pytest.skip("the cpp provider did not build here")

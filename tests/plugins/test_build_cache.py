@@ -1,6 +1,6 @@
 """The shared build cache: stamps, atomic install, rebuilds of damaged entries, locking.
 
-Fault injection (hardening #11): a truncated, empty or garbage library in the cache, an
+Fault injection: a truncated, empty or garbage library in the cache, an
 unwritable cache folder and two processes building at once. Tests that load a damaged real
 library run in a subprocess, so that a regression (a SIGBUS when a truncated library is
 mapped) fails the test instead of killing pytest. They reuse the CPU kernels built once for

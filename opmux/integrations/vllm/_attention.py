@@ -203,8 +203,8 @@ class OpmuxCPUAttentionImpl(CPUAttentionBackendImpl):  # type: ignore[misc]
 
 
 def _rows(t: Tensor, n: int) -> Tensor:
-    """The first ``n`` rows of ``t``: ``t`` itself when it has ``n`` (no view to make; a
-    ``t[:n]`` costs a few microseconds a call, and this runs twice per layer and step)."""
+    """The first ``n`` rows of ``t``: ``t`` itself when it has ``n`` (no view to make: this
+    runs twice per layer and step; ``benchmarks/vllm_cpu.py``)."""
     return t if t.shape[0] == n else t.narrow(0, 0, n)
 
 

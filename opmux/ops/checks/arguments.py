@@ -7,7 +7,7 @@ properties (type, dtype, rank, sizes, contiguity, device) are always checked; va
 or fake tensors, never while tracing. Providers on devices where reading values costs a sync
 pass ``read_data=False``. The native reference and every provider of an op call the same
 ``check_<op>`` (with their own ``provider`` name), so a provider never accepts what native
-rejects (#11).
+rejects.
 
 Every error is an :class:`opmux.OpInputError` built by :func:`input_error`, with ``.op``
 (``"opmux::name"``), ``.provider`` and ``.argument`` set and one message format::
@@ -215,7 +215,7 @@ def check_devices(op: str, provider: str, tensors: dict[str, Tensor]) -> None:
 
     The error names the odd one out: the first tensor whose device differs from the device
     most of them share (ties: the first argument's device). Meta and CPU are different
-    devices, so a meta tensor among CPU tensors is refused (#11).
+    devices, so a meta tensor among CPU tensors is refused.
     """
     it = iter(tensors.values())
     first = next(it, None)

@@ -90,7 +90,7 @@ def _static_paged_attention(op: str, provider: str, query: Tensor, key_cache: Te
     if query.dtype != key_cache.dtype:
         raise input_error(op, provider, "query", f"the cache's dtype {key_cache.dtype}",
                           query.dtype)
-    # sizes stay symbolic under torch.compile: int() would specialise them (#11 item 6)
+    # sizes stay symbolic under torch.compile: int() would specialise them
     _, heads, head_size = query.shape
     require(head_size == d, op, provider, "query",
             lambda: f"head size {d} (the cache's D) in dim 2", lambda: shape_text(query))

@@ -46,7 +46,7 @@ def check_cache_pair(op: str, provider: str, key_cache: Tensor,
     """Shapes, dtypes and device of the paged caches of ``op``; returns ``(num_blocks,
     block_size, Hkv, D)`` (symbolic under ``torch.compile``, never ``int()``-ed).
 
-    Any strides are accepted (#19): NHD or permuted HND buffers, K and V as two views of one
+    Any strides are accepted: NHD or permuted HND buffers, K and V as two views of one
     allocation (``kv[:, 0]``, ``kv[:, 1]``), block-sliced views.
     """
     key_cache = arg.check_tensor(op, provider, "key_cache", key_cache)
@@ -124,8 +124,8 @@ def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor
 
 
 _FEW_SLOTS: Final = 256
-"""Up to this many tokens the slot values are checked in Python (a few microseconds for a
-decode batch, against tens for the tensor ops)."""
+"""Up to this many tokens the slot values are checked in Python, which is quicker than the
+tensor ops' fixed cost for a decode batch."""
 
 
 def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
@@ -135,7 +135,7 @@ def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -
         used = [v for v in values if v >= 0]
         repeated = len(used) - len(set(used))
     else:
-        # no boolean-mask indexing: it costs milliseconds at a few thousand tokens here
+        # no boolean-mask indexing: it runs nonzero and copies, slow at thousands of tokens
         lo, hi = (int(v) for v in torch.aminmax(slot_mapping))
         ordered = torch.sort(slot_mapping.reshape(-1)).values
         repeated = int(((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)).sum())
@@ -158,8 +158,8 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
     """Validate ``advance_step_flashattn``; reads ``seq_lens``/``block_tables`` when asked.
 
     The four state tensors are ``[num_seqs]`` vectors, any non-overlapping view (they are
-    written in place; #11 asks every op to take strided views, so the contiguity rule of
-    earlier versions is gone: providers whose kernels need contiguous state decline);
+    written in place; every op takes strided views, so providers whose kernels need
+    contiguous state decline);
     ``sampled_token_ids`` is ``[num_queries]`` or ``[rows >= num_queries, 1]`` and
     ``block_tables`` ``[num_seqs, max_blocks]``, both any view. Value checks: each next
     position fits the block table and its block id is not negative.

@@ -4,7 +4,7 @@
 The checks read no data: shapes, dtypes, devices and scalars only. A provider that reads the
 expert ids passes their extremes to :func:`check_expert_ids`. One tensor on another device
 (a meta weight among CPU tensors) is refused, since the dispatcher would otherwise run the
-fake and return uninitialised memory (#11 item 3).
+fake and return uninitialised memory.
 """
 
 from __future__ import annotations

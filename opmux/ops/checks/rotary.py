@@ -81,7 +81,7 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
                            provider: str = "native", read_data: bool = True) -> None:
     """Validate ``rotary_embedding``; reads ``positions`` (range) when ``read_data``.
 
-    Layouts (#19): ``positions`` has any shape ``P`` (at least 1-d; its elements are the
+    Layouts (vLLM's): ``positions`` has any shape ``P`` (at least 1-d; its elements are the
     tokens); ``query`` and ``key`` are ``[*P, heads*head_size]`` (flattened heads) or
     ``[*P, heads, head_size]`` (per-head), told apart by their rank.
     """

@@ -7,7 +7,7 @@ The provider serves torch tensors through a zero-copy DLPack bridge into a MindS
 the ``ascend`` platform and also to ``cpu``: MindSpore runs on CPU, where the extension is built
 for its CPU backend with the same semantics, so the bridge, the build and the op are tested on
 machines without an NPU. On CPU the provider is registered but not placed in the default
-priority (``cpp`` and ``native`` are faster there); select it with
+priority (``cpp`` and ``native`` are faster there: ``benchmarks/advance_step.py``); select it with
 ``op.set_priority(["mindspore", "native"])`` or ``OPMUX_PRIORITY``.
 
 MindSpore is imported only when it is used: on the ``ascend`` platform the extension is built

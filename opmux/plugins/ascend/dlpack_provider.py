@@ -7,13 +7,13 @@ straight into the torch tensor's memory.
 MindSpore runs PyNative ops asynchronously, but torch may read the results as soon as the
 provider returns, so the provider ends with MindSpore's pipeline barrier
 (``_pynative_executor.sync()``), which also raises the kernel's own errors. Waiting for the
-asynchronous pipeline costs milliseconds of thread hand-off on a busy machine; to avoid it the
+asynchronous pipeline costs a thread hand-off, slow on a busy machine; to avoid it the
 provider switches MindSpore's ``pynative_synchronize`` flag on for the duration of the call
 (when it is not on already). In a process whose pipeline has not gone asynchronous yet, the op
 then runs inline and the barrier is cheap; once other MindSpore ops have run asynchronously,
 MindSpore keeps dispatching through its pipeline and the barrier pays the hand-off.
 
-Creating a DLPack view costs about 10 us per tensor here, more than the op itself, and an
+Creating a DLPack view costs more than the op itself (``benchmarks/advance_step.py``), and an
 inference engine passes the same persistent state buffers every step. Views are therefore
 cached per torch tensor object: an entry lives exactly as long as the tensor (a weak reference
 drops it; the view is made from a detached alias so that it does not keep the tensor object
@@ -115,7 +115,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
         ``seq_lens`` value outside the block table (detected before writing).
     :raises opmux.ProviderUnavailableError: MindSpore is not in PyNative mode.
     """
-    # the catalog's check first: the same errors as native, nothing written (#11 item 4)
+    # the catalog's check first: the same errors as native, nothing written
     check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
                                  sampled_token_ids, input_positions, seq_lens, slot_mapping,
                                  block_tables, provider=PROVIDER)

@@ -88,7 +88,7 @@ def _compile(directory: Path, verbose: bool) -> Path:
     srcs = sources()
     if not srcs:
         raise BuildError(f"opmux cpu kernels: no C++ sources found under {source_dir()}")
-    # imported only to compile: it pulls in setuptools (~0.4 s of start-up)
+    # imported only to compile: it pulls in setuptools (benchmarks/startup.py)
     from torch.utils import cpp_extension
 
     # ninja's own output (the compiler's messages) travels in the exception on failure.

@@ -9,8 +9,7 @@ provider (``grouped``):
 
 * float32 batches with more than :data:`FP32_MAX_ROWS_PER_EXPERT` (token, slot) rows per
   expert on average. There the expert matmuls are compute-bound, and BLAS (which ``grouped``
-  calls) runs them faster than this kernel's tiles (on AVX2: slower at 1024 rows per expert,
-  faster at 256; with AVX-512: slower at 128 rows per expert, faster at 64); with fewer rows
+  calls) runs them faster than this kernel's tiles (``benchmarks/moe_cpu.py``); with fewer rows
   the call streams the expert weights, which this kernel reads once and ``grouped``'s matmuls
   do not read as fast;
 * bfloat16 batches on CPUs with AMX tiles (:data:`BF16_ON_TILES`) whose hidden or

@@ -2,7 +2,7 @@
 
 Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one native runs,
 with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
-:class:`opmux.OpInputError` (#11); then it allocates its outputs and calls the matching
+:class:`opmux.OpInputError`; then it allocates its outputs and calls the matching
 out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
 ``ValueError`` from them becomes an ``OpInputError`` too. ``paged_attention`` reverses the
 order: its kernel checks every tensor condition first, and the shared check runs only when
@@ -198,8 +198,8 @@ def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cach
     # the kernel checks the position range itself before writing (no second pass here)
     check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
                            provider=PROVIDER, read_data=False)
-    # any positions shape and either query form (#19): the kernel reads [T] positions and
-    # [T, H*D] rows; strided or stride-0 positions are copied (#11), rows are views when the
+    # any positions shape and either query form: the kernel reads [T] positions and
+    # [T, H*D] rows; strided or stride-0 positions are copied, rows are views when the
     # strides allow
     flat = positions if positions.dim() == 1 else positions.reshape(-1)
     if flat.stride(0) != 1:
@@ -230,7 +230,7 @@ rotary_embedding_supports = predicate(rotary_embedding, _rotary_tensors_ok)
 
 # ----------------------------------------------------------------------------- kv cache
 # The KV-cache impls run the catalog's own check first (provider 'cpp'), so they accept and
-# reject exactly what native does (#11 items 4 and 7); the kernels' checks stay as a guard.
+# reject exactly what native does; the kernels' checks stay as a guard.
 def _tensors(*ts: object) -> bool:
     return all(isinstance(t, Tensor) for t in ts)
 
@@ -280,12 +280,10 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
     # The kernel checks every tensor condition of the shared check (types, ranks, sizes,
     # dtypes, and the values of the int32 tensors it reads) before it writes anything, so
-    # only the scalars are checked here first. The shared check's static part cost 11 us a
-    # call and 45 us when the layout is new, which a DynamicCache's growing keys make it on
-    # every decode step (#41: transformers_cpu.py's tiny model decodes in about 3 ms); the
-    # value part read the tensors again for 0.2-0.4 ms a call (#18). When the kernel
-    # refuses, the shared check runs and raises native's error for the bad argument; a
-    # condition it does not cover becomes kernel_error.
+    # only the scalars are checked here first and each tensor is inspected once per call
+    # (benchmarks/transformers_cpu.py). When the kernel refuses, the shared check runs and
+    # raises native's error for the bad argument; a condition it does not cover becomes
+    # kernel_error.
     if not _attention_scalars_ok(scale, sliding_window, soft_cap):
         check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc, scale, sliding_window, soft_cap,

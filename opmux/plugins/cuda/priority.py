@@ -3,17 +3,17 @@
 Every op puts ``triton`` before ``native``. ``cuda_c`` goes first only for the two
 launch-bound decode bookkeeping ops, ``advance_step_flashattn`` and ``reshape_and_cache``:
 each moves a few KiB per decode step, so its cost is the launch itself, and a launch through
-a ``TORCH_LIBRARY`` op is a C++ dispatcher call (a few microseconds on the host) while a
-Triton launch goes through Triton's Python launcher (argument specialisation, cache lookup),
-several times that. For the bandwidth-bound ops (``rms_norm``, ``silu_and_mul``) the Triton
-kernels are the default: they are autotuned per shape, keep short rows in registers, and
-the simple one-block-per-row C++ kernels have no such tuning, so ``cuda_c`` follows
-``triton`` there. Where ``cuda_c`` is not built (CPU torch, no nvcc, ROCm), it is dropped from
-the list when the priority is set, so the same table serves every machine.
+a ``TORCH_LIBRARY`` op is a C++ dispatcher call while a Triton launch goes through Triton's
+Python launcher (argument specialisation, cache lookup), which takes longer on the host. For
+the bandwidth-bound ops (``rms_norm``, ``silu_and_mul``) the Triton kernels are the default:
+they are autotuned per shape, keep short rows in registers, and the simple one-block-per-row
+C++ kernels have no such tuning, so ``cuda_c`` follows ``triton`` there. Where ``cuda_c`` is
+not built (CPU torch, no nvcc, ROCm), it is dropped from the list when the priority is set, so
+the same table serves every machine.
 
-These orders were set from the structure of the kernels above, not from GPU timings (none
-were available where they were written); ``benchmarks/gpu_kernels.py`` prints the numbers to
-revisit them, and ``OPMUX_PRIORITY`` overrides them per deployment.
+These orders follow from the structure of the kernels above, not from GPU timings;
+``benchmarks/gpu_kernels.py`` prints the numbers to revisit them, and ``OPMUX_PRIORITY``
+overrides them per deployment.
 """
 
 from __future__ import annotations

@@ -110,9 +110,9 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding on the first ``rot`` dims of every head; new (query, key) (Triton).
 
-    Takes every layout native takes (#19): positions of any shape, queries ``[*P, H*D]`` or
-    ``[*P, H, D]``; positions are read contiguously (a strided or stride-0 view is copied,
-    #11), query/key rows through their token stride.
+    Takes every layout native takes: positions of any shape, queries ``[*P, H*D]`` or
+    ``[*P, H, D]``; positions are read contiguously (a strided or stride-0 view is copied),
+    query/key rows through their token stride.
     """
     check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
                            provider=PROVIDER,

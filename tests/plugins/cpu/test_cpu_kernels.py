@@ -248,7 +248,7 @@ def test_paged_attention_long_prefill_window(cpp: Any) -> None:
 @pytest.mark.parametrize("window,cap", [(None, None), (700, None), (None, 5.0), (1500, 3.0)])
 def test_paged_attention_split_kv(cpp: Any, dtype: torch.dtype, heads: int, kv_heads: int,
                                   window: int | None, cap: float | None) -> None:
-    # #18: one long decode sequence (fewer items than threads) is cut into key ranges whose
+    # one long decode sequence (fewer items than threads) is cut into key ranges whose
     # partial softmaxes are merged; a second short one stays whole; 2 threads at least.
     # 16 query heads per kv head: split items with more than 8 rows of one kv head
     threads = torch.get_num_threads()
@@ -441,14 +441,14 @@ def test_paged_attention_errors(cpp: Any) -> None:
     both(r"block ids in \[0, \d+\)", "block_tables",
          r"block_tables\[0, 0\] = 10000 is outside", block_tables=bad)
     both("the cache's dtype", "query", "must share a dtype", query=case["query"].half())
-    # #11 item 4: the visible window, query offsets and lengths are checked as native does
+    # the visible window, query offsets and lengths are checked as native does
     with pytest.raises(OpInputError, match=r"'query_start_loc' expected non-decreasing "
                                            r"offsets from 0"):
         cpp.paged_attention(**{**case, "query_start_loc": torch.tensor([1, 2],
                                                                          dtype=torch.int32)})
     with pytest.raises(OpInputError, match=r"'seq_lens' expected values in \[0, "):
         cpp.paged_attention(**{**case, "seq_lens": torch.tensor([-1], dtype=torch.int32)})
-    # #11 item 15: one meaning everywhere: 0 / negative is an error, None means none
+    # one meaning everywhere: 0 / negative is an error, None means none
     with pytest.raises(OpInputError, match=r"'sliding_window' expected None or a positive"):
         cpp.paged_attention(**case, sliding_window=0)
     for cap in (0.0, -1.0):
@@ -541,7 +541,7 @@ def test_advance_step_declines_strided_state(cpp: Any) -> None:
 
 
 def test_advance_step_reads_strided_ids_and_tables(cpp: Any) -> None:
-    # #11 item 5: 1-d or strided sampled ids, extra rows and strided block tables are what
+    # 1-d or strided sampled ids, extra rows and strided block tables are what
     # native accepts; cpp serves them (through their strides) and agrees with native
     tables = torch.tensor([[0, 5], [1, 6], [2, 7], [3, 8]], dtype=torch.int32)
     sampled_variants = [

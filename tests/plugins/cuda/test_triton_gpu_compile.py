@@ -5,8 +5,8 @@ The interpreter runs the kernels' semantics on CPU but never lowers them. ``aot_
 modules, records the launches provider ``triton`` makes on the conformance cases, and lowers
 every distinct variant through Triton's compiler for each target, checking shared memory and
 registers against the target's limits. Triton's cache (``TRITON_CACHE_DIR``; the triton lane
-points it into its environment folder) keeps the binaries by source hash: a warm run takes
-about 20 s, a cold one (every kernel changed) many minutes (see docs/testing.md).
+points it into its environment folder) keeps the binaries by source hash, so a warm run is
+much shorter than a cold one (every kernel changed; see docs/testing.md).
 """
 
 from __future__ import annotations
