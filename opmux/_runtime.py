@@ -1,35 +1,20 @@
 """Start-up wiring: builds the process-wide registry and brings a process up.
 
-The sequence runs lazily, on the first op call of the process (or :func:`load_plugins`),
-in spawned workers too, in this order::
+:func:`_start` is the sequence, read top to bottom: discover the plugins, detect the
+platform, load the catalog, let the plugins register, compose the priorities. It runs
+lazily, on the first op call of the process (or :func:`load_plugins`), in spawned workers
+too. docs/architecture.md ("Start-up") describes each step and what it reads.
 
-    discover plugins     opmux.core.plugins.discover    entry modules imported, their
-        |                                               opmux_plugin_info / opmux_platforms
-        v                                               read (OPMUX_PLUGINS applied)
-    detect platform      opmux.platforms                detectors + the plugins' platforms
-        |                                               (OPMUX_PLATFORM forces one)
-        v
-    load catalog         opmux.ops (via this module)    the native reference ops
-        |
-        v
-    register             opmux.core.plugins.activate    opmux_register, then
-        |                                               opmux_default_priority, per plugin,
-        v                                               each isolated and rolled back alone
-    apply priorities     opmux.core.plugins             platform → plugins (merge rule) →
-                         .apply_priorities              tuned table → OPMUX_PRIORITY; code
-                                                        wins later
-
-Every step is idempotent and only a completed start-up marks the registry loaded, so a
-fatal error (an unknown ``OPMUX_PLATFORM``, two platforms claiming the machine, a
-malformed ``OPMUX_PLUGINS``/``OPMUX_PRIORITY``/``OPMUX_STRICT_PLUGINS``, a failing plugin
-in strict mode) is raised again by every op call until the configuration is fixed.
+Only a completed start-up marks the registry loaded, so a fatal error (an unknown
+``OPMUX_PLATFORM``, two platforms claiming the machine, a malformed
+``OPMUX_PLUGINS``/``OPMUX_PRIORITY``/``OPMUX_STRICT_PLUGINS``, a failing plugin in strict
+mode) is raised again by every op call until the configuration is fixed.
 
 This module sits above every floor it wires (core, platforms, ops), so none of them
-imports it: :mod:`opmux.core.registry` knows neither the catalog nor the plugins (this
-module hands it the ``loader`` and ``catalog`` hooks and the platform's key), and
-:mod:`opmux.platforms` gets the plugins' platform classes through the source installed
-here. The registry is held by the runtime object (:mod:`opmux.core.state`);
-:func:`reset_for_tests` replaces that object, after undoing what plugins registered.
+imports it: the registry (:mod:`opmux.core.registry`) gets the start-up and the catalog
+import as its ``loader`` and ``catalog`` hooks. The registry is held by the runtime object
+(:mod:`opmux.core.state`); :func:`reset_for_tests` replaces that object, after undoing what
+plugins registered.
 """
 
 from __future__ import annotations
@@ -64,12 +49,12 @@ def _start(registry: OpRegistry) -> None:
     """
     state = plugin_state()
     with state.lock:
-        plugins.discover(state)
-        platform = current_platform()
-        registry.list_ops()  # the catalog exists before plugins look ops up
-        plugins.activate(state, registry, platform)
+        plugins.discover(state)                             # 1. entry modules, info, platforms
+        platform = current_platform()                       # 2. detectors + plugins' platforms
+        _load_catalog()                                     # 3. the native reference ops
+        plugins.activate(state, registry, platform)         # 4. opmux_register, priorities asked
         plugins.check_strict(state)
-        plugins.apply_priorities(state, registry, platform)
+        plugins.apply_priorities(state, registry, platform)  # 5. the priority layers
 
 
 def _platform_key() -> str:

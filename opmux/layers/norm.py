@@ -88,7 +88,7 @@ class _RMSNormOps(CustomOp):
             return self.forward_native(x, residual)
         # the weight straight from the module's tables: ``self.weight`` would go through
         # Module.__getattr__, a frame per call (tests/layers/test_custom_op.py counts them)
-        weight = self._parameters.get("weight")
+        weight: Tensor | None = self._parameters.get("weight")
         if weight is None:
             weight = self._buffers["weight"]
         norm, fused_add_norm = self._ops
