@@ -8,7 +8,10 @@ out). A step's time splits into the **ops** it calls from Python (the top-level 
 events: catalog ops by name, linear layers by weight shape, and the rest by ATen name) and
 **Python**: the step's wall time outside any op (module calls, dispatch, the engine's own
 bookkeeping, the profiler's own cost per op included). The unprofiled decode step (the
-``Engine``'s ``decode_s`` per step, best of ``--rounds`` runs) is printed beside it.
+``Engine``'s ``decode_s`` per step, best of ``--rounds`` alternating runs) is printed beside
+it, for the ``Engine`` as built (float32 linear weights packed for oneDNN, called without the
+layers' module calls) and for one built with ``pack_weights=False`` (every linear through its
+layer) on a second copy of the model.
 
 Run: ``python benchmarks/decode_profile.py [--size 100m|tiny] [--dtype float32|bfloat16]
 [--threads N] [--batch 1 16] [--top 12]``.
@@ -87,19 +90,28 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     opmux.load_plugins()
     shape = _SHAPES[args.size]
+    dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="opmux-profile-") as tmp:
         write_random_llama(Path(tmp), shape, seed=0)
-        engine = Engine(load_model(tmp, getattr(torch, args.dtype)), block_size=16)
+        engine = Engine(load_model(tmp, dtype), block_size=16)
+        layers = Engine(load_model(tmp, dtype), block_size=16, pack_weights=False)
     print(f"{args.size} ({shape.num_parameters() / 1e6:.1f}M parameters), {args.dtype}, "
           f"{torch.get_num_threads()} thread(s), torch {torch.__version__}")
     for batch in args.batch:
         prompts = token_prompts(batch, args.prompt_len, shape.vocab)
-        engine.generate(prompts, 4)
-        plain = min(o.decode_s / o.steps for o in
-                    (engine.generate(prompts, args.new_tokens) for _ in range(args.rounds)))
+        best = {"packed": float("inf"), "layers": float("inf")}
+        runs = {"packed": engine, "layers": layers}
+        for e in runs.values():
+            e.generate(prompts, 4)
+        for r in range(args.rounds):
+            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                out = runs[name].generate(prompts, args.new_tokens)
+                best[name] = min(best[name], out.decode_s / out.steps)
         wall, ops, steps = profile_decode(engine, prompts, args.new_tokens)
         in_ops = sum(s for _, s in ops.values())
-        print(f"\nbatch {batch}: decode step {plain * 1e3:.2f} ms unprofiled, "
+        print(f"\nbatch {batch}: decode step {best['packed'] * 1e3:.2f} ms unprofiled "
+              f"(pack_weights=False: {best['layers'] * 1e3:.2f} ms, "
+              f"{best['layers'] / best['packed']:.2f}x), "
               f"{wall / steps * 1e3:.2f} ms profiled ({steps} steps)")
         print(f"  {'op':<36} {'calls/step':>10} {'us/step':>9} {'share':>6}")
         ranked = sorted(ops.items(), key=lambda kv: -kv[1][1])

@@ -250,17 +250,16 @@ class CausalLM(torch.nn.Module):
             logits = self.logits_processor(self.lm_head, x)
         return logits.float()
 
-    def pack_weights(self) -> int:
+    def pack_weights(self, enable: bool = True) -> int:
         """Give every float32 CPU linear layer and the LM head a oneDNN-packed copy of its
-        weight (:mod:`opmux.models._packed`), used for steps of two rows or more; single-rank
+        weight (:mod:`opmux.models._packed`), called instead of the layer; single-rank
         models only (a tensor-parallel layer keeps its own path), and the LM head only
-        without a final soft cap. Returns the bytes the copies take (made at first use).
+        without a final soft cap. ``enable=False`` drops the copies. Returns the bytes the
+        copies take (made at first use; a layer already packed keeps its copy).
 
         :raises opmux.models.MemoryBudgetError: the copies do not fit the memory available
             (checked before any layer is given one).
         """
-        if self.tp_size != 1:
-            return 0
         layers: list[torch.nn.Module] = [self.lm_head] if self.config.final_soft_cap is None \
             else []
         for layer in self.layers:
@@ -269,12 +268,19 @@ class CausalLM(torch.nn.Module):
             layers += [attn.qkv_proj, attn.o_proj]
             if isinstance(mlp, _MLP):
                 layers += [mlp.gate_up_proj, mlp.down_proj]
-        packs = []
+        if not enable or self.tp_size != 1:
+            for mod in layers:
+                mod.__dict__.pop(_PACKED, None)
+            return 0
+        packs: list[tuple[torch.nn.Module, PackedWeight]] = []
         for mod in layers:
             weight = mod.weight
             bias = None if mod is self.lm_head else getattr(mod, "bias", None)
             if isinstance(weight, Tensor) and can_pack(weight, bias):
-                packs.append((mod, PackedWeight(weight, bias)))
+                old: PackedWeight | None = getattr(mod, _PACKED, None)
+                if old is None or old.weight is not weight or old.bias is not bias:
+                    old = PackedWeight(weight, bias)
+                packs.append((mod, old))
         added = sum(p.weight.numel() * p.weight.element_size() for _, p in packs)
         check_fits([MemoryNeed("packed weights", added, "oneDNN-packed copies of the float32 "
                                "linear weights", "build the Engine with pack_weights=False")],

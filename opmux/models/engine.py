@@ -128,7 +128,8 @@ class Engine:
     :param block_size: tokens per KV-cache block.
     :param device: where caches and step tensors live (default: the model's parameters').
     :param pack_weights: give the model's float32 CPU linear weights oneDNN-packed copies
-        (:meth:`~opmux.models.decoder.CausalLM.pack_weights`) for steps of two rows or more.
+        (:meth:`~opmux.models.decoder.CausalLM.pack_weights`), which its steps then use;
+        ``False`` drops copies an earlier ``Engine`` gave the model.
     :raises opmux.models.MemoryBudgetError: the packed copies do not fit the memory available.
     """
 
@@ -139,8 +140,7 @@ class Engine:
         self.block_size = block_size
         self.device = device or next(model.parameters()).device
         self._moe = model.moe_layers()
-        if pack_weights:
-            model.pack_weights()
+        model.pack_weights(pack_weights)
 
     def forward_step(self, tokens: Tensor, positions: Tensor, cache: list[tuple[Tensor, Tensor]],
                  meta: AttentionBatch) -> Tensor:
