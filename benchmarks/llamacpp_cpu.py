@@ -10,11 +10,15 @@ through ``llama-cpp-python``'s ``llama_cpp`` C API (``llama_batch`` / ``llama_de
 batched greedy decode of many sequences, no sampler; flash attention off, a KV cache of the
 model's dtype). Every cell (size, dtype, threads, batch) runs the three engines on the same
 ``--prompt-len``-token prompts for ``--new-tokens`` greedy tokens, alternating within each of
-``--rounds`` rounds, and prints the best **decode** tokens/s of each: ``batch * (new tokens -
-1)`` over the time from the first sampled token to the last (the prefill and its token left
-out; for ``transformers`` the times its logits processor is called, for opmux the
-``Engine``'s ``decode_s``). Threads: ``torch.set_num_threads`` for opmux and
-``transformers``, ``n_threads`` for llama.cpp.
+``--rounds`` rounds, and prints the best **decode** tokens/s of each: the clock is read as
+each step's tokens come out (llama.cpp: after each ``llama_decode`` and its argmax;
+``transformers``: each call of a logits processor; opmux: the ``Engine``'s ``progress``
+callback, from its first decode step on), and the rate is ``batch`` tokens per step over the
+steps between the first reading and the last (the prefill left out). The clock is wall time,
+or with ``--clock thread`` (one thread only) the calling thread's CPU time, which other
+processes on a shared machine do not inflate (all three run their one thread's work on the
+calling thread). Threads: ``torch.set_num_threads`` for opmux and ``transformers``,
+``n_threads`` for llama.cpp.
 
 Rooflines, measured in the run at each thread count (the best of 10 calls: a ceiling): the
 **bandwidth roofline** is a 128 MiB copy's GB/s (read + write) divided by the weight bytes a
@@ -156,9 +160,9 @@ class LlamaCpp:
             self.shape = (batch, tokens, threads)
         return self.ctx
 
-    def generate(self, prompts: list[list[int]], n: int, threads: int
-                 ) -> tuple[list[list[int]], float]:
-        """Greedy ids after each prompt, and the seconds from the first sampled token on."""
+    def generate(self, prompts: list[list[int]], n: int, threads: int,
+                 clock: Callable[[], float]) -> tuple[list[list[int]], list[float]]:
+        """Greedy ids after each prompt, and the clock read after each step."""
         s, plen = len(prompts), len(prompts[0])
         ctx = self._context(s, plen + n, threads)
         lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
@@ -172,30 +176,29 @@ class LlamaCpp:
                     k += 1
             b.n_tokens = k
             rows: list[list[int]] = [[] for _ in range(s)]
-            start = 0.0
+            stamps = []
             for step in range(n):
                 if lc.llama_decode(ctx, b) != 0:
                     raise SystemExit("llama_decode failed")
                 logits = np.ctypeslib.as_array(lc.llama_get_logits(ctx), shape=(s, self.vocab))
                 picked = logits.argmax(axis=1).tolist()
-                if step == 0:
-                    start = time.perf_counter()
+                stamps.append(clock())
                 for seq, tok in enumerate(picked):
                     rows[seq].append(tok)
                     b.token[seq], b.pos[seq], b.n_seq_id[seq] = tok, plen + step, 1
                     b.seq_id[seq][0], b.logits[seq] = seq, True
                 b.n_tokens = s
-            return rows, time.perf_counter() - start
+            return rows, stamps
         finally:
             lc.llama_batch_free(b)
 
 
-def _transformers(model: Any, prompts: list[list[int]], n: int
-                  ) -> tuple[list[list[int]], float]:
+def _transformers(model: Any, prompts: list[list[int]], n: int, clock: Callable[[], float]
+                  ) -> tuple[list[list[int]], list[float]]:
     stamps: list[float] = []
 
     def stamp(_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        stamps.append(time.perf_counter())
+        stamps.append(clock())
         return scores
 
     ids = torch.tensor(prompts)
@@ -204,7 +207,7 @@ def _transformers(model: Any, prompts: list[list[int]], n: int
                              min_new_tokens=n, do_sample=False, pad_token_id=0,
                              logits_processor=[stamp])
     rows: list[list[int]] = out[:, ids.shape[1]:].tolist()
-    return rows, stamps[-1] - stamps[0]
+    return rows, stamps
 
 
 def _step_weights(shape: LlamaShape) -> int:
@@ -244,7 +247,11 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="thread: the calling thread's CPU time (needs --threads 1)")
     args = parser.parse_args()
+    if args.clock == "thread" and args.threads != [1]:
+        parser.error("--clock thread needs --threads 1 (other threads' work is not counted)")
     import transformers
 
     opmux.load_plugins()
@@ -254,7 +261,8 @@ def main() -> None:
         roofs[t] = (_copy_gbps(), _mm_gflops())
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp "
           f"(llama-cpp-python {lc.__version__}); prompt {args.prompt_len}, {args.new_tokens} "
-          f"new tokens; decode tokens/s, best of {args.rounds} alternating rounds")
+          f"new tokens; decode tokens/s, best of {args.rounds} alternating rounds, "
+          f"{args.clock} clock")
     for t, (gbps, gflops) in roofs.items():
         print(f"{t} thread(s): copy {gbps:.1f} GB/s, torch.mm float32 {gflops:.1f} GFLOP/s")
     print(f"{'size':>5} {'dtype':>9} {'thr':>3} {'batch':>5} {'opmux':>8} {'llama.cpp':>9} "
@@ -291,23 +299,25 @@ def _cell(args: argparse.Namespace, shape: LlamaShape, dtype: torch.dtype, threa
     """One table row (threads onwards) and the goals it misses."""
     prompts = token_prompts(batch, args.prompt_len, shape.vocab)
     n = args.new_tokens
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
 
-    def run_opmux() -> tuple[list[list[int]], float]:
-        out = engine.generate(prompts, n)
-        return out.outputs, out.decode_s
+    def run_opmux() -> tuple[list[list[int]], list[float]]:
+        stamps: list[float] = []
+        out = engine.generate(prompts, n, progress=lambda _: stamps.append(clock()))
+        return out.outputs, stamps
 
-    runs: dict[str, Callable[[], tuple[list[list[int]], float]]] = {
-        "opmux": run_opmux, "llama.cpp": lambda: cpp.generate(prompts, n, threads),
-        "transformers": lambda: _transformers(hf, prompts, n)}
+    runs: dict[str, Callable[[], tuple[list[list[int]], list[float]]]] = {
+        "opmux": run_opmux, "llama.cpp": lambda: cpp.generate(prompts, n, threads, clock),
+        "transformers": lambda: _transformers(hf, prompts, n, clock)}
     rows = {name: fn()[0] for name, fn in runs.items()}  # warm-up, and the greedy tokens
     if dtype == torch.float32 and rows["opmux"] != rows["transformers"]:
         raise SystemExit("opmux and transformers disagree on the greedy float32 tokens")
-    best = dict.fromkeys(runs, float("inf"))
+    tps = dict.fromkeys(runs, 0.0)
     order = list(runs.items())
     for r in range(args.rounds):
         for name, fn in order if r % 2 == 0 else order[::-1]:
-            best[name] = min(best[name], fn()[1])
-    tps = {name: batch * (n - 1) / s for name, s in best.items()}
+            stamps = fn()[1]
+            tps[name] = max(tps[name], batch * (len(stamps) - 1) / (stamps[-1] - stamps[0]))
     gbps, gflops = roof
     weights = _step_weights(shape)
     if batch == 1:
