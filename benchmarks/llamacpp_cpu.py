@@ -20,14 +20,14 @@ processes on a shared machine do not inflate (all three run their one thread's w
 calling thread). Threads: ``torch.set_num_threads`` for opmux and ``transformers``,
 ``n_threads`` for llama.cpp.
 
-Rooflines, measured in the run at each thread count (the best of 10 calls: a ceiling): the
-**bandwidth roofline** is a 128 MiB copy's GB/s (read + write) divided by the weight bytes a
-decode step reads (every layer's weights, the final norm and the LM head; not the embedding
-table), the batch-1 ceiling; the **GEMM roofline** is ``torch.mm``'s float32 rate on 1024² operands
-divided by the 2 FLOPs per weight a token costs, the ceiling at batch 16 (bfloat16 has no
-native compute on CPUs without AVX-512 BF16 / AMX, so float32's rate is the ceiling there
-too). In float32 the script checks that opmux's greedy tokens equal ``transformers``' (it
-stops otherwise) and prints how many of llama.cpp's rows equal them.
+Rooflines, measured in the run at each thread count (the best of 10 calls, on the same clock:
+a ceiling): the **bandwidth roofline** is a 128 MiB copy's GB/s (read + write) divided by the
+weight bytes a decode step reads (every layer's weights, the final norm and the LM head; not
+the embedding table), the batch-1 ceiling; the **GEMM roofline** is ``torch.mm``'s float32
+rate on 1024² operands divided by the 2 FLOPs per weight a token costs, the ceiling at batch
+16 (bfloat16 has no native compute on CPUs without AVX-512 BF16 / AMX, so float32's rate is
+the ceiling there too). In float32 the script checks that opmux's greedy tokens equal
+``transformers``' (it stops otherwise) and prints how many of llama.cpp's rows equal them.
 
 Run: ``make bench-llamacpp`` (the ``llamacpp`` lane: llama-cpp-python builds llama.cpp from
 source with ``-march=native``), or in that lane ``python benchmarks/llamacpp_cpu.py [--sizes
@@ -215,27 +215,27 @@ def _step_weights(shape: LlamaShape) -> int:
     return shape.num_parameters() - shape.vocab * shape.hidden
 
 
-def _best_s(fn: Callable[[], object], calls: int = 10) -> float:
+def _best_s(fn: Callable[[], object], clock: Callable[[], float], calls: int = 10) -> float:
     """The fastest of ``calls`` timed calls after one warm-up (a ceiling: the least
     disturbed call on a shared machine)."""
     fn()
     best = float("inf")
     for _ in range(calls):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
-def _copy_gbps() -> float:
+def _copy_gbps(clock: Callable[[], float]) -> float:
     src = torch.randn(32 * 1024 * 1024)  # 128 MiB, read and written
     dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / _best_s(lambda: dst.copy_(src)) / 1e9
+    return 2 * src.numel() * 4 / _best_s(lambda: dst.copy_(src), clock) / 1e9
 
 
-def _mm_gflops() -> float:
+def _mm_gflops(clock: Callable[[], float]) -> float:
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    return 2 * 1024**3 / _best_s(lambda: torch.mm(a, b)) / 1e9
+    return 2 * 1024**3 / _best_s(lambda: torch.mm(a, b), clock) / 1e9
 
 
 def main() -> None:
@@ -255,10 +255,11 @@ def main() -> None:
     import transformers
 
     opmux.load_plugins()
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     roofs = {}
     for t in args.threads:
         torch.set_num_threads(t)
-        roofs[t] = (_copy_gbps(), _mm_gflops())
+        roofs[t] = (_copy_gbps(clock), _mm_gflops(clock))
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, llama.cpp "
           f"(llama-cpp-python {lc.__version__}); prompt {args.prompt_len}, {args.new_tokens} "
           f"new tokens; decode tokens/s, best of {args.rounds} alternating rounds, "
