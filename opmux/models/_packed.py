@@ -9,8 +9,9 @@ module call, no dispatch): two rows or more (a batched decode step, a prefill) g
 packed copy; a single row (batch-1 decode), where the packed layout does not win, goes through
 oneDNN on the plain weight when the weight has at least 2**20 elements (below that oneDNN's
 fixed cost per call loses) and ``F.linear`` otherwise, whatever the thread count
-(``benchmarks/llamacpp_cpu.py`` measures the engine with these paths). A weight changed in
-place after packing is packed again at its next call.
+(``benchmarks/decode_profile.py`` times the engine with and without these paths,
+``benchmarks/llamacpp_cpu.py`` against llama.cpp). A weight changed in place after packing is
+packed again at its next call.
 
 The two ops are private torch ops, looked up once; where a torch build lacks them nothing is
 packed.
