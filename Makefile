@@ -4,7 +4,7 @@ LANES ?= core triton mindspore xla vllm
 # each lane's `opmux check --json` report (written by .ci/test-lane), outside the checkout
 export OPMUX_REPORT_DIR ?= $(HOME)/.cache/opmux/reports
 
-.PHONY: demo info test matrix gpu-check $(addprefix test-,$(LANES))
+.PHONY: demo info test matrix gpu-check bench-llamacpp $(addprefix test-,$(LANES))
 
 demo:  ## the main job: a random Llama checkpoint written here, generated through opmux, checked vs native
 	@bash .ci/lane core -- opmux demo
@@ -30,3 +30,7 @@ matrix:  ## the platform matrix of the last lane runs; a lane without a report s
 
 gpu-check:  ## on a CUDA machine: conformance of triton and cuda_c on the GPU, then the GPU benchmark
 	@bash .ci/lane triton -- python benchmarks/gpu_kernels.py --check --out $(OPMUX_REPORT_DIR)
+
+# a benchmark lane, not part of `make test`: its environment builds llama.cpp from source once
+bench-llamacpp:  ## the main job against llama.cpp and transformers, with the rooflines (CPU)
+	@bash .ci/lane llamacpp -- python benchmarks/llamacpp_cpu.py $(BENCH_ARGS)

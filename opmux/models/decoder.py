@@ -34,7 +34,9 @@ from opmux.layers import (
     get_rope,
 )
 from opmux.layers.moe import FusedMoE
+from opmux.models._packed import PackedWeight, can_pack
 from opmux.models.config import ModelConfig
+from opmux.models.memory import MemoryNeed, check_fits
 from opmux.ops.kv_formats import KVCacheFormat, get_kv_cache_format, kv_cache_format
 
 __all__ = ["AttentionBatch", "CausalLM", "WeightTarget"]
@@ -69,6 +71,18 @@ def _norm(cfg: ModelConfig, dtype: torch.dtype) -> RMSNorm | GemmaRMSNorm:
     return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
 
 
+_PACKED = "packed_weight"  # the attribute :meth:`CausalLM.pack_weights` sets on a layer
+
+
+def _project(layer: torch.nn.Module, x: Tensor) -> Tensor:
+    """``layer(x)``, through the layer's packed weight where it has one that takes ``x``."""
+    packed: PackedWeight | None = getattr(layer, _PACKED, None)
+    if packed is not None and packed.takes(x):
+        return packed(x)
+    out: Tensor = layer(x)
+    return out
+
+
 def _loader(param: Tensor) -> Callable[[Tensor], None]:
     def load(t: Tensor) -> None:
         with torch.no_grad():
@@ -96,7 +110,7 @@ class _Attention(torch.nn.Module):
     def forward(self, x: Tensor, positions: Tensor, cache: tuple[Tensor, Tensor],
                 meta: AttentionBatch) -> Tensor:
         t, d = x.shape[0], self.head_dim
-        qkv = self.qkv_proj(x)
+        qkv = _project(self.qkv_proj, x)
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k = self.rotary(positions, q, k)
         ops.reshape_and_cache(k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d),
@@ -105,8 +119,7 @@ class _Attention(torch.nn.Module):
                                    meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                    self.scale, self.window, self.soft_cap,
                                    meta.kv_cache_format)
-        out: Tensor = self.o_proj(attn.view(t, self.heads * d))
-        return out
+        return _project(self.o_proj, attn.view(t, self.heads * d))
 
 
 class _MLP(torch.nn.Module):
@@ -121,8 +134,7 @@ class _MLP(torch.nn.Module):
         self.act = GeluAndMul("tanh") if cfg.gemma else SiluAndMul()
 
     def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.down_proj(self.act(self.gate_up_proj(x)))
-        return out
+        return _project(self.down_proj, self.act(_project(self.gate_up_proj, x)))
 
 
 class _MoE(torch.nn.Module):
@@ -230,8 +242,52 @@ class CausalLM(torch.nn.Module):
         else:
             x, _ = self.norm(hidden, residual)
         last = (meta.query_start_loc[1:] - 1).long()
-        logits: Tensor = self.logits_processor(self.lm_head, x.index_select(0, last))
+        x = x.index_select(0, last)
+        head: PackedWeight | None = getattr(self.lm_head, _PACKED, None)
+        if head is not None and head.takes(x):
+            logits: Tensor = head(x)[:, :self.config.vocab_size]  # no soft cap (pack_weights)
+        else:
+            logits = self.logits_processor(self.lm_head, x)
         return logits.float()
+
+    def pack_weights(self, enable: bool = True) -> int:
+        """Give every float32 CPU linear layer and the LM head a oneDNN-packed copy of its
+        weight (:mod:`opmux.models._packed`), called instead of the layer; single-rank
+        models only (a tensor-parallel layer keeps its own path), and the LM head only
+        without a final soft cap. ``enable=False`` drops the copies. Returns the bytes the
+        copies take (made at first use; a layer already packed keeps its copy).
+
+        :raises opmux.models.MemoryBudgetError: the copies do not fit the memory available
+            (checked before any layer is given one).
+        """
+        layers: list[torch.nn.Module] = [self.lm_head] if self.config.final_soft_cap is None \
+            else []
+        for layer in self.layers:
+            assert isinstance(layer, _Layer)
+            attn, mlp = layer.self_attn, layer.mlp
+            layers += [attn.qkv_proj, attn.o_proj]
+            if isinstance(mlp, _MLP):
+                layers += [mlp.gate_up_proj, mlp.down_proj]
+        if not enable or self.tp_size != 1:
+            for mod in layers:
+                mod.__dict__.pop(_PACKED, None)
+            return 0
+        packs: list[tuple[torch.nn.Module, PackedWeight]] = []
+        for mod in layers:
+            weight = mod.weight
+            bias = None if mod is self.lm_head else getattr(mod, "bias", None)
+            if isinstance(weight, Tensor) and can_pack(weight, bias):
+                old: PackedWeight | None = getattr(mod, _PACKED, None)
+                if old is None or old.weight is not weight or old.bias is not bias:
+                    old = PackedWeight(weight, bias)
+                packs.append((mod, old))
+        added = sum(p.weight.numel() * p.weight.element_size() for _, p in packs)
+        check_fits([MemoryNeed("packed weights", added, "oneDNN-packed copies of the float32 "
+                               "linear weights", "build the Engine with pack_weights=False")],
+                   "cpu", "pack_weights")
+        for mod, packed in packs:
+            setattr(mod, _PACKED, packed)
+        return added
 
     def weight_targets(self) -> dict[str, WeightTarget]:
         """Every checkpoint tensor this model reads: name → (full shape, loader)."""

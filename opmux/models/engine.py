@@ -127,15 +127,20 @@ class Engine:
     :param model: the loaded model.
     :param block_size: tokens per KV-cache block.
     :param device: where caches and step tensors live (default: the model's parameters').
+    :param pack_weights: give the model's float32 CPU linear weights oneDNN-packed copies
+        (:meth:`~opmux.models.decoder.CausalLM.pack_weights`), which its steps then use;
+        ``False`` drops copies an earlier ``Engine`` gave the model.
+    :raises opmux.models.MemoryBudgetError: the packed copies do not fit the memory available.
     """
 
     def __init__(self, model: CausalLM, block_size: int = 16,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, pack_weights: bool = True) -> None:
         check_int("Engine: block_size", block_size, 1, MAX_BLOCK_SIZE)
         self.model = model
         self.block_size = block_size
         self.device = device or next(model.parameters()).device
         self._moe = model.moe_layers()
+        model.pack_weights(pack_weights)
 
     def forward_step(self, tokens: Tensor, positions: Tensor, cache: list[tuple[Tensor, Tensor]],
                  meta: AttentionBatch) -> Tensor:

@@ -233,3 +233,19 @@ def test_engine_allocates_the_format_the_winning_provider_prefers(
             op.unregister_impl("engine_hnd_probe")
     assert seen == ["hnd"]
     assert got == want
+
+
+def test_packed_weights_give_the_layers_tokens_and_follow_weight_changes(ckpt: Path) -> None:
+    packed, plain = load_model(ckpt), load_model(ckpt)
+    fast, slow = Engine(packed, block_size=4), Engine(plain, block_size=4, pack_weights=False)
+    before = fast.generate(PROMPTS, 6).outputs
+    assert before == slow.generate(PROMPTS, 6).outputs
+    assert fast.generate(PROMPTS[:1], 6).outputs == slow.generate(PROMPTS[:1], 6).outputs
+    with torch.no_grad():  # in place, after the copies were made: they must be made again
+        for model in (packed, plain):
+            model.lm_head.weight.mul_(-1.0)
+            model.layers[0].mlp.down_proj.weight.mul_(0.5)
+    after = fast.generate(PROMPTS, 6).outputs
+    assert after == slow.generate(PROMPTS, 6).outputs and after != before
+    Engine(packed, block_size=4, pack_weights=False)  # drops the copies
+    assert Engine(packed, block_size=4, pack_weights=False).generate(PROMPTS, 6).outputs == after
