@@ -67,7 +67,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32,
                           f"not a directory)")
     cfg = read_config(directory)
     files = _weight_files(directory)
-    # what the sizes imply is checked before anything of that size is allocated (#39)
+    # what the sizes imply is checked before anything of that size is allocated
     needs = model_needs(cfg, dtype, get_tensor_model_parallel_world_size())
     check_fits(needs, "cpu", f"{directory / 'config.json'}")
     if device is not None and torch.device(device).type != "cpu":

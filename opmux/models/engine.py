@@ -184,7 +184,7 @@ class Engine:
         need = [(n + max_tokens + bs - 1) // bs for n in lens]
         width = max(need)
         alloc = BlockAllocator(sum(sorted(need, reverse=True)[:cap]))
-        # the sizes' consequences, checked before the cache is allocated (#39)
+        # the sizes' consequences, checked before the cache is allocated
         check_fits(generation_needs(
             cfg, self.model.dtype, num_blocks=alloc.num_blocks, block_size=bs,
             num_seqs=min(cap, s), step_tokens=sum(sorted(lens, reverse=True)[:cap]),

@@ -1,7 +1,7 @@
 """What a model and a generation will allocate, checked against the memory there is.
 
 Sizes come from users (``config.json`` fields, ``Engine`` arguments, ``opmux generate``
-options); a large one used to reach ``torch.empty`` and end the process (an OOM kill, or a
+options); a large one reaching ``torch.empty`` would end the process (an OOM kill, or a
 raw ``RuntimeError`` under a memory limit). :func:`model_needs` and :func:`generation_needs`
 estimate the allocations that follow from those sizes (weights, cos/sin caches, KV cache,
 logits, step activations) and :func:`check_fits` compares them with
