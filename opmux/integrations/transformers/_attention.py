@@ -158,8 +158,9 @@ def _opmux_attention(name: str, module: Any, query: Tensor, key: Tensor, value: 
 
 def _opmux_can_run(module: Any, query: Tensor, key: Tensor, value: Tensor, dropout: float,
                    kwargs: dict[str, Any]) -> bool:
-    if dropout != 0.0 or kwargs.get("output_attentions") or hasattr(module, "sinks"):
-        return False
+    if dropout != 0.0 or hasattr(module, "sinks") or kwargs.get("output_attentions") \
+            or getattr(getattr(module, "config", None), "output_attentions", False):
+        return False  # (the weights are asked for: the op returns none)
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
