@@ -125,7 +125,8 @@ def test_unsupported_model_is_refused(tmp_path: Path) -> None:
     import transformers as tr
 
     model = tr.GPT2LMHeadModel(tr.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    with pytest.raises(otf.UnsupportedModelError, match=r"supports transformers models of the types \['gemma2'"):
+    with pytest.raises(otf.UnsupportedModelError,
+                       match=r"supports transformers models of the types \['gemma2'"):
         otf.enable(model)
     with pytest.raises(TypeError, match="got object"):
         otf.enable(object())

@@ -248,7 +248,7 @@ class _RowPlan:
     """``paged_attention``'s inputs for a mask: one sequence of one query per (batch row,
     kv head, query row), its block table the ids of the keys it sees as one-token blocks."""
 
-    __slots__ = ("live", "mask", "shape", "starts", "strides", "tables", "lens")
+    __slots__ = ("lens", "live", "mask", "shape", "starts", "strides", "tables")
 
     def __init__(self, mask: Tensor, shape: tuple[int, ...], strides: tuple[int, ...],
                  tables: Tensor, lens: Tensor, starts: Tensor, live: Tensor | None) -> None:
