@@ -92,8 +92,8 @@ _COMMON: dict[str, Any] = dict(vocab_size=99, hidden_size=32, intermediate_size=
 ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("Llama", {"hidden_act": "silu"}),
     "qwen2": ("Qwen2", {"hidden_act": "silu"}),
-    # transformers' grouped_mm experts need 16-byte strides: an intermediate size of 4k
-    "mixtral": ("Mixtral", {"hidden_act": "silu", "intermediate_size": 36, "num_local_experts": 4,
+    # transformers' grouped_mm experts need 16-byte strides (fp16 too): an intermediate size of 8k
+    "mixtral": ("Mixtral", {"hidden_act": "silu", "intermediate_size": 40, "num_local_experts": 4,
                             "num_experts_per_tok": 2, "router_jitter_noise": 0.0}),
     "gemma2": ("Gemma2", {"hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4,
                           "attn_logit_softcapping": 30.0, "final_logit_softcapping": 20.0,

@@ -19,11 +19,17 @@ def _test_class(name: str, **attributes: Any) -> type:
                 {"__module__": __name__, "setUp": _set_up, **attributes})
 
 
+def _add_classes(model_type: str, prefix: str) -> None:
+    """``<Prefix>PlainTest`` and ``<Prefix>OpmuxTest`` (the only TestCase names here:
+    pytest collects every module attribute that is one)."""
+    classes = model_classes(model_type)
+    plain = _test_class(f"{prefix}PlainTest", all_model_classes=classes,
+                        model_type=model_type, opmux=False)
+    globals()[plain.__name__] = plain
+    globals()[f"{prefix}OpmuxTest"] = _test_class(
+        f"{prefix}OpmuxTest", all_model_classes=classes, model_type=model_type, opmux=True,
+        reference=plain)
+
+
 for _model_type, (_prefix, _) in ARCHITECTURES.items():
-    _classes = model_classes(_model_type)
-    _plain = _test_class(f"{_prefix}PlainTest", all_model_classes=_classes,
-                         model_type=_model_type, opmux=False)
-    globals()[_plain.__name__] = _plain
-    globals()[f"{_prefix}OpmuxTest"] = _test_class(
-        f"{_prefix}OpmuxTest", all_model_classes=_classes, model_type=_model_type, opmux=True,
-        reference=_plain)
+    _add_classes(_model_type, _prefix)
