@@ -1,6 +1,6 @@
 # The two commands of the README. Each sets up what it needs (lane environments are
 # cached outside the checkout, see .ci/lane).
-LANES ?= core triton mindspore xla vllm
+LANES ?= core triton mindspore xla vllm transformers
 # each lane's `opmux check --json` report (written by .ci/test-lane), outside the checkout
 export OPMUX_REPORT_DIR ?= $(HOME)/.cache/opmux/reports
 
@@ -24,9 +24,10 @@ $(addprefix test-,$(LANES)): test-%:
 	@bash .ci/lane $*
 
 matrix:  ## the platform matrix of the last lane runs; a lane without a report shows as absent
+# (the transformers lane writes none: it runs the core lane's providers inside transformers)
 	@echo "==> platform matrix ($(OPMUX_REPORT_DIR))"
 	@bash .ci/lane core -- python -m opmux.cli matrix --allow-missing \
-	  $(foreach lane,$(LANES),$(OPMUX_REPORT_DIR)/$(lane).json)
+	  $(foreach lane,$(filter-out transformers,$(LANES)),$(OPMUX_REPORT_DIR)/$(lane).json)
 
 gpu-check:  ## on a CUDA machine: conformance of triton and cuda_c on the GPU, then the GPU benchmark
 	@bash .ci/lane triton -- python benchmarks/gpu_kernels.py --check --out $(OPMUX_REPORT_DIR)

@@ -39,14 +39,21 @@ _ONEDNN = _find_onednn()
 
 
 def takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether :func:`dense_linear` sends this call to oneDNN (see the module)."""
+    """Whether :func:`dense_linear` sends this call to oneDNN (see the module): only the
+    layouts oneDNN's matmul reads as ``F.linear`` does -- an ``[..., in]`` input of two or
+    more dims (any strides), a contiguous ``[out, in]`` weight, no bias or a contiguous
+    ``[out]`` one; everything else (and every error) is ``F.linear``'s."""
     # the weight size first: most calls of a small model stop there
     return (_ONEDNN is not None and weight.numel() >= _MIN_WEIGHT
             and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu")  # F.linear follows autocast's dtype
+            and x.dim() >= 2 and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
             and 0 < x.numel() <= _MAX_ROWS * x.shape[-1]
             and x.dtype == weight.dtype == torch.float32 and x.is_cpu and weight.is_cpu
-            and (bias is None or bias.dtype == torch.float32)
+            and weight.is_contiguous()
+            and (bias is None or (bias.dtype == torch.float32 and bias.dim() == 1
+                                  and bias.shape[0] == weight.shape[0] and bias.is_cpu
+                                  and bias.is_contiguous()))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))
             and torch.get_num_threads() > 1)

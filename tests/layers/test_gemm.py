@@ -90,6 +90,48 @@ def test_other_calls_run_f_linear(two_threads: None, onednn_calls: list[int],
         assert x.grad is not None
 
 
+def _f_linear_only() -> dict[str, tuple[torch.Tensor, torch.Tensor, Any]]:
+    """(x, weight, bias) that F.linear accepts in layouts oneDNN's matmul does not read."""
+    x, w = torch.randn(4, IN), torch.randn(OUT, IN)
+    return {
+        "strided bias": (x, w, torch.randn(2 * OUT)[::2]),
+        "stride-0 bias": (x, w, torch.randn(1).expand(OUT)),
+        "0-d bias": (x, w, torch.tensor(0.5)),
+        "one-element bias": (x, w, torch.randn(1)),
+        "1-D weight": (x, torch.randn(IN * 1024)[:IN], None),
+        "overlapping weight": (x, torch.randn(1, IN).expand(OUT, IN), None),
+        "transposed weight": (x, torch.randn(IN, OUT).t(), torch.randn(OUT)),
+        "1-D input": (torch.randn(IN), w, None),
+    }
+
+
+@pytest.mark.parametrize("case", list(_f_linear_only()))
+def test_layouts_onednn_does_not_read_run_f_linear(two_threads: None, onednn_calls: list[int],
+                                                   case: str) -> None:
+    x, w, b = _f_linear_only()[case]
+    with torch.inference_mode():
+        got = _gemm.dense_linear(x, w, b)
+        want = F.linear(x, w, b)
+    assert onednn_calls == []
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("x", "w", "b"), [
+    (torch.randn(4, IN + 1), torch.randn(OUT, IN), None),
+    (torch.randn(4, IN), torch.randn(OUT, IN), torch.randn(OUT + 1)),
+    (torch.randn(4, IN), torch.randn(OUT, IN), torch.randn(2, OUT)),
+], ids=["input width", "bias length", "2-D bias"])
+def test_bad_shapes_raise_f_linears_error(two_threads: None, x: torch.Tensor, w: torch.Tensor,
+                                          b: torch.Tensor | None) -> None:
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError) as want:
+            F.linear(x, w, b)
+        with pytest.raises(RuntimeError) as got:
+            _gemm.dense_linear(x, w, b)
+    assert str(got.value) == str(want.value)
+
+
 def test_cpu_autocast_runs_f_linear(two_threads: None, onednn_calls: list[int]) -> None:
     """Under CPU autocast the call follows autocast's dtype, as F.linear does."""
     x, w = torch.randn(4, IN), torch.randn(OUT, IN)

@@ -1,28 +1,35 @@
-"""The ``opmux`` attention, mask and experts functions transformers dispatches to by name.
+"""The attention and experts functions of an enabled model, and the ones transformers
+dispatches to by name.
 
-``attention_forward`` is registered in transformers' ``AttentionInterface`` under
-:data:`~opmux.integrations.transformers.ATTN_IMPLEMENTATION` and under the continuous-batching
-name :data:`~opmux.integrations.transformers.PAGED_ATTN_IMPLEMENTATION`; ``mask_interface`` in
-``AttentionMaskInterface`` under the first; ``experts_forward`` in ``ExpertsInterface``.
+An enabled model keeps its config's ``attn_implementation`` (``sdpa``, ``eager``, ...): its
+attention modules call :func:`module_attention`, which runs ``opmux.ops.paged_attention``
+with the mask transformers built for that implementation and otherwise calls the
+implementation itself, so every fallback is exactly transformers' code. ``paged_attention``
+expresses a mask two ways:
 
-The attention runs ``opmux.ops.paged_attention`` (and, on continuous batching's paged cache,
-``opmux.ops.reshape_and_cache``). Its causal rule (query row ``j`` of a sequence with
-``q_len`` queries and ``kv_len`` keys sees keys ``t <= kv_len - q_len + j``, within the window)
-is exactly the mask transformers builds for an unpadded sequence whose keys are the last
-``kv_len`` tokens, which is what ``DynamicCache`` (sliding layers included) hands the attention.
-The mask function returns ``None`` only in that case; any other mask (padding, packed
-sequences, a static cache, custom overlays, bidirectional attention) is built by the model's
-fallback implementation and the attention then runs that implementation.
+* no mask (``sdpa``'s "causal" ``None``): its own causal rule -- query row ``j`` of a sequence
+  with ``q_len`` queries and ``kv_len`` keys sees keys ``t <= kv_len - q_len + j``, within the
+  window -- which is transformers' mask of an unpadded sequence whose keys are the last
+  ``kv_len`` tokens, what ``DynamicCache`` hands the attention;
+* a boolean mask (``sdpa``'s) or an additive one of zeros and the dtype's minimum
+  (``eager``'s), such as a padded batch's: every query row becomes a sequence of one query
+  whose block table lists the keys it sees, as one-token blocks of the cache (a view).
+
+:func:`attention_forward` is registered in transformers' ``AttentionInterface`` as
+:data:`~opmux.integrations.transformers.ATTN_IMPLEMENTATION` (with ``sdpa``'s mask function),
+so ``attn_implementation="opmux"`` also works on a model that is not enabled;
+:func:`paged_attention_forward` serves continuous batching; :func:`experts_forward` is the
+``ExpertsInterface`` entry.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch._subclasses import FakeTensor
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -30,103 +37,67 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 import opmux.ops as ops
 from opmux.core.errors import OpmuxError
 
-__all__ = ["attention_forward", "experts_forward", "forget_config", "mask_interface",
-           "paged_attention_forward", "remember_config"]
+__all__ = ["EAGER_FUNCTIONS", "PAGED_NAME", "attention_forward", "experts_forward",
+           "fused_moe_applies", "module_attention", "paged_attention_forward", "traced"]
 
-#: id(config) -> (weak reference to it, the implementation its fallbacks use)
-_CONFIGS: dict[int, tuple[weakref.ref[Any], str]] = {}
-#: id(experts module class) -> the experts implementation it falls back to, per config
-_EXPERTS_FALLBACK: dict[int, tuple[weakref.ref[Any], str]] = {}
 #: attention module class -> the modeling module's own eager attention function
 EAGER_FUNCTIONS: dict[type, Callable[..., Any]] = {}
+#: the continuous-batching implementation name (set by the package)
+PAGED_NAME: list[str] = [""]
+#: implementations whose masks opmux reads (None, boolean, or 0 / dtype-minimum additive)
+_READABLE = ("sdpa", "eager")
 
 
-def remember_config(config: Any, attn_fallback: str, experts_fallback: str | None) -> None:
-    """Mark ``config`` as enabled: its masks may be skipped and its fallbacks use these."""
-    ref = weakref.ref(config)
-    _CONFIGS[id(config)] = (ref, attn_fallback)
-    if experts_fallback is not None:
-        _EXPERTS_FALLBACK[id(config)] = (ref, experts_fallback)
-
-
-def forget_config(config: Any) -> None:
-    """Undo :func:`remember_config`."""
-    _CONFIGS.pop(id(config), None)
-    _EXPERTS_FALLBACK.pop(id(config), None)
-
-
-def _lookup(table: dict[int, tuple[weakref.ref[Any], str]], config: Any) -> str | None:
-    entry = table.get(id(config))
-    if entry is None or entry[0]() is not config:
-        return None
-    return entry[1]
-
-
-# ------------------------------------------------------------------------------------ masks
-def _is_plain(q_length: int, kv_length: int, q_offset: Any, kv_offset: Any,
-              mask_function: Any, attention_mask: Tensor | None, local_size: int | None,
-              config: Any) -> bool:
-    """Whether the mask is exactly paged_attention's causal (windowed) rule."""
-    if mask_function is not causal_mask_function and not (
-            local_size is not None and local_size == getattr(config, "sliding_window", None)):
-        return False
-    if not isinstance(q_offset, int) or not isinstance(kv_offset, int):
-        return False  # a static cache's tensor offsets: its keys include empty slots
-    if q_offset + q_length != kv_offset + kv_length or torch.compiler.is_compiling():
-        return False
-    if attention_mask is None:
-        return True
-    if attention_mask.shape[-1] < kv_offset + kv_length:
-        return False  # transformers pads it with "masked"
-    return bool(attention_mask.all())
-
-
-def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0,
-                  kv_offset: Any = 0, mask_function: Callable[..., Any] = causal_mask_function,
-                  attention_mask: Tensor | None = None, local_size: int | None = None,
-                  allow_is_causal_skip: bool = True, config: Any = None,
-                  **kwargs: Any) -> Tensor | None:
-    """``None`` when :func:`attention_forward` can run the causal rule itself, else the
-    mask of the model's fallback implementation (``sdpa``'s or ``eager``'s)."""
-    fallback = _lookup(_CONFIGS, config)
-    if fallback is None:  # a model opmux did not enable: behave as sdpa
-        fallback = "sdpa"
-    elif allow_is_causal_skip and _is_plain(q_length, kv_length, q_offset, kv_offset,
-                                            mask_function, attention_mask, local_size, config):
-        return None
-    else:
-        allow_is_causal_skip = False  # None would mean "causal" to attention_forward
-    build = ALL_MASK_ATTENTION_FUNCTIONS[fallback]
-    return build(batch_size=batch_size, q_length=q_length, kv_length=kv_length,  # type: ignore[no-any-return]
-                 q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
-                 attention_mask=attention_mask, local_size=local_size,
-                 allow_is_causal_skip=allow_is_causal_skip, config=config, **kwargs)
+def traced(t: Tensor) -> bool:
+    """``t`` carries no data (torch.compile tracing, the meta device, a FakeTensorMode):
+    the data-dependent steps of the opmux paths (a mask's content, the rotary table check,
+    the memos of index tensors) cannot run, and transformers' code does."""
+    return torch.compiler.is_compiling() or t.is_meta or isinstance(t, FakeTensor)
 
 
 # -------------------------------------------------------------------------------- attention
-def _fallback(module: Any, name: str, query: Tensor, key: Tensor, value: Tensor,
-              attention_mask: Tensor | None, scaling: float | None, dropout: float,
-              sliding_window: int | None, softcap: float | None, plain: bool,
-              **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-    """Run the model's fallback implementation ``name``. ``plain``: ``attention_mask`` is
-    None because the mask function found the causal rule, which that implementation must
-    now be given as a real mask (sdpa's ``None`` means upper-left causal)."""
-    eager = EAGER_FUNCTIONS.get(type(module))
-    if eager is None:
-        eager = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    if plain and attention_mask is None:
+def attention_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                      attention_mask: Tensor | None, scaling: float | None = None,
+                      dropout: float = 0.0, sliding_window: int | None = None,
+                      softcap: float | None = None, **kwargs: Any
+                      ) -> tuple[Tensor, Tensor | None]:
+    """transformers' attention signature on ``opmux.ops.paged_attention``, registered as
+    ``"opmux"``: the mask is ``sdpa``'s, the fallback ``sdpa`` (``eager`` with a soft cap,
+    which ``sdpa`` refuses)."""
+    if isinstance(kwargs.get("cache"), PagedAttentionCache):
+        return paged_attention_forward(module, query, key, value, attention_mask, scaling,
+                                       dropout, sliding_window, softcap, **kwargs)
+    out = _opmux_attention("sdpa", module, query, key, value, attention_mask, scaling,
+                           dropout, sliding_window, softcap, kwargs)
+    if out is not None:
+        return out, None
+    if softcap is None:
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](  # type: ignore[no-any-return]
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+            sliding_window=sliding_window, **kwargs)
+    eager = EAGER_FUNCTIONS.get(type(module), ALL_ATTENTION_FUNCTIONS["sdpa"])
+    return eager(module, query, key, value,  # type: ignore[no-any-return]
+                 _eager_mask(attention_mask, query, key, sliding_window), scaling=scaling,
+                 dropout=dropout, sliding_window=sliding_window, softcap=softcap, **kwargs)
+
+
+def _eager_mask(mask: Tensor | None, query: Tensor, key: Tensor,
+                sliding_window: int | None) -> Tensor | None:
+    """``sdpa``'s mask as the additive mask ``eager`` takes. ``sdpa``'s ``None`` is its
+    ``is_causal``: every key for one query, else causal aligned upper left (its mask function
+    returns ``None`` only where that is the causal rule)."""
+    if mask is None:
         q_len, kv_len = query.shape[2], key.shape[2]
-        attention_mask = ALL_MASK_ATTENTION_FUNCTIONS[name](
+        if q_len == 1:
+            return None
+        mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](
             batch_size=query.shape[0], q_length=q_len, kv_length=kv_len,
-            q_offset=kv_len - q_len, kv_offset=0, mask_function=_causal(sliding_window),
-            attention_mask=None, local_size=sliding_window, allow_is_causal_skip=True,
-            dtype=query.dtype, config=module.config, device=query.device)
-    extra: dict[str, Any] = {} if sliding_window is None else {"sliding_window": sliding_window}
-    if softcap is not None:
-        extra["softcap"] = softcap
-    fn = ALL_ATTENTION_FUNCTIONS.get_interface(name, eager)
-    return fn(module, query, key, value, attention_mask, scaling=scaling,  # type: ignore[no-any-return]
-              dropout=dropout, **extra, **kwargs)
+            q_offset=0, kv_offset=0, mask_function=_causal(sliding_window),
+            attention_mask=None, local_size=sliding_window, allow_is_causal_skip=False,
+            device=query.device)
+    if mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
 
 
 def _causal(sliding_window: int | None) -> Callable[..., Any]:
@@ -137,10 +108,59 @@ def _causal(sliding_window: int | None) -> Callable[..., Any]:
     return sliding_window_causal_mask_function(sliding_window)  # type: ignore[no-any-return]
 
 
+def module_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, scaling: float | None = None,
+                     dropout: float = 0.0, sliding_window: int | None = None,
+                     softcap: float | None = None, **kwargs: Any
+                     ) -> tuple[Tensor, Tensor | None]:
+    """The attention of an enabled model's attention module: opmux's where it expresses the
+    call, else the implementation the config names, with the mask built for it."""
+    name = module.config._attn_implementation
+    if name == PAGED_NAME[0]:
+        return paged_attention_forward(module, query, key, value, attention_mask, scaling,
+                                       dropout, sliding_window, softcap, **kwargs)
+    if name in _READABLE:
+        out = _opmux_attention(name, module, query, key, value, attention_mask, scaling,
+                               dropout, sliding_window, softcap, kwargs)
+        if out is not None:
+            return out, None
+    eager = EAGER_FUNCTIONS.get(type(module), ALL_ATTENTION_FUNCTIONS["sdpa"])
+    fn = ALL_ATTENTION_FUNCTIONS.get_interface(name, eager)
+    extra: dict[str, Any] = {} if softcap is None else {"softcap": softcap}
+    return fn(module, query, key, value, attention_mask,  # type: ignore[no-any-return]
+              scaling=scaling, dropout=dropout, sliding_window=sliding_window, **extra,
+              **kwargs)
+
+
+def _opmux_attention(name: str, module: Any, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, scaling: float | None, dropout: float,
+                     sliding_window: int | None, softcap: float | None,
+                     kwargs: dict[str, Any]) -> Tensor | None:
+    """``[B, Sq, H, D]`` from ``paged_attention``, or ``None`` when it does not express the
+    call (the caller then runs transformers' implementation)."""
+    if not _opmux_can_run(module, query, key, value, dropout, kwargs) or traced(query):
+        return None
+    scale = float(module.head_dim ** -0.5 if scaling is None else scaling)
+    if attention_mask is None:
+        q_len, kv_len = query.shape[2], key.shape[2]
+        if 1 < q_len < kv_len:
+            if name == "eager":
+                return None  # eager's None: every row sees every key
+            # sdpa's None with more keys than queries: its is_causal, aligned upper left
+            # (a prefill into an empty static cache): the keys past the queries are unused
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+        return _dense_attention(query, key, value, scale, sliding_window, softcap)
+    plan = _row_plan(attention_mask, query, key)
+    if plan is None:
+        return None
+    return _masked_attention(plan, query, key, value, scale, softcap)
+
+
 def _opmux_can_run(module: Any, query: Tensor, key: Tensor, value: Tensor, dropout: float,
                    kwargs: dict[str, Any]) -> bool:
-    if dropout != 0.0 or kwargs.get("output_attentions") or hasattr(module, "sinks"):
-        return False
+    if dropout != 0.0 or hasattr(module, "sinks") or kwargs.get("output_attentions") \
+            or getattr(getattr(module, "config", None), "output_attentions", False):
+        return False  # (the weights are asked for: the op returns none)
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
@@ -150,31 +170,6 @@ def _opmux_can_run(module: Any, query: Tensor, key: Tensor, value: Tensor, dropo
     return (len(q) == 4 and len(k) == 4 and k == value.shape and key.dtype == query.dtype
             and value.dtype == query.dtype and q[0] == k[0] and q[3] == k[3]
             and q[1] % k[1] == 0 and k[2] >= q[2] > 0)
-
-
-def attention_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
-                      attention_mask: Tensor | None, scaling: float | None = None,
-                      dropout: float = 0.0, sliding_window: int | None = None,
-                      softcap: float | None = None, **kwargs: Any
-                      ) -> tuple[Tensor, Tensor | None]:
-    """transformers' attention signature on ``opmux.ops.paged_attention``.
-
-    ``query [B, H, Sq, D]``, ``key``/``value [B, Hkv, Skv, D]`` (the cache's whole content);
-    returns ``([B, Sq, H, D], None)``. Anything the op does not express runs the fallback.
-    """
-    cache = kwargs.get("cache")
-    if isinstance(cache, PagedAttentionCache):
-        return paged_attention_forward(module, query, key, value, attention_mask, scaling,
-                                       dropout, sliding_window, softcap, **kwargs)
-    fallback = _lookup(_CONFIGS, getattr(module, "config", None))
-    if (fallback is None or attention_mask is not None
-            or not _opmux_can_run(module, query, key, value, dropout, kwargs)):
-        name = fallback or "sdpa"
-        return _fallback(module, name, query, key, value, attention_mask, scaling, dropout,
-                         sliding_window, softcap, fallback is not None, **kwargs)
-    if scaling is None:
-        scaling = module.head_dim ** -0.5
-    return _dense_attention(query, key, value, float(scaling), sliding_window, softcap), None
 
 
 _META: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor, Tensor]] = {}
@@ -199,7 +194,7 @@ def _meta(seqs: int, q_len: int, kv_len: int,
 
 def _dense_attention(query: Tensor, key: Tensor, value: Tensor, scale: float,
                      sliding_window: int | None, softcap: float | None) -> Tensor:
-    """Attention over ``key``/``value [B, Hkv, Skv, D]`` as a paged cache with no copy.
+    """Causal attention over ``key``/``value [B, Hkv, Skv, D]`` as a paged cache, no copy.
 
     A cache tensor whose heads hold their tokens densely (``DynamicCache``'s
     ``[B, Hkv, Skv, D]``) becomes ``B * Hkv`` one-head blocks of ``Skv`` tokens; keys laid
@@ -248,6 +243,115 @@ def _head_blocks(states: Tensor) -> Tensor:
                              states.storage_offset())
 
 
+# ------------------------------------------------------------------------- masked attention
+class _RowPlan:
+    """``paged_attention``'s inputs for a mask: one sequence of one query per (batch row,
+    kv head, query row), its block table the ids of the keys it sees as one-token blocks."""
+
+    __slots__ = ("lens", "live", "mask", "shape", "starts", "strides", "tables")
+
+    def __init__(self, mask: Tensor, shape: tuple[int, ...], strides: tuple[int, ...],
+                 tables: Tensor, lens: Tensor, starts: Tensor, live: Tensor | None) -> None:
+        self.mask, self.shape, self.strides = mask, shape, strides
+        self.tables, self.lens, self.starts = tables, lens, starts
+        self.live = live  # [B or 1, Sq, 1, 1]: rows that see a key (None: all do)
+
+
+#: the plans of the last masks: every layer of a forward gets the same mask object
+_PLANS: list[_RowPlan] = []
+
+
+def _token_strides(key: Tensor) -> tuple[int, ...] | None:
+    """``key [B, Hkv, S, D]``'s strides in units of ``D`` (dims of size 1 as 0), when every
+    token's ``D`` values are dense and start at a multiple of ``D``."""
+    dim = key.shape[3]
+    if key.stride(3) != 1 and dim > 1:
+        return None
+    strides = tuple(0 if n == 1 else s for n, s in zip(key.shape[:3], key.stride()[:3],
+                                                         strict=True))
+    if any(s % dim for s in strides):
+        return None
+    return tuple(s // dim for s in strides)
+
+
+def _visible(mask: Tensor, batch: int, q_len: int, kv_len: int) -> Tensor | None:
+    """``[B or 1, Sq, Skv]`` booleans (key seen) of a ``[B or 1, 1, Sq, Skv]`` mask, or None."""
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, batch) \
+            or mask.shape[2] != q_len or mask.shape[3] != kv_len:
+        return None
+    if mask.dtype == torch.bool:
+        return mask[:, 0]
+    if not mask.dtype.is_floating_point:
+        return None
+    seen = mask[:, 0] == 0
+    if not bool((seen | (mask[:, 0] == torch.finfo(mask.dtype).min)).all()):
+        return None  # another bias than "seen" / "not seen"
+    return seen
+
+
+def _row_plan(mask: Tensor, query: Tensor, key: Tensor) -> _RowPlan | None:
+    batch, _, q_len, _ = query.shape
+    _, kv_heads, kv_len, _ = key.shape
+    strides = _token_strides(key)
+    if strides is None:  # _token_blocks copies it: the strides of a contiguous one
+        strides = (0 if batch == 1 else kv_heads * kv_len, 0 if kv_heads == 1 else kv_len,
+                   0 if kv_len == 1 else 1)
+    shape = tuple(key.shape)
+    for plan in _PLANS:
+        if plan.mask is mask and plan.shape == shape and plan.strides == strides:
+            return plan
+    seen = _visible(mask, batch, q_len, kv_len)
+    if seen is None:
+        return None
+    counts = seen.sum(-1)                                               # [B or 1, Sq]
+    width = max(int(counts.max()), 1)
+    order = torch.argsort((~seen).to(torch.uint8), dim=-1, stable=True)[..., :width]
+    device = key.device
+    base = (torch.arange(batch, device=device) * strides[0]).view(-1, 1, 1, 1) \
+        + (torch.arange(kv_heads, device=device) * strides[1]).view(1, -1, 1, 1)
+    tables = (base + (order * strides[2]).unsqueeze(1)).to(torch.int32)  # [B, Hkv, Sq, W]
+    tables = tables.reshape(batch * kv_heads * q_len, width)
+    lens = counts.clamp(min=1).to(torch.int32).unsqueeze(1).expand(batch, kv_heads, q_len)
+    starts = torch.arange(batch * kv_heads * q_len + 1, dtype=torch.int32, device=device)
+    live = None if bool(counts.all()) else (counts > 0).view(counts.shape[0], q_len, 1, 1)
+    plan = _RowPlan(mask, shape, strides, tables.contiguous(), lens.reshape(-1).contiguous(),
+                    starts, live)
+    if len(_PLANS) >= 2:
+        _PLANS.pop(0)
+    _PLANS.append(plan)
+    return plan
+
+
+def _token_blocks(states: Tensor, strides: tuple[int, ...]) -> Tensor:
+    """``states [B, Hkv, S, D]`` as ``[n, 1, 1, D]`` one-token blocks: token ``t`` of head
+    ``h`` of row ``b`` is block ``b * strides[0] + h * strides[1] + t * strides[2]``."""
+    batch, kv_heads, length, dim = states.shape
+    if _token_strides(states) != strides:
+        states = states.contiguous()
+    last = (batch - 1) * strides[0] + (kv_heads - 1) * strides[1] + (length - 1) * strides[2]
+    return states.as_strided((last + 1, 1, 1, dim), (dim, dim, dim, 1),
+                             states.storage_offset())
+
+
+def _masked_attention(plan: _RowPlan, query: Tensor, key: Tensor, value: Tensor,
+                      scale: float, softcap: float | None) -> Tensor:
+    """Attention under a mask (the window is part of it); rows that see no key are zeros,
+    as ``sdpa`` returns them."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    rows = (query.view(batch, kv_heads, group, q_len, dim).transpose(2, 3)
+            .reshape(batch * kv_heads * q_len, group, dim))
+    out = ops.paged_attention.eager(rows, _token_blocks(key, plan.strides),
+                                    _token_blocks(value, plan.strides), plan.tables,
+                                    plan.lens, plan.starts, scale, None, softcap)
+    out = (out.view(batch, kv_heads, q_len, group, dim).transpose(1, 2)
+           .reshape(batch, q_len, heads, dim))
+    if plan.live is not None:
+        out = out * plan.live
+    return out  # type: ignore[no-any-return]
+
+
 # ----------------------------------------------------------------- continuous batching
 def paged_attention_forward(module: Any, query: Tensor, key: Tensor, value: Tensor,
                             attention_mask: Any, scaling: float | None = None,
@@ -266,8 +370,8 @@ def paged_attention_forward(module: Any, query: Tensor, key: Tensor, value: Tens
     if not isinstance(cache, PagedAttentionCache):
         raise _PagedMisuseError(
             f"attention implementation {module.config._attn_implementation!r} serves "
-            "continuous batching (generate_batch) only; set 'opmux' for other forwards "
-            "(opmux.integrations.transformers.enable(model) does)")
+            "continuous batching (generate_batch) only; set 'sdpa', 'eager' or 'opmux' for "
+            "other forwards")
     if not _opmux_can_run(module, query, key, value, dropout, {}) or query.shape[0] != 1:
         raise _PagedMisuseError(
             "continuous batching with opmux attention needs inference mode (no grad, no "
@@ -342,27 +446,33 @@ def _token_tables(cu_k: Tensor) -> tuple[Tensor, Tensor]:
 # ---------------------------------------------------------------------------------- experts
 def experts_forward(module: Any, hidden_states: Tensor, top_k_index: Tensor,
                     top_k_weights: Tensor) -> Tensor:
-    """A transformers experts module (``gate_up_proj [E, 2I, d]`` gate rows first,
-    ``down_proj [E, d, I]``, SiLU) on ``opmux.ops.fused_moe``; other layouts fall back."""
-    fallback = _lookup(_EXPERTS_FALLBACK, getattr(module, "config", None))
-    w1 = getattr(module, "gate_up_proj", None)
-    w2 = getattr(module, "down_proj", None)
-    if (fallback is None or not _plain_experts(module) or not isinstance(w1, Tensor)
-            or not isinstance(w2, Tensor) or w1.dtype != hidden_states.dtype
-            or (torch.is_grad_enabled() and (hidden_states.requires_grad or w1.requires_grad))):
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-        original = type(module).forward.__wrapped__
-        fn = ALL_EXPERTS_FUNCTIONS.get_interface(fallback or "eager", original)
-        return fn(module, hidden_states, top_k_index, top_k_weights)  # type: ignore[no-any-return]
-    return ops.fused_moe.eager(hidden_states, w1, w2,  # type: ignore[no-any-return]
-                               top_k_weights, top_k_index)
+    """The experts implementation ``"opmux"``: ``opmux.ops.fused_moe`` where
+    :func:`fused_moe_applies`, else the module class's own (``eager``) forward."""
+    if fused_moe_applies(module, hidden_states):
+        return ops.fused_moe.eager(hidden_states, module.gate_up_proj,  # type: ignore[no-any-return]
+                                   module.down_proj, top_k_weights, top_k_index)
+    for cls in type(module).__mro__:
+        original = getattr(cls.__dict__.get("forward"), "__wrapped__", None)
+        if original is not None:
+            return original(module, hidden_states, top_k_index,  # type: ignore[no-any-return]
+                            top_k_weights)
+    raise TypeError(f"{type(module).__name__} is not an experts module of transformers")
 
 
-def _plain_experts(module: Any) -> bool:
+def fused_moe_applies(module: Any, hidden_states: Tensor) -> bool:
+    """A transformers experts module ``fused_moe`` computes: ``gate_up_proj [E, 2I, d]``
+    gate rows first, ``down_proj [E, d, I]``, no bias, SiLU, the input's dtype, no autograd,
+    tensors with data."""
     from transformers.activations import SiLUActivation
 
-    return (getattr(module, "is_concatenated", False) and getattr(module, "has_gate", False)
+    w1 = getattr(module, "gate_up_proj", None)
+    w2 = getattr(module, "down_proj", None)
+    return (isinstance(w1, Tensor) and isinstance(w2, Tensor)
+            and getattr(module, "is_concatenated", False) and getattr(module, "has_gate", False)
             and not getattr(module, "has_bias", True) and not getattr(module, "is_transposed", True)
             and not getattr(module, "has_post_expert_norm", True)
-            and type(module.act_fn) in (SiLUActivation, torch.nn.SiLU))
+            and type(getattr(module, "act_fn", None)) in (SiLUActivation, torch.nn.SiLU)
+            and w1.dtype == hidden_states.dtype == w2.dtype and not traced(hidden_states)
+            and not (torch.is_grad_enabled()
+                     and (hidden_states.requires_grad or w1.requires_grad
+                          or w2.requires_grad)))

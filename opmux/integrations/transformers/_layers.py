@@ -3,7 +3,9 @@
 :func:`subclass_for` makes, once per transformers class, a subclass whose ``forward`` calls
 the op and whose ``super().forward`` is transformers' own code, run whenever the op does not
 apply (autograd, a dtype the op does not keep, hooks that a fused path would skip, ...).
-``enable`` swaps an instance's ``__class__`` to it, ``disable`` swaps it back.
+``enable`` swaps an instance's ``__class__`` to it, ``disable`` swaps it back
+(:func:`original_class`). The subclasses are attributes of this module by name
+(``OpmuxLlamaRMSNorm``, made on first access), so an enabled model pickles and loads back.
 
 The ops are called through :attr:`opmux.Op.eager` (the provider chosen from the tensor's
 device, without the torch dispatcher's boxing of the arguments); under ``torch.compile``
@@ -26,7 +28,7 @@ import opmux.ops as ops
 from opmux.integrations.transformers import _attention
 from opmux.layers import dense_linear
 
-__all__ = ["ARCHS", "Arch", "subclass_for"]
+__all__ = ["ARCHS", "Arch", "OpmuxLinear", "original_class", "subclass_for"]
 
 
 class Arch:
@@ -74,8 +76,11 @@ ARCHS: dict[str, Arch] = {
 
 
 def _grad(*tensors: Tensor) -> bool:
-    """Autograd would record this call: the ops have no backward, so transformers' code runs."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    """Autograd would record this call (the ops have no backward) or the tensors carry no
+    data (meta, FakeTensorMode): transformers' code runs."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return True
+    return _attention.traced(tensors[0]) and not torch.compiler.is_compiling()
 
 
 def _hooked(module: nn.Module) -> bool:
@@ -232,8 +237,9 @@ def _rotate(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor
     """``query``/``key [B, S, H, D]`` rotated by ``opmux.ops.rotary_embedding`` from the
     model's own ``cos``/``sin [B or 1, S, D]``; ``None`` when the op does not apply."""
     if cos.dtype != query.dtype or cos.shape[-1] != query.shape[-1] \
-            or cos.shape[-2] != query.shape[1] or _grad(query, key):
-        return None
+            or cos.shape[-2] != query.shape[1] or _grad(query, key) \
+            or _attention.traced(cos):
+        return None  # (the table check reads the data of cos and sin)
     cache, positions = _rope_inputs(cos, sin, query.shape[0])
     if cache is None or positions is None:
         return None
@@ -244,8 +250,9 @@ def _rotate(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor
 # ------------------------------------------------------------------------------- attention
 class _Attention(nn.Module):
     """The architectures' attention forward with the rotary embedding on
-    ``opmux.ops.rotary_embedding``; the attention itself is the function the config names
-    (``"opmux"`` after :func:`enable`)."""
+    ``opmux.ops.rotary_embedding`` and the attention on
+    :func:`~opmux.integrations.transformers._attention.module_attention` (``paged_attention``
+    where it expresses the call, else the implementation the config names)."""
 
     config: Any
     head_dim: int
@@ -280,9 +287,7 @@ class _Attention(nn.Module):
             query, key = rotated[0].transpose(1, 2), rotated[1].transpose(1, 2)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
-        attention = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, modeling.eager_attention_forward)
-        output, weights = attention(
+        output, weights = _attention.module_attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling,
             **self._opmux_arch.attention_kwargs(self), **kwargs)
@@ -328,6 +333,9 @@ class _DecoderLayer(_FusedDecoderLayer):
     _fused_kind = _RMSNorm
 
     def _after_attention(self, norm: Any, attended: Tensor, residual: Tensor) -> Tensor:
+        if attended.dtype != residual.dtype:  # autocast: the add promotes, as in transformers
+            residual = residual + attended
+            return residual + self.mlp(norm(residual))  # type: ignore[no-any-return]
         hidden_states, residual = ops.fused_add_rms_norm.eager(
             attended, residual, norm.weight, norm.variance_epsilon)
         return residual + self.mlp(hidden_states)  # type: ignore[no-any-return]
@@ -343,10 +351,30 @@ class _GemmaDecoderLayer(_FusedDecoderLayer):
     post_feedforward_layernorm: nn.Module
 
     def _after_attention(self, norm: Any, attended: Tensor, residual: Tensor) -> Tensor:
-        hidden_states, residual = ops.gemma_fused_add_rms_norm.eager(
-            self.post_attention_layernorm(attended), residual, norm.weight, norm.eps)
+        attended = self.post_attention_layernorm(attended)
+        if attended.dtype != residual.dtype:  # autocast: the add promotes, as in transformers
+            residual = residual + attended
+            hidden_states = norm(residual)
+        else:
+            hidden_states, residual = ops.gemma_fused_add_rms_norm.eager(
+                attended, residual, norm.weight, norm.eps)
         hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
         return residual + hidden_states  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------- experts
+class _Experts(nn.Module):
+    """MoE experts on ``opmux.ops.fused_moe`` where it computes them (SiLU, ``[gate; up]``
+    weights, no bias, no autograd); otherwise the forward of transformers' class, which runs
+    the experts implementation the config names."""
+
+    def forward(self, hidden_states: Tensor, top_k_index: Tensor,
+                top_k_weights: Tensor) -> Tensor:
+        if _attention.fused_moe_applies(self, hidden_states):
+            return ops.fused_moe.eager(  # type: ignore[no-any-return]
+                hidden_states, self.gate_up_proj, self.down_proj, top_k_weights, top_k_index)
+        return super().forward(hidden_states, top_k_index,  # type: ignore[no-any-return]
+                               top_k_weights)
 
 
 # ------------------------------------------------------------------------------- subclasses
@@ -361,6 +389,7 @@ def _roles(arch: Arch) -> dict[str, type]:
         f"{p}MLP": _GatedMLP,
         f"{p}Attention": _Attention,
         f"{p}DecoderLayer": _GemmaDecoderLayer if arch.gemma else _DecoderLayer,
+        f"{p}Experts": _Experts,
     }
 
 
@@ -377,7 +406,8 @@ def subclass_for(cls: type, arch: Arch) -> type | None:
     mixin = _roles(arch).get(cls.__name__)
     if mixin is None or modeling is None or getattr(modeling, cls.__name__, None) is not cls:
         return None
-    namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": f"Opmux{cls.__name__}"}
+    namespace: dict[str, Any] = {"__module__": __name__, "__qualname__": f"Opmux{cls.__name__}",
+                                 "_opmux_base": cls}
     if mixin is _Attention:
         namespace["_opmux_arch"] = arch
         namespace["_opmux_modeling"] = modeling
@@ -386,3 +416,25 @@ def subclass_for(cls: type, arch: Arch) -> type | None:
         _attention.EAGER_FUNCTIONS[sub] = modeling.eager_attention_forward
     _SUBCLASSES[cls] = sub
     return sub
+
+
+def original_class(cls: type) -> type | None:
+    """The transformers class (or ``nn.Linear``) an opmux subclass replaced, else ``None``."""
+    if cls is OpmuxLinear:
+        return nn.Linear
+    base = cls.__dict__.get("_opmux_base")
+    return base if isinstance(base, type) else None
+
+
+def __getattr__(name: str) -> type:
+    """``Opmux<Name>`` for a class :func:`subclass_for` replaces (what pickle looks up)."""
+    import importlib
+
+    for arch in ARCHS.values():
+        wanted = name.removeprefix(f"Opmux{arch.prefix}")
+        if name.startswith("Opmux") and f"{arch.prefix}{wanted}" in _roles(arch):
+            modeling = importlib.import_module(arch.module)
+            sub = subclass_for(getattr(modeling, f"{arch.prefix}{wanted}"), arch)
+            if sub is not None:
+                return sub
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
