@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import opmux
+from opmux._runtime import reset_for_tests
 from opmux.core import config, plugins
 
 
@@ -42,17 +43,17 @@ def test_platform_method_is_chosen_once(monkeypatch: pytest.MonkeyPatch) -> None
     assert mark()(torch.zeros(1)).item() == 1.0  # not overridden → native
 
 
+def _oot_platform(monkeypatch: pytest.MonkeyPatch, name: str, method: str) -> None:
+    """Make an out-of-tree platform ``name`` with forward method ``method`` the current one."""
+    accel = type(f"P_{name}", (opmux.Platform,), {
+        "name": name, "device_type": "cpu", "dispatch_key": "CPU", "forward_method": method,
+        "is_available": classmethod(lambda cls: True)})
+    monkeypatch.setattr(plugins, "discovered_platforms", lambda: [accel])
+    reset_for_tests()
+
+
 def test_an_out_of_tree_platform_names_its_own_forward(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Accel(opmux.Platform, name="mark_accel", device_type="cpu", dispatch_key="CPU",
-                forward_method="forward_oot"):
-        @classmethod
-        def is_available(cls) -> bool:
-            return True
-
-    from opmux import platforms
-
-    monkeypatch.setattr(plugins, "discovered_platforms", lambda: [Accel])
-    platforms._reset_for_tests()
+    _oot_platform(monkeypatch, "mark_accel", "forward_oot")
     assert opmux.current_platform().forward_method == "forward_oot"
     mark = _layer_classes("oot")
     assert mark()(torch.zeros(1)).item() == 10.0  # no forward_oot of its own: the CPU path
@@ -265,16 +266,7 @@ def test_register_oot_by_name_spares_unregistered_subclasses_and_takes_class_nam
 
 def test_a_platform_method_a_layer_lacks_runs_its_catalog_op_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    class Acme(opmux.Platform, name="acme_fw", device_type="cpu", dispatch_key="CPU",
-               forward_method="forward_acme"):
-        @classmethod
-        def is_available(cls) -> bool:
-            return True
-
-    from opmux import platforms
-
-    monkeypatch.setattr(plugins, "discovered_platforms", lambda: [Acme])
-    platforms._reset_for_tests()
+    _oot_platform(monkeypatch, "acme_fw", "forward_acme")
     mark = _layer_classes("acme")
     assert mark()(torch.zeros(1)).item() == 10.0  # never forward_native by accident
 
