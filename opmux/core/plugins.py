@@ -196,17 +196,23 @@ def _each(state: PluginState, hook: str, names: list[str] | None = None
     plugin's call can fail (and be rolled back) on its own.
     """
     pm = state.pm
-    impls = getattr(pm.hook, hook).get_hookimpls()
-    wrappers = {id(i.plugin) for i in impls if i.wrapper or i.hookwrapper}
-    called = sorted((i for i in impls if not (i.wrapper or i.hookwrapper)
-                     and (names is None or i.plugin_name in names)),
-                    key=lambda i: (not i.tryfirst, i.trylast, i.plugin_name))
+    wrappers = {id(i.plugin) for i in getattr(pm.hook, hook).get_hookimpls()
+                if i.wrapper or i.hookwrapper}
     callers: list[tuple[str, Callable[..., list[Any]]]] = []
-    for impl in called:
+    for impl in _implementers(state, hook, names):
         others = [p for p in pm.get_plugins()
                   if p is not impl.plugin and id(p) not in wrappers]
         callers.append((impl.plugin_name, pm.subset_hook_caller(hook, others)))
     return callers
+
+
+def _implementers(state: PluginState, hook: str, names: list[str] | None = None
+                  ) -> list[Any]:
+    """The hook implementations of ``hook`` (wrappers excepted), in :func:`_each`'s order."""
+    impls = getattr(state.pm.hook, hook).get_hookimpls()
+    return sorted((i for i in impls if not (i.wrapper or i.hookwrapper)
+                   and (names is None or i.plugin_name in names)),
+                  key=lambda i: (not i.tryfirst, i.trylast, i.plugin_name))
 
 
 def _fail(state: PluginState, rec: PluginRecord, reason: str, exc: BaseException,
@@ -399,7 +405,7 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
     # a platform's own plugins first, then the built-in generic ones, then the others; within
     # a rank pluggy's tryfirst/trylast, then names: the first to register a provider name
     # keeps it, so a generic plugin can never take a name from the platform's own plugin
-    called = [name for name, _ in _each(state, "opmux_register")]
+    called = [i.plugin_name for i in _implementers(state, "opmux_register")]
     order = sorted(state.modules, key=lambda n: (
         _rank(state.records[n], platform), n not in called,
         called.index(n) if n in called else 0))
@@ -421,7 +427,8 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
         rec.status = "loaded"
     ops = registry.list_ops()
     callers: dict[str, Callable[..., list[Any]]] = {}
-    for name in [n for n, _ in _each(state, "opmux_default_priority", list(state.modules))]:
+    for name in [i.plugin_name for i in _implementers(state, "opmux_default_priority",
+                                                       list(state.modules))]:
         rec = state.records[name]
         if rec.status == "failed":
             continue  # a hook wrapper blamed while another plugin was asked
