@@ -2,11 +2,10 @@
 
 On CPU, ``F.linear`` in float32 goes to MKL's sgemm, which at a few rows (a decode step)
 barely uses a second thread; oneDNN's matmul (what vLLM's CPU backend calls for its linears)
-spreads those rows' work over every thread. ``benchmarks/linear_cpu.py`` measures both in one
-run: with 2 threads, on the projections of a 100M-parameter Llama (weights of 1M elements or
-more) at 1-64 rows, oneDNN takes 0.6-0.75x the time over a layer's four (0.42-0.95x each, one
-exception at 1.11x), while for smaller weights its fixed cost per call (about 30 us) loses,
-and at hundreds of rows (a prefill) the two tie. So oneDNN runs only where it wins: eager
+spreads those rows' work over every thread, but has a larger fixed cost per call, and at
+hundreds of rows (a prefill) the two tie. ``benchmarks/linear_cpu.py`` measures both in one
+run on the projections of a 100M-parameter Llama; its figures are in
+``benchmarks/RESULTS.md``. So oneDNN runs only where it wins: eager
 float32 CPU calls without autograd or CPU autocast, 1 to 64 rows, a weight of at least 2**20
 elements, more than one thread.
 
