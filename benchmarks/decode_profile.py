@@ -9,9 +9,9 @@ events: catalog ops by name, linear layers by weight shape, and the rest by ATen
 **Python**: the step's wall time outside any op (module calls, dispatch, the engine's own
 bookkeeping, the profiler's own cost per op included). The unprofiled decode step (the
 ``Engine``'s ``decode_s`` per step, best of ``--rounds`` alternating runs) is printed beside
-it, for the ``Engine`` as built (float32 linear weights packed for oneDNN, called without the
-layers' module calls) and for one built with ``pack_weights=False`` (every linear through its
-layer) on a second copy of the model.
+it, for the ``Engine`` as built (linear weights laid out for the GEMM libraries,
+``opmux.models._packed``, called without the layers' module calls) and for one built with
+``pack_weights=False`` (every linear through its layer) on a second copy of the model.
 
 Run: ``python benchmarks/decode_profile.py [--size 100m|tiny] [--dtype float32|bfloat16]
 [--threads N] [--batch 1 16] [--top 12]``.

@@ -1,20 +1,29 @@
-"""Linear weights packed once for oneDNN's matmul (CPU, float32).
+"""Linear weights laid out once for the CPU's GEMM libraries (float32, and bfloat16 where
+the CPU computes in bfloat16).
 
 oneDNN multiplies a few rows by a weight fastest when the weight already lies in the blocked
 layout its kernel reads; ``torch.ops.mkldnn._reorder_linear_weight`` makes that copy (the
 packing Inductor's CPU freezing does) and ``torch.ops.mkldnn._linear_pointwise`` multiplies by
-it. :class:`PackedWeight` keeps such a copy beside a layer's weight, which stays as it is for
+it. :class:`PackedWeight` keeps such copies beside a layer's weight, which stays as it is for
 loading and every other path, and the engine's decoder calls it instead of the layer (no
-module call, no dispatch): two rows or more (a batched decode step, a prefill) go through the
-packed copy; a single row (batch-1 decode), where the packed layout does not win, goes through
-oneDNN on the plain weight when the weight has at least 2**20 elements (below that oneDNN's
-fixed cost per call loses) and ``F.linear`` otherwise, whatever the thread count
-(``benchmarks/decode_profile.py`` times the engine with and without these paths,
-``benchmarks/llamacpp_cpu.py`` against llama.cpp). A weight changed in place after packing is
-packed again at its next call.
+module call, no dispatch):
 
-The two ops are private torch ops, looked up once; where a torch build lacks them nothing is
-packed.
+- bfloat16 (CPUs with native bfloat16 compute, ``torch.ops.mkldnn._is_mkldnn_bf16_supported``):
+  every call goes through the packed copy, which reads half of float32's bytes and
+  accumulates in float32;
+- float32, two rows or more (a batched decode step, a prefill): the packed copy;
+- float32, a single row (batch-1 decode, bound by how fast the weight streams from memory):
+  a weight with at least as many outputs as inputs keeps a transposed ``[in, out]`` copy and
+  goes through ``torch.mm(x, Wᵀ)`` (MKL's matrix-vector kernel on a contiguous column
+  stream); a narrower one goes through oneDNN on the plain weight when it has at least 2**20
+  elements (below that oneDNN's fixed cost per call loses) and ``F.linear`` otherwise.
+
+``benchmarks/decode_profile.py`` times the engine with and without these paths and
+``benchmarks/llamacpp_cpu.py`` the engine against llama.cpp. A weight changed in place after
+packing is laid out again at its next call.
+
+The two oneDNN ops are private torch ops, looked up once; where a torch build lacks them
+nothing is packed.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["PackedWeight", "can_pack"]
+__all__ = ["PackedWeight", "can_pack", "copies_bytes"]
 
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
@@ -39,42 +48,66 @@ def _find(name: str) -> Callable[..., Tensor] | None:
 
 _REORDER = _find("_reorder_linear_weight")
 _LINEAR = _find("_linear_pointwise")
+_BF16_CHECK = _find("_is_mkldnn_bf16_supported")
+_DTYPES = (torch.float32, torch.bfloat16) if _BF16_CHECK is not None and _BF16_CHECK() \
+    else (torch.float32,)
 
 
 def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
-    """Whether :class:`PackedWeight` takes this float32 CPU weight (and bias)."""
+    """Whether :class:`PackedWeight` takes this CPU weight (and bias): float32, or bfloat16
+    on a CPU with native bfloat16 compute."""
     return (_REORDER is not None and _LINEAR is not None and weight.dim() == 2
-            and weight.dtype == torch.float32 and weight.is_cpu
+            and weight.dtype in _DTYPES and weight.is_cpu
             and not weight.is_inference()  # its in-place changes must be seen (_version)
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_cpu)))
+            and (bias is None or (bias.dtype == weight.dtype and bias.is_cpu)))
+
+
+def copies_bytes(weight: Tensor) -> int:
+    """The bytes :class:`PackedWeight` adds for ``weight`` (its packed and transposed
+    copies)."""
+    copies = 2 if _transposes(weight) else 1
+    return copies * weight.numel() * weight.element_size()
+
+
+def _transposes(weight: Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.shape[0] >= weight.shape[1]
 
 
 class PackedWeight:
-    """``x Wᵀ + b`` through a oneDNN-packed copy of ``weight`` (see the module).
+    """``x Wᵀ + b`` through copies of ``weight`` laid out for the GEMM libraries (see the
+    module).
 
-    :param weight: ``[out, in]`` float32 on the CPU (:func:`can_pack`).
+    :param weight: ``[out, in]`` on the CPU (:func:`can_pack`).
     :param bias: ``[out]`` or ``None``.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
         self.weight, self.bias = weight, bias
         self._version = -1
-        self._packed = weight
+        self._packed = self._transposed = weight
+        self._row_packed = weight.dtype != torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
 
     def takes(self, x: Tensor) -> bool:
-        """Whether :meth:`__call__` serves ``x``: rows of float32 CPU input, outside
-        autograd and compilation."""
-        return (x.dim() == 2 and x.shape[0] > 0 and x.dtype == torch.float32 and x.is_cpu
+        """Whether :meth:`__call__` serves ``x``: rows of CPU input in the weight's dtype,
+        outside autograd and compilation."""
+        return (x.dim() == 2 and x.shape[0] > 0 and x.dtype == self.weight.dtype and x.is_cpu
                 and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
     def __call__(self, x: Tensor) -> Tensor:
         assert _REORDER is not None and _LINEAR is not None
-        if x.shape[0] == 1:
+        w = self.weight
+        if w._version != self._version:
+            self._packed = _REORDER(w.detach(), _ROWS_HINT)
+            if _transposes(w):
+                self._transposed = w.detach().t().contiguous()
+            self._version = w._version
+        if x.shape[0] == 1 and not self._row_packed:
+            if self._transposed is not w:
+                if self.bias is None:
+                    return torch.mm(x, self._transposed)
+                return torch.addmm(self.bias, x, self._transposed)
             if self._row_onednn:
-                return _LINEAR(x, self.weight, self.bias, "none", [], "")
-            return F.linear(x, self.weight, self.bias)
-        if self.weight._version != self._version:
-            self._packed = _REORDER(self.weight.detach(), _ROWS_HINT)
-            self._version = self.weight._version
+                return _LINEAR(x, w, self.bias, "none", [], "")
+            return F.linear(x, w, self.bias)
         return _LINEAR(x, self._packed, self.bias, "none", [], "")

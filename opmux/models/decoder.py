@@ -34,7 +34,7 @@ from opmux.layers import (
     get_rope,
 )
 from opmux.layers.moe import FusedMoE
-from opmux.models._packed import PackedWeight, can_pack
+from opmux.models._packed import PackedWeight, can_pack, copies_bytes
 from opmux.models.config import ModelConfig
 from opmux.models.memory import MemoryNeed, check_fits
 from opmux.ops.kv_formats import KVCacheFormat, get_kv_cache_format, kv_cache_format
@@ -251,8 +251,9 @@ class CausalLM(torch.nn.Module):
         return logits.float()
 
     def pack_weights(self, enable: bool = True) -> int:
-        """Give every float32 CPU linear layer and the LM head a oneDNN-packed copy of its
-        weight (:mod:`opmux.models._packed`), called instead of the layer; single-rank
+        """Give every CPU linear layer and the LM head copies of its weight laid out for the
+        GEMM libraries (:mod:`opmux.models._packed`: float32, and bfloat16 on CPUs with native
+        bfloat16 compute), called instead of the layer; single-rank
         models only (a tensor-parallel layer keeps its own path), and the LM head only
         without a final soft cap. ``enable=False`` drops the copies. Returns the bytes the
         copies take (made at first use; a layer already packed keeps its copy).
@@ -281,9 +282,10 @@ class CausalLM(torch.nn.Module):
                 if old is None or old.weight is not weight or old.bias is not bias:
                     old = PackedWeight(weight, bias)
                 packs.append((mod, old))
-        added = sum(p.weight.numel() * p.weight.element_size() for _, p in packs)
-        check_fits([MemoryNeed("packed weights", added, "oneDNN-packed copies of the float32 "
-                               "linear weights", "build the Engine with pack_weights=False")],
+        added = sum(copies_bytes(p.weight) for _, p in packs)
+        check_fits([MemoryNeed("packed weights", added, "copies of the linear weights laid "
+                               "out for the GEMM libraries",
+                               "build the Engine with pack_weights=False")],
                    "cpu", "pack_weights")
         for mod, packed in packs:
             setattr(mod, _PACKED, packed)

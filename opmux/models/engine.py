@@ -127,8 +127,9 @@ class Engine:
     :param model: the loaded model.
     :param block_size: tokens per KV-cache block.
     :param device: where caches and step tensors live (default: the model's parameters').
-    :param pack_weights: give the model's float32 CPU linear weights oneDNN-packed copies
-        (:meth:`~opmux.models.decoder.CausalLM.pack_weights`), which its steps then use;
+    :param pack_weights: give the model's CPU linear weights copies laid out for the GEMM
+        libraries (:meth:`~opmux.models.decoder.CausalLM.pack_weights`; float32, and bfloat16
+        on CPUs with native bfloat16 compute), which its steps then use;
         ``False`` drops copies an earlier ``Engine`` gave the model.
     :raises opmux.models.MemoryBudgetError: the packed copies do not fit the memory available.
     """

@@ -249,3 +249,13 @@ def test_packed_weights_give_the_layers_tokens_and_follow_weight_changes(ckpt: P
     assert after == slow.generate(PROMPTS, 6).outputs and after != before
     Engine(packed, block_size=4, pack_weights=False)  # drops the copies
     assert Engine(packed, block_size=4, pack_weights=False).generate(PROMPTS, 6).outputs == after
+
+
+def test_bfloat16_weights_are_packed_where_the_cpu_computes_in_bfloat16(ckpt: Path) -> None:
+    packed = load_model(ckpt, torch.bfloat16)
+    native_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert (packed.pack_weights() > 0) == bool(native_bf16)
+    plain = load_model(ckpt, torch.bfloat16)
+    fast, slow = Engine(packed, block_size=4), Engine(plain, block_size=4, pack_weights=False)
+    assert fast.generate(PROMPTS, 6).outputs == slow.generate(PROMPTS, 6).outputs
+    assert fast.generate(PROMPTS[:1], 6).outputs == slow.generate(PROMPTS[:1], 6).outputs
