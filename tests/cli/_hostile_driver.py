@@ -221,7 +221,7 @@ def _run_cache(case: dict[str, Any], work: Path) -> dict[str, Any]:
                 path = work / "trace.json"
                 path.write_bytes(case["content"].encode("utf-8", "surrogateescape"))
                 os.environ["OPMUX_TRACE"] = str(path)
-                trace._reset_counts()
+                trace.zero_counts()
                 counted = trace.wrap("mylib::my_op", "fast", lambda a: a)
                 counted(1)
                 trace.flush()
