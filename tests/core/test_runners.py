@@ -40,7 +40,7 @@ class Slotted:
 def table() -> Iterator[RunnerRegistry]:
     reg = RunnerRegistry()
     yield reg
-    reg.destroy()
+    reg.clear()
 
 
 def _add_op(ns: str, registry: opmux.OpRegistry, table: RunnerRegistry) -> opmux.Op:
