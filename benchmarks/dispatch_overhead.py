@@ -130,7 +130,7 @@ def main() -> None:
             continue
         verdict = "ok" if value <= target else "MISSED"
         print(f"{label:<{width}}  {value:5.2f}  <= {target:.2f} {verdict}")
-    registry._reset_for_tests()
+    registry.destroy()
     lib._destroy()
 
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from opmux._runtime import direct_register_custom_op, load_plugins
+from opmux._runtime import load_plugins
 from opmux.core import errors as _errors
 from opmux.core.errors import *  # noqa: F403  (every exception type is public here too)
 from opmux.core.op import Op, OpImpl, enable_torch_wrap, torch_wrap_enabled
 from opmux.core.plugins import PLUGIN_GROUP, PluginRecord, hookimpl, plugin_report
-from opmux.core.registry import OpRegistry, get_op, global_registry, list_ops, register_op
+from opmux.core.registry import (
+    OpRegistry,
+    direct_register_custom_op,
+    get_op,
+    global_registry,
+    list_ops,
+    register_op,
+)
 from opmux.core.switches import enable_output_checks
 from opmux.platforms import current_platform
 from opmux.platforms.base import Platform

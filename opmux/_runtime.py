@@ -1,37 +1,27 @@
-"""Start-up wiring: builds the process-wide registry and brings a process up.
+"""Start-up wiring: builds the runtime object and brings a process up.
 
-:func:`_start` is the sequence, read top to bottom: discover the plugins, detect the
-platform, load the catalog, let the plugins register, compose the priorities. It runs
-lazily, on the first op call of the process (or :func:`load_plugins`), in spawned workers
-too. docs/architecture.md ("Start-up") describes each step and what it reads.
+:func:`_start` is the start-up sequence, read top to bottom; docs/architecture.md
+("Start-up") describes each step, what it reads and when it runs. Only a completed
+start-up marks the registry loaded, so a fatal error is raised again by every op call
+until the configuration is fixed.
 
-Only a completed start-up marks the registry loaded, so a fatal error (an unknown
-``OPMUX_PLATFORM``, two platforms claiming the machine, a malformed
-``OPMUX_PLUGINS``/``OPMUX_PRIORITY``/``OPMUX_STRICT_PLUGINS``, a failing plugin in strict
-mode) is raised again by every op call until the configuration is fixed.
-
-This module sits above every floor it wires (core, platforms, ops), so none of them
-imports it: the registry (:mod:`opmux.core.registry`) gets the start-up and the catalog
-import as its ``loader`` and ``catalog`` hooks. The registry is held by the runtime object
-(:mod:`opmux.core.state`); :func:`reset_for_tests` replaces that object, after undoing what
-plugins registered.
+This module sits above the floors it wires (core, platforms, ops), so none of them
+imports it: the process-wide registry gets the start-up and the catalog import as its
+``loader`` and ``catalog`` arguments, and the current platform's key as its
+``platform_key``. :func:`new_runtime` builds the runtime object
+(:class:`opmux.core.state.Runtime`); importing this module installs the first one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import torch
-
 from opmux.core import plugins
-from opmux.core.plugins import PluginRecord, plugin_report, plugin_state
-from opmux.core.registry import DEFAULT_NAMESPACE, OpRegistry, global_registry
-from opmux.core.state import register_reset, reset_for_tests, runtime
-from opmux.core.torch_lib import define_custom_op, validate_name
+from opmux.core.plugins import PluginRecord, PluginState, plugin_report, plugin_state
+from opmux.core.registry import OpRegistry, global_registry
+from opmux.core.state import Runtime, install
 from opmux.platforms import current_platform
 
-__all__ = ["direct_register_custom_op", "load_plugins", "reset_for_tests"]
+__all__ = ["load_plugins", "new_runtime"]
+
 
 def _load_catalog() -> None:
     """Import the op catalog (its modules register into the global registry). Python's
@@ -41,7 +31,7 @@ def _load_catalog() -> None:
 
 
 def _start(registry: OpRegistry) -> None:
-    """The start-up sequence of the module docstring, for ``registry``.
+    """The start-up sequence (docs/architecture.md, "Start-up"), for ``registry``.
 
     :raises ConfigError: a malformed ``OPMUX_*`` variable.
     :raises PlatformError: ``OPMUX_PLATFORM`` unknown, or several platforms claim.
@@ -61,65 +51,28 @@ def _platform_key() -> str:
     return current_platform().dispatch_key
 
 
-runtime().install(OpRegistry(loader=_start, catalog=_load_catalog, platform_key=_platform_key))
+def new_runtime(registry: OpRegistry) -> Runtime:
+    """A fresh runtime object around ``registry``: no plugin loaded, no platform resolved."""
+    return Runtime(registry=registry, plugins=PluginState())
 
 
-def load_plugins() -> list[PluginRecord]:
+install(new_runtime(OpRegistry(loader=_start, catalog=_load_catalog,
+                               platform_key=_platform_key)))
+
+
+def load_plugins(registry: OpRegistry | None = None) -> list[PluginRecord]:
     """Run start-up now (idempotent, thread-safe) and return the plugin report.
 
-    :raises OpmuxError: the fatal errors of start-up (see the module docstring), on every
-        call until fixed.
+    :param registry: run the start-up sequence for this registry instead of the
+        process-wide one (tests: a fresh registry served by the process's plugins). Each
+        call composes its priorities again; the plugins are discovered and activated once
+        per runtime object.
+    :raises OpmuxError: the fatal errors of start-up (an unknown ``OPMUX_PLATFORM``, two
+        platforms claiming the machine, a malformed ``OPMUX_*`` variable, a failing plugin
+        in strict mode), on every call until fixed.
     """
-    global_registry().ensure_loaded()
+    if registry is None:
+        global_registry().ensure_loaded()
+    else:
+        _start(registry)
     return plugin_report()
-
-
-def direct_register_custom_op(
-    op_name: str,
-    op_func: Callable[..., Any],
-    mutates_args: Sequence[str] | None = None,
-    fake_impl: Callable[..., Any] | None = None,
-    target_lib: torch.library.Library | None = None,
-    dispatch_key: str | None = None,
-    tags: Sequence[torch.Tag] = (),
-) -> None:
-    """Register ``op_func`` as a torch op with the least overhead: define + one impl.
-
-    The engine-style helper: the schema is inferred from ``op_func``, the op is defined
-    in ``target_lib`` (default: opmux's own ``opmux`` library, kept alive by the global
-    registry) and ``op_func`` becomes the kernel for ``dispatch_key`` (default: the
-    current platform's key). ``fake_impl`` gives shapes for ``torch.compile``. Everything
-    is validated before the op is defined: a refused call leaves nothing behind and a
-    corrected retry works. Catalog op names are reserved in namespace ``opmux``.
-
-    :param op_name: name inside the library's namespace, e.g. ``"my_attention"``.
-    :param mutates_args: names of the Tensor arguments written in place.
-    :raises RegistrationError: a bad name, torch's own namespace, an unknown dispatch
-        key, or a name already defined (catalog names included).
-    """
-    registry = global_registry()
-    lib = target_lib if target_lib is not None else registry.library(DEFAULT_NAMESPACE)
-    if lib.ns == DEFAULT_NAMESPACE:
-        validate_name("op", op_name)
-        _load_catalog()
-        registry.check_undefined(lib.ns, op_name)
-    key = dispatch_key if dispatch_key is not None else current_platform().dispatch_key
-    define_custom_op(lib, op_name, op_func, key, mutates_args=mutates_args,
-                     fake_impl=fake_impl, tags=tags)
-
-
-@register_reset
-def _reset_global_registry() -> None:
-    """Undo start-up: plugins' providers leave, priorities clear, start-up runs again.
-
-    Ops stay defined (torch cannot undefine one op of a shared library), catalog and
-    plugin-defined ones included; only what plugins registered on them is rolled back.
-    """
-    registry = global_registry()
-    state = plugin_state()
-    with state.lock:
-        for journal in state.journals.values():
-            registry.rollback(*journal, forget_ops=False)
-        for op in registry.known_ops():
-            op.priorities.reset()
-        registry.unload()

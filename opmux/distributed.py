@@ -24,9 +24,9 @@ TP group has size 1 and every collective is a no-op:
 >>> od.divide(4096, 2, "hidden_size")
 2048
 
-State is process-global; :func:`destroy_tensor_parallel` (also ``_reset_for_tests``)
-returns to the uninitialised state and destroys the default process group if opmux
-created it.
+The group is process state (the ``tensor_parallel`` field of the runtime object,
+:class:`opmux.core.state.Runtime`); :func:`destroy_tensor_parallel` returns to the
+uninitialised state and destroys the default process group if opmux created it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from opmux.core.errors import OpmuxError
+from opmux.core.state import runtime
 from opmux.ops.process_groups import (
     DistributedError,
     forget_groups,
@@ -120,9 +121,9 @@ class TensorParallelGroup:
 
 
 _SINGLE: Final = TensorParallelGroup(TP_GROUP_NAME, 0, 1)
+#: serialises initialisation and destruction (its own lock, not the runtime object's:
+#: initialising may wait for the other ranks)
 _LOCK = threading.Lock()
-#: the initialised TP group (one-element list: read without a global statement)
-_STATE: list[TensorParallelGroup | None] = [None]
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -143,12 +144,12 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 # --------------------------------------------------------------------- the TP group
 def is_initialized() -> bool:
     """Whether :func:`init_tensor_parallel` has run (and no destroy since)."""
-    return _STATE[0] is not None
+    return runtime().tensor_parallel is not None
 
 
 def get_tp_group() -> TensorParallelGroup:
     """The tensor-parallel group; size 1 (rank 0, no process group) when not initialised."""
-    state = _STATE[0]
+    state = runtime().tensor_parallel
     return state if state is not None else _SINGLE
 
 
@@ -183,9 +184,10 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
     import torch.distributed as dist
 
     with _LOCK:
-        if _STATE[0] is not None:
+        rt = runtime()
+        if rt.tensor_parallel is not None:
             raise DistributedError(
-                f"the tensor-parallel group is already initialised ({_STATE[0]}); call "
+                f"the tensor-parallel group is already initialised ({rt.tensor_parallel}); call "
                 f"opmux.distributed.destroy_tensor_parallel() first")
         if is_registered(name):
             raise DistributedError(f"a process group is already registered as {name!r}")
@@ -193,7 +195,7 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
         if group is None and not (dist.is_available() and dist.is_initialized()):
             if "WORLD_SIZE" not in os.environ:
                 state = TensorParallelGroup(name, 0, 1)
-                _STATE[0] = state
+                rt.tensor_parallel = state
                 return state
             _check_env()
             backend = backend or _default_backend()
@@ -224,7 +226,7 @@ def init_tensor_parallel(group: ProcessGroup | None = None, *, backend: str | No
         state = TensorParallelGroup(name, group.rank(), group.size(), group,
                                     dist.get_backend(group), owns)
         register_group(name, group)
-        _STATE[0] = state
+        rt.tensor_parallel = state
         return state
 
 
@@ -284,16 +286,11 @@ def destroy_tensor_parallel() -> None:
     :func:`register_group` are forgotten too.
     """
     with _LOCK:
-        state = _STATE[0]
-        _STATE[0] = None
+        rt = runtime()
+        state, rt.tensor_parallel = rt.tensor_parallel, None
         forget_groups()
     if state is not None and state.owns_process_group:
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _reset_for_tests() -> None:
-    """Return to the uninitialised state (see :func:`destroy_tensor_parallel`)."""
-    destroy_tensor_parallel()

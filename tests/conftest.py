@@ -5,7 +5,7 @@ Test isolation: every test that defines ops gets its own :class:`opmux.OpRegistr
 libraries are destroyed afterwards, so tests never depend on order. Tests that touch
 process-wide state (plugins, platform, priorities of the global registry, switches,
 runners, ...) use ``fresh_plugins``, which calls the one reset,
-:func:`opmux._runtime.reset_for_tests`, before and after the test.
+:func:`opmux.testing.reset_for_tests`, before and after the test.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import pytest
 
 import opmux
 import opmux.distributed as od
-from opmux._runtime import reset_for_tests
-from opmux.layers import custom_op as _custom_op
+from opmux.testing import reset_for_tests
 
 _counter = itertools.count()
 
@@ -53,7 +52,7 @@ def registry() -> Iterator[opmux.OpRegistry]:
     """A fresh registry with no plugin loader; its libraries are destroyed afterwards."""
     reg = opmux.OpRegistry()
     yield reg
-    reg._reset_for_tests()
+    reg.destroy()
 
 
 @pytest.fixture
@@ -74,14 +73,14 @@ def fresh_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def fresh_custom_ops() -> Iterator[None]:
     """Reset CustomOp enablement, counts and out-of-tree replacements around a test."""
-    _custom_op._reset_for_tests()
+    reset_for_tests()
     yield
-    _custom_op._reset_for_tests()
+    reset_for_tests()
 
 
 @pytest.fixture
 def fresh_distributed() -> Iterator[None]:
     """No tensor-parallel group or registered process group around a test (TP=1)."""
-    od._reset_for_tests()
+    od.destroy_tensor_parallel()
     yield
-    od._reset_for_tests()
+    od.destroy_tensor_parallel()

@@ -95,7 +95,7 @@ def test_adopt_an_engine_group_and_register_more_names() -> None:
         od.destroy_tensor_parallel()
         assert dist.is_initialized()  # the engine's group is the engine's to destroy
     finally:
-        od._reset_for_tests()
+        od.destroy_tensor_parallel()
         dist.destroy_process_group()
 
 

@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import warnings
 from pathlib import Path
 from typing import Any, Final
 
-from opmux.core.state import register_reset
+from opmux.core.state import runtime
 
 __all__ = ["MAX_CACHE_BYTES", "read_cache_json", "warn_ignored"]
 
 MAX_CACHE_BYTES: Final = 4 << 20
 """The largest cache file read (4 MiB); a larger one is ignored as damaged."""
 
-_LOCK = threading.Lock()
-_WARNED: set[tuple[str, str]] = set()
 
 
 def read_cache_json(path: str | os.PathLike[str], max_bytes: int = MAX_CACHE_BYTES
@@ -62,16 +59,11 @@ def warn_ignored(path: str | os.PathLike[str], why: str, what: str, stacklevel: 
         priorities are used"``).
     """
     key = (str(Path(path)), why)
-    with _LOCK:
-        if key in _WARNED:
+    rt = runtime()
+    with rt.lock:
+        if key in rt.ignored_files:
             return
-        _WARNED.add(key)
+        rt.ignored_files.add(key)
     warnings.warn(f"opmux: ignoring the {what.split(';')[0]} {key[0]}: {why}"
                   f"{';' + what.split(';', 1)[1] if ';' in what else ''}",
                   RuntimeWarning, stacklevel=stacklevel + 1)
-
-
-@register_reset
-def _reset_warned() -> None:
-    with _LOCK:
-        _WARNED.clear()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import OpmuxError
-from opmux.core.state import claim, register_reset
+from opmux.core.state import claim
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +48,7 @@ __all__ = [
     "collect_layers",
     "forward_context",
     "get_forward_context",
+    "leave_forward_context",
     "register_layer_op",
     "resolve_layer",
 ]
@@ -85,13 +86,14 @@ class ForwardContext:
         return f"ForwardContext(layers={sorted(self.layers)})"
 
 
+#: the open context; a module global because a context variable is per thread and task,
+#: not per process
 _CURRENT: Final[contextvars.ContextVar[ForwardContext | None]] = contextvars.ContextVar(
     "opmux_forward_context", default=None)
 
 
-@register_reset
-def _reset_for_tests() -> None:
-    """Leave any forward context the calling context still has open (tests)."""
+def leave_forward_context() -> None:
+    """Leave any forward context the calling context still has open."""
     _CURRENT.set(None)
 
 

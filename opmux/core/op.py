@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -34,6 +33,7 @@ from opmux.core.dispatch import make_eager, make_kernel
 from opmux.core.errors import RegistrationError, SignatureMismatchError
 from opmux.core.output_checks import checked
 from opmux.core.priority import NATIVE, Priorities
+from opmux.core.state import runtime
 from opmux.core.switches import enable_torch_wrap, torch_wrap_enabled
 from opmux.core.torch_lib import infer_schema, validate_dispatch_key, validate_name
 
@@ -123,10 +123,11 @@ class Op:
         self._registry = registry
         #: gives the dispatch key providers register on when they name none
         self._platform_key = platform_key
-        self._lock = threading.RLock()
         self._native_impl = OpImpl(self.qualname, NATIVE, _NATIVE_KEY, native, True, None)
-        self._impls: dict[str, OpImpl] = {NATIVE: self._native_impl}
-        self.priorities = Priorities(self.qualname, self._impls, self._lock, self._runner)
+        self.priorities = Priorities(self.qualname, self._native_impl, self._runner)
+        # the priorities own the providers table and the lock; the op writes through them
+        self._impls = self.priorities.impls
+        self._lock = self.priorities.lock
         self._fake: Callable[..., Any] = native
         self.torch_op: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
         #: the wrap-off call (built on first use)
@@ -135,6 +136,11 @@ class Op:
         self._call: Callable[..., Any] = self.torch_op
         self.set_wrap(torch_wrap_enabled())
         switches.track(self)
+
+    @property
+    def registry(self) -> OpRegistry:
+        """The registry that defined this op."""
+        return self._registry
 
     @property
     def signature(self) -> inspect.Signature:
@@ -340,7 +346,7 @@ class Op:
         if provider in self._impls:
             raise RegistrationError(
                 f"op {self.qualname!r}: provider {provider!r} is already registered"
-                f"{self._registry.clash(self, provider)} (for key "
+                f"{runtime().plugins.clash(self, provider)} (for key "
                 f"{self._impls[provider].dispatch_key}); unregister it first or choose "
                 f"another name",
                 op=self.qualname, provider=provider,
@@ -359,7 +365,7 @@ class Op:
             if provider in self._impls:  # lost a race with another registration
                 raise RegistrationError(
                     f"op {self.qualname!r}: provider {provider!r} is already registered"
-                    f"{self._registry.clash(self, provider)}",
+                    f"{runtime().plugins.clash(self, provider)}",
                     op=self.qualname, provider=provider,
                 )
             native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced
@@ -369,7 +375,7 @@ class Op:
                                      self._registry.loaded_flag, self._registry.ensure_loaded)
                 self._registry.library(self.namespace).impl(self.name, kernel, impl.dispatch_key)
             self._impls[provider] = impl
-            self._registry.record_impl(self, provider)
+            runtime().plugins.record_impl(self, provider)
             self.priorities.rebuild()
 
     def unregister_impl(self, provider: str) -> None:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLUGIN_GROUP", "PluginRecord", "PluginState", "activate", "apply_priorities",
            "check_strict", "discover", "discovered_platforms", "hookimpl", "hookspec",
-           "plugin_report"]
+           "plugin_report", "rollback_journal"]
 
 PROJECT: Final = "opmux"
 PLUGIN_GROUP: Final = "opmux.plugins"
@@ -152,7 +152,8 @@ def _not_a_hookimpl(value: object) -> bool:
 
 
 class PluginState:
-    """The plugin manager and what happened to each plugin (a part of the runtime object)."""
+    """The plugin manager, what happened to each plugin and what each registered (a field
+    of the runtime object)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -171,11 +172,75 @@ class PluginState:
         self.dists: dict[str, Any] = {}
         self.discovered = False
         self.activated = False
+        #: the journal of the plugin whose ``opmux_register`` runs now: its registry, its
+        #: name, the ``(op, provider)`` pairs and the ops it registered there
+        self.journal: tuple[OpRegistry, str, list[tuple[Op, str]], list[Op]] | None = None
+        #: the plugin that registered each ``(op qualname, provider)`` pair
+        self.owners: dict[tuple[str, str], str] = {}
+
+    def record_impl(self, op: Op, provider: str) -> None:
+        """Note a provider registration in the open journal (if ``op`` is of its registry)."""
+        journal = self.journal
+        if journal is not None and op.registry is journal[0]:
+            journal[2].append((op, provider))
+            self.owners[(op.qualname, provider)] = journal[1]
+
+    def record_op(self, op: Op) -> None:
+        """Note an op definition in the open journal (if ``op`` is of its registry)."""
+        journal = self.journal
+        if journal is not None and op.registry is journal[0]:
+            journal[3].append(op)
+
+    def clash(self, op: Op, provider: str) -> str:
+        """The words that say who holds ``provider`` of ``op`` and who asks for it again:
+        ``" by plugin 'a'; plugin 'b' cannot register it too"`` (empty when unknown)."""
+        holder = self.owners.get((op.qualname, provider))
+        journal = self.journal
+        asking = journal[1] if journal is not None and op.registry is journal[0] else None
+        if holder is None and asking is None:
+            return ""
+        held = f" by plugin {holder!r}" if holder is not None else " outside any plugin"
+        asked = (f"; plugin {asking!r} cannot register it too (rename its provider, or "
+                 f"uninstall one of the two)") if asking is not None else ""
+        return held + asked
 
 
 def plugin_state() -> PluginState:
-    """This process's plugin state (the runtime object's part)."""
-    return runtime().part(PluginState)
+    """This process's plugin state (a field of the runtime object)."""
+    return runtime().plugins
+
+
+def _begin_journal(state: PluginState, registry: OpRegistry, name: str) -> None:
+    """Start recording what plugin ``name`` registers in ``registry``."""
+    state.journal = (registry, name, [], [])
+
+
+def _end_journal(state: PluginState, *, rollback: bool
+                 ) -> tuple[list[tuple[Op, str]], list[Op]]:
+    """Stop recording; return (and with ``rollback``, undo) what was registered."""
+    journal, state.journal = state.journal, None
+    if journal is None:
+        return [], []
+    if rollback:
+        rollback_journal(state, journal[2], journal[3])
+    return journal[2], journal[3]
+
+
+def rollback_journal(state: PluginState, providers: list[tuple[Op, str]], ops: list[Op], *,
+                     forget_ops: bool = True) -> None:
+    """Unregister journaled providers and (``forget_ops``) forget journaled ops.
+
+    torch cannot undefine one op of a shared library: a forgotten op stays defined in
+    torch with its native kernel only (calling it runs native), but it leaves the
+    registry, so ``get_op`` no longer finds it.
+    """
+    for op, provider in reversed(providers):
+        if op.has_provider(provider):
+            op.unregister_impl(provider)
+        state.owners.pop((op.qualname, provider), None)
+    if forget_ops:
+        for op in ops:
+            op.registry.forget_op(op)
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -232,7 +297,7 @@ def _fail(state: PluginState, rec: PluginRecord, reason: str, exc: BaseException
     state.answers.pop(rec.name, None)
     journal = state.journals.pop(rec.name, None)
     if journal is not None and registry is not None:
-        registry.rollback(*journal)
+        rollback_journal(state, *journal)
     if module is not None and state.pm.is_registered(module):
         state.pm.unregister(module)
 
@@ -340,8 +405,8 @@ def _call_one(state: PluginState, hook: str, name: str, journal: OpRegistry | No
             if not _blame_wrapper(state, hook, name, exc, journal):
                 raise
             if journal is not None:  # the retry starts from nothing registered
-                journal.end_journal(rollback=True)
-                journal.begin_journal(name)
+                _end_journal(state, rollback=True)
+                _begin_journal(state, journal, name)
             continue
         return results[0] if results else None
 
@@ -413,15 +478,15 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
         rec = state.records[name]
         if rec.status == "failed":
             continue  # blamed for another plugin's failure as a hook wrapper
-        registry.begin_journal(name)
+        _begin_journal(state, registry, name)
         try:
             _call_one(state, "opmux_register", name, registry, registry=registry,
                       platform=platform)
         except Exception as exc:
-            registry.end_journal(rollback=True)
+            _end_journal(state, rollback=True)
             _fail(state, rec, f"opmux_register raised {type(exc).__name__}: {exc}", exc)
             continue
-        journal = registry.end_journal(rollback=False)
+        journal = _end_journal(state, rollback=False)
         state.journals[name] = journal
         rec.providers = [f"{op.qualname}:{provider}" for op, provider in journal[0]]
         rec.status = "loaded"
@@ -581,9 +646,3 @@ def plugin_report() -> list[PluginRecord]:
             if dist is not None:
                 rec.dist = labels.get(id(dist)) or labels.setdefault(id(dist), dist_label(dist))
         return [PluginRecord(**r.as_dict()) for r in state.records.values()]
-
-
-def _reset_for_tests() -> None:
-    """Start from a fresh plugin manager and no records (the registrations of the global
-    registry are rolled back first by :func:`opmux._runtime.reset_for_tests`)."""
-    runtime().reset_part(PluginState)

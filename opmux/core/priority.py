@@ -37,20 +37,27 @@ LAYERS: Final = ("code", "env", "tuned", "plugins", "platform")
 
 
 class Priorities:
-    """The priority state of one op and the chains built from it.
+    """The priority state of one op, its providers and the chains built from them.
+
+    The owner of the op's providers table (:attr:`impls`) and of the op's lock
+    (:attr:`lock`): the op registers and unregisters providers in that table, under that
+    lock, and then asks for :meth:`rebuild`.
 
     :param qualname: the op's ``namespace::name`` (for error messages).
-    :param impls: the op's ``{provider: OpImpl}``, read here, written only by the op.
-    :param lock: the op's lock (registration and priority changes share it).
+    :param native: the op's native implementation, the first entry of :attr:`impls`.
     :param wrap: turns an :class:`OpImpl` into the callable a chain runs (output checks,
         tracing), called whenever chains are rebuilt.
     """
 
-    def __init__(self, qualname: str, impls: dict[str, OpImpl], lock: threading.RLock,
+    def __init__(self, qualname: str, native: OpImpl,
                  wrap: Callable[[OpImpl], Callable[..., Any]]) -> None:
         self._qualname = qualname
-        self._impls = impls
-        self._lock = lock
+        #: the op's providers by name, native first
+        self.impls: dict[str, OpImpl] = {NATIVE: native}
+        #: guards :attr:`impls` and the priority state (registration and priority changes)
+        self.lock = threading.RLock()
+        self._impls = self.impls
+        self._lock = self.lock
         self._wrap = wrap
         self._layers: dict[str, list[str] | None] = dict.fromkeys(LAYERS)
         #: the tuned layer's order per size bucket (``SIZE_BUCKETS`` lists), or ``None``

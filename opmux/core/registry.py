@@ -3,10 +3,11 @@
 An :class:`OpRegistry` knows nothing of the catalog, plugins or platforms: whoever builds
 it passes the hooks (a ``loader`` run before the first op call, a ``catalog`` hook run
 before the default namespace is used, the ``platform_key`` providers default to). The
-process-wide registry is built by :mod:`opmux._runtime` and held by the runtime object
-(:func:`opmux.core.state.runtime`), so that :func:`register_op` (used by the catalog
-modules) and :func:`get_op` reach it; tests build their own with a unique namespace (see
-``tests/conftest.py``).
+process-wide registry is built by :mod:`opmux._runtime` (which passes the start-up, the
+catalog import and the current platform's key, see docs/architecture.md, "Start-up") and
+held by the runtime object (:func:`opmux.core.state.runtime`), so that
+:func:`register_op` (used by the catalog modules) and :func:`get_op` reach it; tests
+build their own with a unique namespace (see ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ import torch
 from opmux.core.errors import RegistrationError, UnknownOpError
 from opmux.core.op import Op
 from opmux.core.state import runtime
-from opmux.core.torch_lib import infer_schema, validate_name, validate_namespace
+from opmux.core.torch_lib import (
+    define_custom_op,
+    infer_schema,
+    validate_name,
+    validate_namespace,
+)
 
-__all__ = ["OpRegistry", "get_op", "global_registry", "list_ops", "register_op"]
+__all__ = ["OpRegistry", "direct_register_custom_op", "get_op", "global_registry", "list_ops",
+           "register_op"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 DEFAULT_NAMESPACE = "opmux"
@@ -58,12 +65,6 @@ class OpRegistry:
         #: call (the hot path): a closure cell would need a global or a lookup per call.
         self.loaded_flag: list[bool] = [loader is None]
         self._loading_thread: int | None = None
-        self._journal: list[tuple[Op, str]] | None = None
-        self._op_journal: list[Op] | None = None
-        #: who registers now (a plugin's name while its journal is open), and who
-        #: registered each ``(op qualname, provider)`` pair under a named journal
-        self._owner: str | None = None
-        self._owners: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------ libraries
     def library(self, namespace: str) -> torch.library.Library:
@@ -116,8 +117,7 @@ class OpRegistry:
             # registered fake) or Op.register_meta (the Meta kernel only) replaces it.
             lib.impl(op_name, op.meta_kernel(), "Meta")
             self._ops[qualname] = op
-            if self._op_journal is not None:
-                self._op_journal.append(op)
+            runtime().plugins.record_op(op)
             return op
 
     def check_undefined(self, namespace: str, op_name: str) -> None:
@@ -171,9 +171,9 @@ class OpRegistry:
         with self._lock:
             return list(self._ops.values())
 
-    def _forget_op(self, op: Op) -> None:
-        # torch cannot undefine one op of a shared library; the op stays defined in
-        # torch (native kernel only) but leaves the registry.
+    def forget_op(self, op: Op) -> None:
+        """Take ``op`` out of the registry (a plugin's op, rolled back). torch cannot
+        undefine one op of a shared library: it stays defined in torch, native only."""
         with self._lock:
             self._ops.pop(op.qualname, None)
 
@@ -203,61 +203,12 @@ class OpRegistry:
         """Mark start-up to run again on the next op call (a reset for tests)."""
         self.loaded_flag[0] = self._loader is None
 
-    def record_impl(self, op: Op, provider: str) -> None:
-        """Note a provider registration in the open journal (see :meth:`begin_journal`)."""
-        if self._journal is not None:
-            self._journal.append((op, provider))
-            if self._owner is not None:
-                self._owners[(op.qualname, provider)] = self._owner
+    def platform_key(self) -> str:
+        """The dispatch key providers register on when they name none."""
+        return self._platform_key()
 
-    def clash(self, op: Op, provider: str) -> str:
-        """The words that say who holds ``provider`` of ``op`` and who asks for it again:
-        ``" by plugin 'a'; plugin 'b' cannot register it too"`` (empty when unknown)."""
-        holder = self._owners.get((op.qualname, provider))
-        asking = self._owner
-        if holder is None and asking is None:
-            return ""
-        held = f" by plugin {holder!r}" if holder is not None else " outside any plugin"
-        asked = (f"; plugin {asking!r} cannot register it too (rename its provider, or "
-                 f"uninstall one of the two)") if asking is not None else ""
-        return held + asked
-
-    def begin_journal(self, owner: str | None = None) -> None:
-        """Start recording registrations (a plugin's, so that a failure can undo them).
-
-        :param owner: the plugin registering, named by duplicate-provider errors.
-        """
-        self._journal = []
-        self._op_journal = []
-        self._owner = owner
-
-    def end_journal(self, *, rollback: bool) -> tuple[list[tuple[Op, str]], list[Op]]:
-        """Stop recording; return (and with ``rollback``, undo) what was registered."""
-        journal, ops = self._journal or [], self._op_journal or []
-        self._journal = self._op_journal = None
-        self._owner = None
-        if rollback:
-            self.rollback(journal, ops)
-        return journal, ops
-
-    def rollback(self, journal: list[tuple[Op, str]], ops: list[Op], *,
-                  forget_ops: bool = True) -> None:
-        """Unregister journaled providers and (``forget_ops``) forget journaled ops.
-
-        torch cannot undefine one op of a shared library: a forgotten op stays defined in
-        torch with its native kernel only (calling it runs native), but it leaves the
-        registry, so ``get_op`` no longer finds it.
-        """
-        for op, provider in reversed(journal):
-            if op.has_provider(provider):
-                op.unregister_impl(provider)
-            self._owners.pop((op.qualname, provider), None)
-        if forget_ops:
-            for op in ops:
-                self._forget_op(op)
-
-    def _reset_for_tests(self) -> None:
-        """Drop every op and destroy this registry's torch libraries."""
+    def destroy(self) -> None:
+        """Drop every op and destroy this registry's torch libraries (a test registry)."""
         with self._lock:
             for lib in self._libs.values():
                 lib._destroy()
@@ -326,3 +277,37 @@ def get_op(name: str) -> Op:
 def list_ops() -> list[Op]:
     """Every op of the global registry, the catalog included."""
     return global_registry().list_ops()
+
+
+def direct_register_custom_op(
+    op_name: str,
+    op_func: Callable[..., Any],
+    mutates_args: Sequence[str] | None = None,
+    fake_impl: Callable[..., Any] | None = None,
+    target_lib: torch.library.Library | None = None,
+    dispatch_key: str | None = None,
+    tags: Sequence[torch.Tag] = (),
+) -> None:
+    """Register ``op_func`` as a torch op with the least overhead: define + one impl.
+
+    The engine-style helper: the schema is inferred from ``op_func``, the op is defined
+    in ``target_lib`` (default: opmux's own ``opmux`` library, kept alive by the global
+    registry) and ``op_func`` becomes the kernel for ``dispatch_key`` (default: the
+    current platform's key). ``fake_impl`` gives shapes for ``torch.compile``. Everything
+    is validated before the op is defined: a refused call leaves nothing behind and a
+    corrected retry works. Catalog op names are reserved in namespace ``opmux``.
+
+    :param op_name: name inside the library's namespace, e.g. ``"my_attention"``.
+    :param mutates_args: names of the Tensor arguments written in place.
+    :raises RegistrationError: a bad name, torch's own namespace, an unknown dispatch
+        key, or a name already defined (catalog names included).
+    """
+    registry = global_registry()
+    lib = target_lib if target_lib is not None else registry.library(DEFAULT_NAMESPACE)
+    if lib.ns == DEFAULT_NAMESPACE:
+        validate_name("op", op_name)
+        registry._load_catalog()
+        registry.check_undefined(lib.ns, op_name)
+    key = dispatch_key if dispatch_key is not None else registry.platform_key()
+    define_custom_op(lib, op_name, op_func, key, mutates_args=mutates_args,
+                     fake_impl=fake_impl, tags=tags)

@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
 from opmux.core.errors import RegistrationError, SignatureMismatchError, UnknownRunnerError
-from opmux.core.state import register_reset
 
 if TYPE_CHECKING:
     from typing_extensions import Required, TypedDict, Unpack
@@ -238,7 +237,7 @@ class RunnerRegistry:
             if still_there:
                 self.release(rid)
 
-    def _reset_for_tests(self) -> None:
+    def clear(self) -> None:
         """Forget every runner and tombstone (IDs keep counting up: never reused)."""
         with self._lock:
             self._strong.clear()
@@ -246,7 +245,7 @@ class RunnerRegistry:
             self._tombstones.clear()
 
 
-#: a module global, not a part of the runtime object: runner ops keep its table from
+#: a module global, not a field of the runtime object: runner ops keep its table from
 #: registration and read it on every call (the hot path), so a reset clears it in place
 _GLOBAL: Final = RunnerRegistry()
 
@@ -274,12 +273,6 @@ def release_runner(rid: int) -> None:
 def runner_scope(obj: object, *, weak: bool = False) -> contextlib.AbstractContextManager[int]:
     """``with runner_scope(obj) as rid:`` registers ``obj`` for the block."""
     return _GLOBAL.scope(obj, weak=weak)
-
-
-@register_reset
-def _reset_for_tests() -> None:
-    """Clear the global runner registry."""
-    _GLOBAL._reset_for_tests()
 
 
 # ------------------------------------------------------------ object-keyed ops

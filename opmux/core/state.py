@@ -1,113 +1,109 @@
-"""The runtime object: the one owner of opmux's process state, and its reset for tests.
+"""The runtime object: the one owner of opmux's process state.
 
-:class:`Runtime` holds the process-wide registry and one *part* per kind of state, each a
-small class defined beside the code that uses it: the plugin records and manager
-(:class:`opmux.core.plugins.PluginState`), the platform (``opmux.platforms``), the
-switches (:class:`opmux.core.switches.Switches`), the tuned-table status
-(:mod:`opmux.core.tuned`) and the CustomOp settings (:mod:`opmux.layers.custom_op`).
-A part is built on first use from its class, so floors above core keep their state here
-without core importing them. :func:`reset_for_tests` replaces the runtime object (the
-registry carries over: torch cannot undefine an op) after running the undo hooks that
-put back what outlives it (providers plugins added to ops, each op's priorities and
-wiring, caches of derived data), registered with :func:`register_reset`.
+:class:`Runtime` lists every kind of process state as a typed field. Fields of the core
+are built with the object; a field owned by a floor above the core (the CustomOp
+settings, the KV-cache format table, the tensor-parallel group, ...) starts as ``None``
+and is built by its owner on first use, so that ``import opmux`` loads none of those
+floors and the core imports none of them (their types are named for type checking
+only). The object is built by :func:`opmux._runtime.new_runtime`;
+:func:`opmux.testing.reset_for_tests` replaces it with a fresh one after undoing what
+lives outside it (see docs/architecture.md, "Process state").
 
-The name tables of that state (layers by name, process groups, CustomOp classes) share
-one rule, :func:`claim`: a name stays with the first object entered under it.
+The name tables of that state (layers by name, process groups, CustomOp classes, KV-cache
+formats) share one rule, :func:`claim`: a name stays with the first object entered under
+it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from opmux.core.registry import OpRegistry
+    from torch.distributed import ProcessGroup
 
-__all__ = ["Runtime", "claim", "register_reset", "reset_for_tests", "runtime"]
+    from opmux.core.plugins import PluginState
+    from opmux.core.registry import OpRegistry
+    from opmux.core.tuned import TunedStatus
+    from opmux.distributed import TensorParallelGroup
+    from opmux.layers.custom_op import CustomOpSettings
+    from opmux.ops.kv_formats import FormatTable
+    from opmux.platforms.base import Detection, Platform
+    from opmux.testing.case_table import CaseGenerator
+
+__all__ = ["Runtime", "claim", "install", "register_reset", "runtime"]
 
 _V = TypeVar("_V")
-_P = TypeVar("_P")
 
 
+@dataclass(eq=False)
 class Runtime:
     """The process state of opmux (see the module docstring)."""
 
-    def __init__(self, registry: OpRegistry | None = None) -> None:
-        self._registry = registry
-        self._parts: dict[type[Any], Any] = {}
-        self._lock = threading.Lock()
+    #: the process-wide op registry; a reset keeps it (torch cannot undefine an op)
+    registry: OpRegistry
+    #: the plugin manager, each plugin's record and what it registered
+    plugins: PluginState
+    #: the platform of this process (``None`` until resolved) and every detector's verdict
+    platform: Platform | None = None
+    detections: list[Detection] = field(default_factory=list)
+    #: the switches: op calls through the torch dispatcher; output checks (``None`` until
+    #: first read, then ``OPMUX_CHECK_OUTPUTS`` or code)
+    torch_wrap: bool = True
+    output_checks: bool | None = None
+    #: the last start-up's tuned-table status (``None`` before one)
+    tuned: TunedStatus | None = None
+    #: ``(file, reason)`` of each cache file a warning already said is ignored
+    ignored_files: set[tuple[str, str]] = field(default_factory=set)
+    #: process groups by the name the communication ops are given
+    process_groups: dict[str, ProcessGroup] = field(default_factory=dict)
+    #: the tensor-parallel group (``None``: not initialised, size 1)
+    tensor_parallel: TensorParallelGroup | None = None
+    #: CustomOp enablement, layer counts and out-of-tree layers (:mod:`opmux.layers`)
+    custom_ops: CustomOpSettings | None = None
+    #: the registered KV-cache formats and each provider's declaration (:mod:`opmux.ops`)
+    kv_formats: FormatTable | None = None
+    #: conformance-case generators by op, and whether the catalog's are registered
+    case_generators: dict[str, CaseGenerator] = field(default_factory=dict)
+    catalog_cases_loaded: bool = False
+    #: the layers the vLLM integration replaced (``None`` before it ran in this process)
+    vllm_layers: list[str] | None = None
+    #: guards the small tables above and the first build of a field; re-entrant, since
+    #: building one field may build another
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
-    @property
-    def registry(self) -> OpRegistry:
-        """The process-wide registry (installed by :mod:`opmux._runtime` at import)."""
-        registry = self._registry
-        if registry is None:
-            raise RuntimeError("opmux's process-wide registry is not installed; import opmux "
-                               "(its package import installs it)")
-        return registry
 
-    def install(self, registry: OpRegistry) -> None:
-        """Install the process-wide registry (once, by :mod:`opmux._runtime`)."""
-        self._registry = registry
-
-    def part(self, cls: type[_P]) -> _P:
-        """The part of class ``cls``, built with ``cls()`` on first use."""
-        try:
-            part: _P = self._parts[cls]
-        except KeyError:
-            with self._lock:
-                part = self._parts.setdefault(cls, cls())
-        return part
-
-    def reset_part(self, cls: type[Any]) -> None:
-        """Drop the part of class ``cls``: the next :meth:`part` builds a fresh one."""
-        with self._lock:
-            self._parts.pop(cls, None)
-
-
-#: The runtime object; a one-element list so that a reset swaps it for every reader.
-_CURRENT: list[Runtime] = [Runtime()]
+#: the runtime object; a one-element list so that a reset swaps it for every reader
+_CURRENT: list[Runtime] = []
+#: the undo functions of modules whose state lies outside the object, run by the reset
+#: (the static-check memo's)
 _RESETS: dict[str, Callable[[], None]] = {}
-_LOCK = threading.Lock()
 
 
 def runtime() -> Runtime:
-    """This process's runtime object."""
+    """This process's runtime object (installed when :mod:`opmux` is imported)."""
     return _CURRENT[0]
 
 
-def register_reset(fn: Callable[[], None], *, name: str | None = None) -> Callable[[], None]:
-    """Register an undo hook run by :func:`reset_for_tests`; usable as a decorator.
+def install(rt: Runtime) -> Runtime:
+    """Make ``rt`` this process's runtime object and return the one it replaces (if any)."""
+    old = _CURRENT[0] if _CURRENT else rt
+    _CURRENT[:] = [rt]
+    return old
 
-    For what outlives the runtime object: registrations on ops, caches of derived data,
-    handles. State of its own belongs in a part (:meth:`Runtime.part`).
 
-    :param name: a stable key (default ``module.qualname`` of ``fn``): registering the
-        same key again replaces the earlier function (module reloads stay harmless).
-    """
-    key = name or f"{fn.__module__}.{fn.__qualname__}"
-    with _LOCK:
-        _RESETS[key] = fn
+def register_reset(fn: Callable[[], None]) -> Callable[[], None]:
+    """Have :func:`opmux.testing.reset_for_tests` call ``fn``; usable as a decorator."""
+    _RESETS[f"{fn.__module__}.{fn.__qualname__}"] = fn
     return fn
 
 
-def reset_for_tests() -> None:
-    """Run the undo hooks (in registration order), then replace the runtime object.
-
-    The first error of a hook is raised after all have run and the object is replaced.
-    """
-    with _LOCK:
-        resets = list(_RESETS.values())
-    first: BaseException | None = None
-    for fn in resets:
-        try:
-            fn()
-        except Exception as exc:  # the others still reset; the failure is not lost
-            first = first or exc
-    _CURRENT[0] = Runtime(_CURRENT[0]._registry)
-    if first is not None:
-        raise first
+def run_resets() -> None:
+    """Call every function given to :func:`register_reset`."""
+    for fn in list(_RESETS.values()):
+        fn()
 
 
 def claim(table: MutableMapping[str, _V], name: str, value: _V) -> _V | None:

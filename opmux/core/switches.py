@@ -3,7 +3,7 @@
 Both switches rebuild what the dispatch hot path reads when they change, so the hot path
 never tests them per call: ``enable_torch_wrap`` swaps each op's call target,
 ``enable_output_checks`` swaps each chain's functions for checked ones. Their values are
-the :class:`Switches` part of the runtime object (:mod:`opmux.core.state`).
+fields of the runtime object (:class:`opmux.core.state.Runtime`).
 """
 
 from __future__ import annotations
@@ -15,32 +15,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from opmux.core import config
-from opmux.core.state import register_reset, runtime
+from opmux.core.state import runtime
 
 if TYPE_CHECKING:
     from opmux.core.op import Op
 
-__all__ = ["Switches", "enable_output_checks", "enable_torch_wrap", "output_checks_enabled",
-           "set_output_checks", "torch_wrap_enabled", "track"]
+__all__ = ["enable_output_checks", "enable_torch_wrap", "output_checks_enabled",
+           "rewire_ops", "set_output_checks", "torch_wrap_enabled", "track"]
 
+#: guards rewiring the live ops (they outlive the runtime object, see ``_ALL_OPS``)
 _LOCK = threading.RLock()
 #: every live op, so that a switch can rewire it; a module global because ops outlive the
 #: runtime object (the catalog's are defined in torch for the life of the process)
 _ALL_OPS: weakref.WeakSet[Op] = weakref.WeakSet()
-
-
-class Switches:
-    """The switches' values (a part of the runtime object)."""
-
-    def __init__(self) -> None:
-        #: whether op calls go through the torch dispatcher
-        self.wrap = True
-        #: output checks: ``None`` until first read, then ``OPMUX_CHECK_OUTPUTS`` or code
-        self.check: bool | None = None
-
-
-def _switches() -> Switches:
-    return runtime().part(Switches)
 
 
 def track(op: Op) -> None:
@@ -50,7 +37,7 @@ def track(op: Op) -> None:
 
 def torch_wrap_enabled() -> bool:
     """Whether op calls go through the torch dispatcher (the default)."""
-    return _switches().wrap
+    return runtime().torch_wrap
 
 
 @contextlib.contextmanager
@@ -63,7 +50,7 @@ def enable_torch_wrap(enabled: bool = True) -> Iterator[None]:
     switch is process-wide; the previous value is restored on exit.
     """
     with _LOCK:
-        previous = _switches().wrap
+        previous = runtime().torch_wrap
         _set_wrap(bool(enabled))
     try:
         yield
@@ -73,20 +60,20 @@ def enable_torch_wrap(enabled: bool = True) -> Iterator[None]:
 
 
 def _set_wrap(enabled: bool) -> None:
-    _switches().wrap = enabled
+    runtime().torch_wrap = enabled
     for op in list(_ALL_OPS):
         op.set_wrap(enabled)
 
 
 def output_checks_enabled() -> bool:
     """Whether provider outputs are checked (``OPMUX_CHECK_OUTPUTS`` or code)."""
-    switches = _switches()
-    value = switches.check
+    rt = runtime()
+    value = rt.output_checks
     if value is None:
         with _LOCK:
-            if switches.check is None:
-                switches.check = config.check_outputs()
-            value = switches.check
+            if rt.output_checks is None:
+                rt.output_checks = config.check_outputs()
+            value = rt.output_checks
     return bool(value)
 
 
@@ -100,7 +87,7 @@ def set_output_checks(enabled: bool | None) -> None:
     now, so the hot path costs nothing while the checks are off.
     """
     with _LOCK:
-        _switches().check = None if enabled is None else bool(enabled)
+        runtime().output_checks = None if enabled is None else bool(enabled)
         for op in list(_ALL_OPS):
             op.priorities.rebuild()
 
@@ -109,20 +96,21 @@ def set_output_checks(enabled: bool | None) -> None:
 def enable_output_checks(enabled: bool = True) -> Iterator[None]:
     """Scoped :func:`set_output_checks`; the previous setting returns on exit."""
     with _LOCK:
-        previous = _switches().check
+        previous = runtime().output_checks
         set_output_checks(enabled)
     try:
         yield
     finally:
         with _LOCK:
-            _switches().check = previous
+            runtime().output_checks = previous
             for op in list(_ALL_OPS):
                 op.priorities.rebuild()
 
 
-@register_reset
-def _rewire_ops() -> None:
-    """Give every live op the default wiring (the next runtime object's switch values)."""
+def rewire_ops() -> None:
+    """Give every live op the wiring of the current switch values (after the runtime
+    object is replaced)."""
     with _LOCK:
-        _set_wrap(True)
-        set_output_checks(None)
+        _set_wrap(runtime().torch_wrap)
+        for op in list(_ALL_OPS):
+            op.priorities.rebuild()

@@ -29,17 +29,18 @@ from typing import Any
 
 from opmux.core import config
 from opmux.core._cache_json import read_cache_json, warn_ignored
-from opmux.core.state import register_reset
 
-__all__ = ["counts", "flush", "trace_file", "wrap"]
+__all__ = ["counts", "flush", "trace_file", "wrap", "zero_counts"]
 
+# Module globals, not fields of the runtime object: the counting closures built into the
+# ops' chains hold these cells, and the chains outlive the runtime object.
 _LOCK = threading.Lock()
 #: (op key, provider) -> one-element list: the call count (a cell the closures share)
 _CELLS: dict[tuple[str, str], list[int]] = {}
 #: (op key, provider) -> count already merged into a shared (no ``{pid}``) file
 _MERGED: dict[tuple[str, str], int] = {}
-_HOOKS: list[int] = []  # pid of the process whose exit hooks are installed
-_EXITED: list[int] = []  # pid of the process whose exit flush has run
+_HOOKS: list[int] = []  # pid of the process whose exit hooks are installed (once a process)
+_EXITED: list[int] = []  # pid of the process whose exit flush has run (once a process)
 
 
 def _op_key(qualname: str) -> str:
@@ -214,8 +215,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@register_reset
-def _reset_counts() -> None:
+def zero_counts() -> None:
+    """Start every count at zero again (the cells stay: the chains hold them)."""
     with _LOCK:
         for cell in _CELLS.values():
             cell[0] = 0

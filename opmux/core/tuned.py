@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import platform as _platform
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -70,20 +69,10 @@ class TunedStatus:
         return asdict(self)
 
 
-_LOCK = threading.Lock()
-
-
-class _TunedState:
-    """The last start-up's tuned-table status (a part of the runtime object)."""
-
-    def __init__(self) -> None:
-        self.status = TunedStatus()
-
-
 def tuned_status() -> TunedStatus:
     """A copy of the last start-up's tuned-table status."""
-    with _LOCK:
-        return TunedStatus(**runtime().part(_TunedState).status.as_dict())
+    status = runtime().tuned
+    return TunedStatus(**status.as_dict()) if status is not None else TunedStatus()
 
 
 def tuned_dir() -> Path:
@@ -201,8 +190,7 @@ def apply_tuned(registry: OpRegistry, platform: Platform, ops: list[Op]) -> Tune
         if op.priorities.layer("tuned") is not None:
             op.priorities.set_tuned(None)
     status = _load(registry, platform, ops)
-    with _LOCK:
-        runtime().part(_TunedState).status = status
+    runtime().tuned = status
     return status
 
 

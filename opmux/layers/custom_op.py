@@ -26,15 +26,14 @@ Enablement follows vLLM's ``CompilationConfig.custom_ops``:
   it changed). An unknown name raises :class:`~opmux.ConfigError` listing the known ones.
   vLLM only warns here; a typo that silently keeps a slow path is worse than an error.
 
-The settings, the counts and the out-of-tree replacements are the
-:class:`CustomOpSettings` part of the runtime object (:mod:`opmux.core.state`);
-``_reset_for_tests`` (or the process-wide reset) gives a fresh one.
+The settings, the counts and the out-of-tree replacements are a :class:`CustomOpSettings`,
+the ``custom_ops`` field of the runtime object (:class:`opmux.core.state.Runtime`), built
+on first use.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -59,11 +58,8 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 #: ``(base or None, {name: enabled})``: a parsed enablement setting.
 _Parsed = tuple[bool | None, dict[str, bool]]
 
-_config_lock = threading.Lock()
-
-
 class CustomOpSettings:
-    """Enablement settings, layer counts and out-of-tree replacements (a part of the
+    """Enablement settings, layer counts and out-of-tree replacements (a field of the
     runtime object)."""
 
     def __init__(self) -> None:
@@ -80,7 +76,12 @@ class CustomOpSettings:
 
 
 def _settings() -> CustomOpSettings:
-    return runtime().part(CustomOpSettings)
+    rt = runtime()
+    settings = rt.custom_ops
+    if settings is None:
+        with rt.lock:
+            settings = rt.custom_ops = rt.custom_ops or CustomOpSettings()
+    return settings
 
 
 def _known_names() -> list[str]:
@@ -136,8 +137,7 @@ def set_custom_ops(spec: str | Sequence[str] | None) -> None:
     :raises ConfigError: malformed setting or unknown layer name (nothing changes).
     """
     parsed = None if spec is None else _parse(spec, "set_custom_ops", check_names=True)
-    with _config_lock:
-        _settings().explicit = parsed
+    _settings().explicit = parsed
 
 
 def set_compile_mode(mode: str | None) -> None:
@@ -150,8 +150,7 @@ def set_compile_mode(mode: str | None) -> None:
     """
     if mode is not None:
         _check_mode(mode, "set_compile_mode")
-    with _config_lock:
-        _settings().mode = mode
+    _settings().mode = mode
 
 
 def _check_mode(mode: object, source: str) -> str:
@@ -362,12 +361,6 @@ class CustomOp(torch.nn.Module):
         if _decorated is not None:
             return decorator(_decorated)
         return decorator
-
-
-def _reset_for_tests() -> None:
-    """Clear the enablement and compile-mode overrides, the counts and out-of-tree layers."""
-    with _config_lock:
-        runtime().reset_part(CustomOpSettings)
 
 
 class _OpLayer(CustomOp):

@@ -14,9 +14,9 @@ An engine asks :func:`kv_cache_format` which format to allocate: the one the win
 passes ``fmt.name`` to both ops.
 
 Built in: ``canonical`` and ``hnd`` (head-major ``[num_blocks, Hkv, block_size, D]`` storage,
-vLLM's CPU/HND order; its canonical form is a permuted view). The table is process state (a
-:class:`~opmux.core.state.Runtime` part): :func:`opmux.core.state.reset_for_tests` drops what
-plugins registered; they register it again when start-up runs again.
+vLLM's CPU/HND order; its canonical form is a permuted view). The table is process state (the
+``kv_formats`` field of :class:`~opmux.core.state.Runtime`): :func:`opmux.testing.reset_for_tests`
+drops what plugins registered; they register it again when start-up runs again.
 """
 
 from __future__ import annotations
@@ -191,8 +191,9 @@ FormatChooser = Callable[[KVCacheSpec], Sequence[str]]
 the provider would not take such caches at all (the next provider in priority decides)."""
 
 
-class _FormatTable:
-    """The registered formats and each provider's declaration (a runtime part)."""
+class FormatTable:
+    """The registered formats and each provider's declaration (a field of the runtime
+    object, built on first use)."""
 
     def __init__(self) -> None:
         self.formats: dict[str, KVCacheFormat] = {CANONICAL.name: CANONICAL, HND.name: HND}
@@ -200,8 +201,13 @@ class _FormatTable:
         self.lock = threading.Lock()
 
 
-def _table() -> _FormatTable:
-    return runtime().part(_FormatTable)
+def _table() -> FormatTable:
+    rt = runtime()
+    table = rt.kv_formats
+    if table is None:
+        with rt.lock:
+            table = rt.kv_formats = rt.kv_formats or FormatTable()
+    return table
 
 
 def register_kv_cache_format(fmt: KVCacheFormat) -> KVCacheFormat:

@@ -7,11 +7,10 @@ below :mod:`opmux.distributed`, because the ops read it when a collective runs.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
 from opmux.core.errors import OpmuxError
-from opmux.core.state import claim
+from opmux.core.state import claim, runtime
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -26,9 +25,10 @@ class DistributedError(OpmuxError, RuntimeError):
 
 DistributedError.__module__ = "opmux.distributed"
 
-_LOCK = threading.Lock()
-#: name → process group, read by the communication ops when they run
-_GROUPS: dict[str, ProcessGroup] = {}
+
+def _groups() -> dict[str, ProcessGroup]:
+    """Name → process group (the runtime object's table), read by the ops when they run."""
+    return runtime().process_groups
 
 
 def register_group(name: str, group: ProcessGroup) -> None:
@@ -36,8 +36,8 @@ def register_group(name: str, group: ProcessGroup) -> None:
 
     :raises DistributedError: when ``name`` is taken by another group.
     """
-    with _LOCK:
-        if claim(_GROUPS, name, group) is not None:
+    with runtime().lock:
+        if claim(_groups(), name, group) is not None:
             raise DistributedError(
                 f"a process group is already registered as {name!r}; unregister_group("
                 f"{name!r}) first or choose another name")
@@ -45,8 +45,8 @@ def register_group(name: str, group: ProcessGroup) -> None:
 
 def unregister_group(name: str) -> None:
     """Forget the group registered as ``name`` (no error when there is none)."""
-    with _LOCK:
-        _GROUPS.pop(name, None)
+    with runtime().lock:
+        _groups().pop(name, None)
 
 
 def resolve_group(name: str) -> ProcessGroup | None:
@@ -59,7 +59,8 @@ def resolve_group(name: str) -> ProcessGroup | None:
     :raises DistributedError: ``torch.distributed`` is initialised but knows no such
         group; the message lists opmux's names.
     """
-    group = _GROUPS.get(name)
+    groups = _groups()
+    group = groups.get(name)
     if group is not None:
         return group
     import torch.distributed as dist
@@ -72,17 +73,17 @@ def resolve_group(name: str) -> ProcessGroup | None:
         return distributed_c10d._resolve_process_group(name)  # type: ignore[arg-type,attr-defined,no-any-return]
     except (RuntimeError, ValueError, KeyError) as exc:
         raise DistributedError(
-            f"no process group named {name!r}: opmux knows {sorted(_GROUPS)} and torch "
+            f"no process group named {name!r}: opmux knows {sorted(groups)} and torch "
             f"has none of that name ({exc}); call opmux.distributed.init_tensor_parallel() "
             f"or register_group({name!r}, group)") from None
 
 
 def is_registered(name: str) -> bool:
     """Whether a group is registered as ``name``."""
-    return name in _GROUPS
+    return name in _groups()
 
 
 def forget_groups() -> None:
     """Forget every registered group (:func:`opmux.distributed.destroy_tensor_parallel`)."""
-    with _LOCK:
-        _GROUPS.clear()
+    with runtime().lock:
+        _groups().clear()

@@ -11,7 +11,6 @@ hook (:func:`opmux.core.plugins.discovered_platforms`, which discovers the plugi
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Sequence
 
 from opmux.core import config, plugins
@@ -56,17 +55,6 @@ BUILTIN_PLATFORMS: dict[str, type[Platform]] = {
     "xla": XlaPlatform,
     "ascend": AscendPlatform,
 }
-
-_lock = threading.Lock()
-
-
-class _PlatformState:
-    """The resolved platform and every detector's verdict (a part of the runtime object)."""
-
-    def __init__(self) -> None:
-        self.current: Platform | None = None
-        self.detections: list[Detection] = []
-
 
 def _detector_failed(what: str, exc: Exception) -> str:
     """The reason a detector that raised gives: fatal in strict mode, else one stderr line
@@ -143,27 +131,19 @@ def current_platform() -> Platform:
     Out-of-tree platforms of installed plugins take part (their entry modules are
     imported, which is cheap: heavy code loads only in ``opmux_register``).
     """
-    state = runtime().part(_PlatformState)
-    cached = state.current
+    rt = runtime()
+    cached = rt.platform
     if cached is not None:
         return cached
-    oot = plugins.discovered_platforms()
-    with _lock:
-        if state.current is None:
-            platform, found = resolve_platform(oot)
-            state.detections = found
-            state.current = platform
-        result = state.current
-    assert result is not None
-    return result
+    # under the plugins' lock: discovering them and resolving is one step
+    with rt.plugins.lock:
+        oot = plugins.discovered_platforms()
+        if rt.platform is None:
+            rt.platform, rt.detections = resolve_platform(oot)
+        return rt.platform
 
 
 def detections() -> list[Detection]:
     """Every detector's verdict from the last resolution (resolving if needed)."""
     current_platform()
-    return list(runtime().part(_PlatformState).detections)
-
-
-def _reset_for_tests() -> None:
-    """Forget the resolved platform so the next call resolves again."""
-    runtime().reset_part(_PlatformState)
+    return list(runtime().detections)

@@ -53,7 +53,6 @@ from opmux.core import config
 from opmux.core._cache_json import read_cache_json, warn_ignored
 from opmux.core._files import write_quietly
 from opmux.core.errors import BuildError
-from opmux.core.state import register_reset
 
 __all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "hash_key", "reset_statuses", "verify"]
 
@@ -71,6 +70,7 @@ _MAX_STAMP_BYTES: Final = 1 << 20
 """A stamp (or checksum record) larger than this is damaged."""
 
 _HASH_CHUNK: Final = 1 << 20
+#: every build cache of the process (module constants of the plugins), for reset_statuses
 _caches: list[BuildCache] = []
 
 
@@ -336,7 +336,6 @@ class BuildCache:
         return self.cached_status
 
 
-@register_reset
 def reset_statuses() -> None:
     """Forget every cache's per-process status (tests; a loaded library stays loaded)."""
     for cache in _caches:

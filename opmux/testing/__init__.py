@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     )
     from opmux.testing.kv_format_cases import check_kv_cache_format
     from opmux.testing.paged_batches import PagedBatch, paged_batch
+    from opmux.testing.reset import reset_for_tests
     from opmux.testing.views import StridedVariant, run_variant, strided_variants
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "paged_batch",
     "register_bad_inputs",
     "register_cases",
+    "reset_for_tests",
     "run_case",
     "run_opcheck",
     "run_variant",
@@ -69,6 +71,7 @@ _HOME.update({name: "opmux.testing.views" for name in
               ("StridedVariant", "run_variant", "strided_variants")})
 _HOME.update({name: "opmux.testing.paged_batches" for name in ("PagedBatch", "paged_batch")})
 _HOME.update({"check_kv_cache_format": "opmux.testing.kv_format_cases"})
+_HOME.update({"reset_for_tests": "opmux.testing.reset"})
 
 
 def __getattr__(name: str) -> Any:

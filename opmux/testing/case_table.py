@@ -10,7 +10,6 @@ through :func:`register_cases`: the catalog's family modules (``activation_cases
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 
 from opmux.core.errors import RegistrationError
-from opmux.core.state import register_reset
+from opmux.core.state import runtime
 
 __all__ = ["Case", "CaseGenerator", "check_unique", "generator_for", "register_cases",
            "registered_ops", "unregister_cases"]
@@ -91,8 +90,6 @@ def _fresh_copy(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
 CaseGenerator = Callable[[], Iterable[Case]]
 """A function returning an op's cases (built on the CPU, deterministic)."""
 
-_GENERATORS: dict[str, CaseGenerator] = {}
-_LOCK = threading.Lock()
 
 
 def _qualify(op_name: str) -> str:
@@ -107,37 +104,32 @@ def register_cases(op_name: str, generator: CaseGenerator, *, replace: bool = Fa
     :raises RegistrationError: when the op already has a generator and ``replace`` is false.
     """
     qualname = _qualify(op_name)
-    with _LOCK:
-        if qualname in _GENERATORS and not replace:
+    rt = runtime()
+    with rt.lock:
+        if qualname in rt.case_generators and not replace:
             raise RegistrationError(
                 f"conformance cases for op {qualname!r} are already registered; pass "
                 f"replace=True to override them", op=qualname)
-        _GENERATORS[qualname] = generator
+        rt.case_generators[qualname] = generator
 
 
 def unregister_cases(op_name: str) -> None:
     """Remove the generator of ``op_name`` (tests)."""
-    with _LOCK:
-        _GENERATORS.pop(_qualify(op_name), None)
+    rt = runtime()
+    with rt.lock:
+        rt.case_generators.pop(_qualify(op_name), None)
 
 
 def generator_for(op_name: str) -> CaseGenerator | None:
     """The generator registered for ``op_name``, or ``None``."""
-    with _LOCK:
-        return _GENERATORS.get(_qualify(op_name))
+    return runtime().case_generators.get(_qualify(op_name))
 
 
 def registered_ops() -> list[str]:
     """Qualified names of the ops that have a generator, sorted."""
-    with _LOCK:
-        return sorted(_GENERATORS)
-
-
-@register_reset
-def _reset_for_tests() -> None:
-    """Forget every registered generator."""
-    with _LOCK:
-        _GENERATORS.clear()
+    rt = runtime()
+    with rt.lock:
+        return sorted(rt.case_generators)
 
 
 def check_unique(qualname: str, what: str, key: str, labels: list[str]) -> None:

@@ -5,7 +5,7 @@
 :func:`register_cases`) after loading the catalog's cases: this module is the one loader of
 the family modules, each of which registers its ops' generators through
 :func:`~opmux.testing.case_table.register_cases`. Loading happens again after
-:func:`opmux.core.state.reset_for_tests` empties the table.
+:func:`opmux.testing.reset_for_tests` empties the table (a field of the runtime object).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opmux.core.errors import UnknownOpError
-from opmux.core.state import register_reset
+from opmux.core.state import runtime
 from opmux.testing.activation_cases import register_activation_cases
 from opmux.testing.attention_cases import register_attention_cases
 from opmux.testing.cache_cases import register_cache_cases
@@ -53,20 +53,14 @@ FAMILIES: tuple[Callable[[], None], ...] = (
 )
 """The registration function of each family module of the catalog's cases."""
 
-_LOADED: list[bool] = [False]  # one flag read on every lookup; reset with the table
-
 
 def load_catalog_cases() -> None:
     """Register the catalog's cases (once; again after a reset)."""
-    if not _LOADED[0]:
+    rt = runtime()
+    if not rt.catalog_cases_loaded:
         for register in FAMILIES:
             register()
-        _LOADED[0] = True
-
-
-@register_reset
-def _reset_for_tests() -> None:
-    _LOADED[0] = False
+        rt.catalog_cases_loaded = True
 
 
 def has_cases(op_name: str) -> bool:

@@ -199,8 +199,8 @@ def _run_cache(case: dict[str, Any], work: Path) -> dict[str, Any]:
     import torch
 
     import opmux
-    from opmux._runtime import reset_for_tests
     from opmux.core import trace, tuned
+    from opmux.testing import reset_for_tests
 
     result: dict[str, Any] = {"id": case["id"]}
     os.environ["OPMUX_CACHE_DIR"] = str(work / "cache")
@@ -221,7 +221,7 @@ def _run_cache(case: dict[str, Any], work: Path) -> dict[str, Any]:
                 path = work / "trace.json"
                 path.write_bytes(case["content"].encode("utf-8", "surrogateescape"))
                 os.environ["OPMUX_TRACE"] = str(path)
-                trace._reset_counts()
+                trace.zero_counts()
                 counted = trace.wrap("mylib::my_op", "fast", lambda a: a)
                 counted(1)
                 trace.flush()

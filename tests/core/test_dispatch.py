@@ -95,7 +95,7 @@ def test_start_up_runs_before_the_first_selection(ns: str) -> None:
             assert op(torch.ones(2, dtype=torch.float64)).tolist() == [102.0, 102.0]
         assert starts == [1, 1]
     finally:
-        registry._reset_for_tests()
+        registry.destroy()
 
 
 def test_only_is_set_exactly_when_there_is_nothing_to_walk(registry: opmux.OpRegistry,

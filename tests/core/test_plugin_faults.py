@@ -16,7 +16,6 @@ import torch
 from fake_plugins import FakePlugins, provider, report
 
 import opmux
-from opmux import _runtime as runtime
 
 
 def _raise(exc: BaseException) -> Callable[..., Any]:
@@ -86,7 +85,7 @@ def test_a_plugin_failing_in_any_hook_is_recorded_and_rolled_back(
     fake.add("aaa_broken", **kwargs)
     _good(fake, reg_op)
     fake.add("zzz_broken", **FAULTS[fault](reg_op)[0])
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rep = report()
     for name in ("aaa_broken", "zzz_broken"):
         assert rep[name].status == "failed", (fault, rep[name])
@@ -189,7 +188,7 @@ def test_a_rolled_back_plugin_op_leaves_the_registry(
         raise RuntimeError("late failure")
 
     fake.add("definer", register=define_then_fail)
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     assert report()["definer"].status == "failed"
     with pytest.raises(opmux.UnknownOpError):
         registry.get_op(f"{ns}::vendor_only")

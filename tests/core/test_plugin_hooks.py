@@ -12,7 +12,6 @@ from fake_plugins import FakePlugins
 from fake_plugins import report as _report
 
 import opmux
-from opmux import _runtime as runtime
 from opmux.core import plugins
 
 
@@ -32,7 +31,7 @@ def test_tryfirst_and_trylast_order_the_calls(fake: FakePlugins,
     fake.add("c_plain", register=_recorder(calls, "c_plain"))
     fake.add("z_first", extra={"opmux_register": opmux.hookimpl(tryfirst=True)(
         _recorder(calls, "z_first"))})
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     assert calls == ["z_first", "b_plain", "c_plain", "a_last"]
     assert {r.status for r in _report().values()} == {"loaded"}
 
@@ -65,7 +64,7 @@ def test_a_hook_wrapper_wraps_each_plugins_call(fake: FakePlugins, registry: opm
     fake.add("a_wrapper", extra={"opmux_register": opmux_register})
     fake.add("b_good", register=good)
     fake.add("c_bad", register=bad)
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     assert seen == ["before", "after", "before", "saw broken vendor", "after"]
     rep = _report()
     assert rep["b_good"].status == "loaded" and rep["c_bad"].status == "failed"
@@ -84,7 +83,7 @@ def test_pluggy_tracing_and_monitoring_see_every_hook_call(fake: FakePlugins,
     undo_monitor = pm.add_hookcall_monitoring(
         lambda name, impls, kwargs: monitored.append(name), lambda *args: None)
     try:
-        runtime._start(registry)
+        opmux.load_plugins(registry)
     finally:
         undo_trace()
         undo_monitor()

@@ -15,7 +15,6 @@ import torch
 from fake_plugins import FakePlugins, provider, report
 
 import opmux
-from opmux import _runtime as runtime
 
 
 def _plugin(fake: FakePlugins, name: str, op: opmux.Op, *, platforms: list[str],
@@ -50,7 +49,7 @@ def test_a_platform_specific_plugin_beats_a_generic_one(
     _generic_and_vendor(vendor, generic)(fake, reg_op)
     if reverse_install_order:
         fake.eps.reverse()
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     assert reg_op.priority() == ["vendor", "cpp", "native"]
     assert reg_op.priority_source() == "plugins"
     assert reg_op(torch.zeros(1)).item() == 20.0
@@ -69,7 +68,7 @@ def test_equal_specificity_disagreement_is_a_recorded_conflict(
             prefers=["three"])
     if reverse_install_order:
         fake.eps.reverse()
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     # neither specific plugin wins; the generic tier still speaks
     assert reg_op.priority() == ["three", "native"]
     assert reg_op(torch.zeros(1)).item() == 30.0
@@ -88,7 +87,7 @@ def test_agreeing_plugins_and_unknown_providers(
             prefers=["two", "one", "absent"])
     _plugin(fake, "b", reg_op, platforms=["cpu", "cuda"], provides={"two": 20},
             prefers=["two", "one"])
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     # "absent" is not a provider of the op: dropped before comparing, so they agree
     assert reg_op.priority() == ["two", "one", "native"]
     assert all(not r.conflicts for r in report().values())
@@ -106,7 +105,7 @@ def test_two_generic_plugins_that_disagree_never_let_a_name_decide(
             prefers=["vendor"])
     if reverse_install_order:
         fake.eps.reverse()
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     assert reg_op.priority() == ["native", "cpp", "vendor"]  # after native: never run
     assert reg_op.priority_source() == "plugins"
     assert reg_op(torch.zeros(1)).item() == 1.0  # native (x + 1): neither plugin's mark

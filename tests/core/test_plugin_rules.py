@@ -15,7 +15,7 @@ from fake_plugins import provider as _provider
 from fake_plugins import report as _report
 
 import opmux
-from opmux import _runtime as runtime
+from opmux.testing import reset_for_tests
 
 
 def _accel(name: str) -> type[opmux.Platform]:
@@ -32,7 +32,7 @@ def test_the_platforms_own_plugin_keeps_a_provider_name_a_generic_plugin_also_ta
     fake.add("aaa", register=_provider(reg_op, "acme", 666))
     fake.add("zzz_acme", platforms=["acme_rules"], register=_provider(reg_op, "acme", 10),
              extra={"opmux_platforms": opmux.hookimpl(lambda: [acme])})
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rep = _report()
     assert rep["zzz_acme"].status == "loaded"
     assert rep["aaa"].status == "failed"
@@ -58,7 +58,7 @@ def test_disagreeing_generic_plugins_never_put_a_built_in_provider_behind_native
                                           fake.eps[-1].group)
     sys.modules["opmux.plugins._fake_builtin"] = sys.modules["_opmux_test_plugin_builtin"]
     try:
-        runtime._start(registry)
+        opmux.load_plugins(registry)
     finally:
         del sys.modules["opmux.plugins._fake_builtin"]
     assert reg_op.priority()[0] == "fast"
@@ -82,7 +82,7 @@ def test_a_failing_hook_wrapper_is_blamed_on_its_own_plugin(
     fake.add("a_good", register=_provider(reg_op, "good", 10))
     fake.add("b_wrapper", extra={"opmux_register": _raising_wrapper()})
     fake.add("c_good", register=_provider(reg_op, "other", 20))
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rep = _report()
     assert rep["b_wrapper"].status == "failed"
     assert "hook wrapper raised RuntimeError: wrapper bug" in rep["b_wrapper"].reason
@@ -103,7 +103,7 @@ def test_a_plugin_whose_own_hook_raises_through_a_wrapper_is_still_the_culprit(
 
     fake.add("a_broken", register=broken)
     fake.add("b_wrapper", extra={"opmux_register": opmux_register})
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rep = _report()
     assert rep["a_broken"].status == "failed" and "vendor bug" in rep["a_broken"].reason
     assert rep["b_wrapper"].status == "loaded"
@@ -122,7 +122,7 @@ def test_each_failed_plugin_says_so_once_on_stderr(
         fake.add("vendor", register=broken)
     else:
         fake.add("vendor", info={"name": "vendor"})
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     reg_op(torch.zeros(1))
     opmux.load_plugins()
     err = capsys.readouterr().err.splitlines()
@@ -142,7 +142,7 @@ def test_strict_mode_covers_detection_errors(fake: FakePlugins,
     fake.add("p", extra={"opmux_platforms": opmux.hookimpl(lambda: [bad])})
     assert opmux.current_platform().name == "cpu"
     assert "is_available() raised OSError: driver not answering" in capsys.readouterr().err
-    runtime.reset_for_tests()
+    reset_for_tests()
     monkeypatch.setenv("OPMUX_STRICT_PLUGINS", "1")
     with pytest.raises(opmux.PlatformError, match=r"platform detection failed: .*'boom'.*"
                                                   r"driver not answering .*strict mode"):
@@ -182,7 +182,7 @@ def test_a_plugin_declaring_an_unregistered_kv_format_fails_at_load(
         opmux.declare_kv_cache_formats("tiles", ["acme_tiles"])
 
     fake.add("acme", register=declare)
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rec = _report()["acme"]
     assert rec.status == "failed" and "format(s) ['acme_tiles'] are not registered" in rec.reason
     assert "tiles" not in reg_op.impls

@@ -13,14 +13,13 @@ from fake_plugins import provider as _provider
 from fake_plugins import report as _report
 
 import opmux
-from opmux import _runtime as runtime
-from opmux.core import plugins
+from opmux.testing import reset_for_tests
 
 
 def test_good_plugin_loads_and_serves(fake: FakePlugins, registry: opmux.OpRegistry,
                                       reg_op: opmux.Op) -> None:
     fake.add("good", register=_provider(reg_op, "good", 10))
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rec = _report()["good"]
     assert rec.status == "loaded" and rec.providers == [f"{reg_op.qualname}:good"]
     assert reg_op(torch.zeros(1)).item() == 10.0
@@ -40,7 +39,7 @@ def test_broken_plugins_are_isolated_and_rolled_back(
     fake.add("good", register=_provider(reg_op, "good", 10))
     fake.add("z_dup", register=lambda registry, platform: (
         _provider(reg_op, "good", 30)(registry, platform)))
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rep = _report()
     assert rep["good"].status == "loaded", rep["good"].reason
     assert rep["a_import"].status == "failed"
@@ -61,7 +60,7 @@ def test_strict_mode_makes_failures_fatal(fake: FakePlugins, registry: opmux.OpR
     monkeypatch.setenv("OPMUX_STRICT_PLUGINS", "1")
     fake.add("broken", module_value="_opmux_no_such_module_xyz")
     with pytest.raises(opmux.PluginLoadError, match="plugin 'broken' failed") as info:
-        runtime._start(registry)
+        opmux.load_plugins(registry)
     assert info.value.plugin == "broken"
 
 
@@ -70,7 +69,7 @@ def test_allow_list(fake: FakePlugins, registry: opmux.OpRegistry, reg_op: opmux
     monkeypatch.setenv("OPMUX_PLUGINS", "good")
     fake.add("good", register=_provider(reg_op, "good", 10))
     fake.add("other", register=_provider(reg_op, "other", 20))
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rep = _report()
     assert rep["good"].status == "loaded"
     assert rep["other"].status == "skipped" and "OPMUX_PLUGINS" in rep["other"].reason
@@ -83,7 +82,7 @@ def test_platform_mismatch_is_skipped_before_register(
         raise AssertionError("a plugin for another platform must not register")
 
     fake.add("gpu_only", platforms=["cuda"], register=must_not_run)
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     rec = _report()["gpu_only"]
     assert rec.status == "skipped" and "platform mismatch" in rec.reason
 
@@ -96,8 +95,8 @@ def test_loading_is_idempotent(fake: FakePlugins, registry: opmux.OpRegistry,
         calls.append(1)
 
     fake.add("counted", register=register)
-    runtime._start(registry)
-    runtime._start(registry)
+    opmux.load_plugins(registry)
+    opmux.load_plugins(registry)
     assert calls == [1]
 
 
@@ -115,7 +114,7 @@ def test_plugin_default_priority_and_env_priority_compose(
     fake.add("ab", register=register,
              extra={"opmux_default_priority": opmux.hookimpl(prefer_b)})
     monkeypatch.setenv("OPMUX_PRIORITY", f"{reg_op.qualname}=a,native")
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     assert reg_op.priority() == ["a", "native"] and reg_op.priority_source() == "env"
     reg_op.priorities.set_layer("env", None)
     assert reg_op.priority_source() == "plugins" and reg_op(torch.zeros(1)).item() == 20.0
@@ -128,7 +127,7 @@ def test_a_malformed_env_priority_is_fatal(fake: FakePlugins, registry: opmux.Op
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPMUX_PRIORITY", reg_op.qualname)
     with pytest.raises(opmux.ConfigError, match="is not of the form"):
-        runtime._start(registry)
+        opmux.load_plugins(registry)
 
 
 @pytest.mark.parametrize(("value", "said"), [
@@ -143,7 +142,7 @@ def test_an_env_priority_naming_what_is_missing_degrades(
         value: str, said: str) -> None:
     fake.add("pa", register=_provider(reg_op, "a", 10))
     monkeypatch.setenv("OPMUX_PRIORITY", value.format(op=reg_op.qualname))
-    runtime._start(registry)
+    opmux.load_plugins(registry)
     err = capsys.readouterr().err
     assert re.search(said.format(op=re.escape(reg_op.qualname)), err), err
     assert len(err.splitlines()) == 1
@@ -151,8 +150,6 @@ def test_an_env_priority_naming_what_is_missing_degrades(
 
 
 def test_oot_platforms(fake: FakePlugins, monkeypatch: pytest.MonkeyPatch) -> None:
-    from opmux import platforms
-
     def make(name: str) -> type[opmux.Platform]:
         return type(f"P_{name}", (opmux.Platform,), {
             "name": name, "device_type": "cpu", "dispatch_key": "CPU",
@@ -162,12 +159,11 @@ def test_oot_platforms(fake: FakePlugins, monkeypatch: pytest.MonkeyPatch) -> No
     fake.add("p1", extra={"opmux_platforms": opmux.hookimpl(lambda: [one])})
     assert opmux.current_platform().name == "one_accel"
     fake.add("p2", extra={"opmux_platforms": opmux.hookimpl(lambda: [two])})
-    plugins._reset_for_tests()
-    platforms._reset_for_tests()
+    reset_for_tests()
     with pytest.raises(opmux.PlatformError, match=r"one_accel.*two_accel"):
         opmux.current_platform()
     monkeypatch.setenv("OPMUX_PLATFORM", "two_accel")
-    platforms._reset_for_tests()
+    reset_for_tests()
     assert opmux.current_platform().name == "two_accel"
 
 

@@ -40,7 +40,7 @@ class Slotted:
 def table() -> Iterator[RunnerRegistry]:
     reg = RunnerRegistry()
     yield reg
-    reg._reset_for_tests()
+    reg.clear()
 
 
 def _add_op(ns: str, registry: opmux.OpRegistry, table: RunnerRegistry) -> opmux.Op:
@@ -72,7 +72,7 @@ def test_register_get_release(table: RunnerRegistry) -> None:
 def test_ids_are_never_reused(table: RunnerRegistry) -> None:
     first = table.register(Counting())
     table.release(first)
-    table._reset_for_tests()
+    table.clear()
     assert table.register(Counting()) > first
 
 

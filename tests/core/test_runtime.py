@@ -9,10 +9,9 @@ import torch
 from fake_plugins import FakePlugins
 
 import opmux
-from opmux import _runtime as runtime
-from opmux.core import config, runners, switches
+from opmux.core import config, runners, state, switches
 from opmux.core.errors import ConfigError
-from opmux.core.state import register_reset
+from opmux.testing import reset_for_tests
 
 _ROOT = Path(opmux.__file__).parent
 
@@ -30,7 +29,7 @@ def test_ops_get_the_platform_key_from_their_registry(ns: str) -> None:
 
         assert ident.impls["p"].dispatch_key == "XLA"
     finally:
-        reg._reset_for_tests()
+        reg.destroy()
 
 
 def test_reset_for_tests_resets_every_piece_of_global_state(fake: FakePlugins) -> None:
@@ -48,7 +47,7 @@ def test_reset_for_tests_resets_every_piece_of_global_state(fake: FakePlugins) -
     wrap.__enter__()
     assert opmux.current_platform().name == "cpu"
 
-    runtime.reset_for_tests()
+    reset_for_tests()
 
     assert opmux.torch_wrap_enabled() and not switches.output_checks_enabled()
     assert not silu.has_provider("good")  # rolled back (.impls would start up again)
@@ -65,17 +64,13 @@ def _silu_plus(x: torch.Tensor) -> torch.Tensor:
     return opmux.get_op("silu_and_mul").native(x) + 1
 
 
-def test_register_reset_hook_runs_every_resetter() -> None:
-    calls: list[str] = []
-    register_reset(lambda: calls.append("a"), name="test.a")
-    register_reset(lambda: calls.append("b"), name="test.a")  # same key: replaced
-    try:
-        runtime.reset_for_tests()
-        assert calls == ["b"]
-    finally:
-        from opmux.core import state
-
-        state._RESETS.pop("test.a")
+def test_reset_for_tests_builds_a_fresh_runtime_object_around_the_same_registry() -> None:
+    opmux.current_platform()
+    old = state.runtime()
+    reset_for_tests()
+    new = state.runtime()
+    assert new is not old and new.registry is old.registry
+    assert new.platform is None and new.plugins is not old.plugins
 
 
 @pytest.mark.parametrize(("value", "expected"), [

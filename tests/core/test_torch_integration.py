@@ -171,7 +171,7 @@ def test_register_fake_is_torchs_registered_fake(ns: str) -> None:
 
         assert head(torch.empty(5, device="meta"), 2).shape == (2,)
     finally:
-        registry._reset_for_tests()
+        registry.destroy()
     assert singleton.find(head.qualname).fake_impl.kernel is None  # gone with the library
 
 
@@ -201,7 +201,7 @@ def test_register_meta_serves_fake_tensor_mode_without_a_torch_fake(ns: str) -> 
         compiled = torch.compile(lambda x: halve(x) * 2, fullgraph=True)
         torch.testing.assert_close(compiled(torch.arange(6.0)), torch.arange(3.0) * 2)
     finally:
-        registry._reset_for_tests()
+        registry.destroy()
 
 
 def test_direct_register_custom_op(ns: str) -> None:
@@ -317,4 +317,4 @@ def test_register_meta_refuses_what_is_not_a_function(ns: str, fn: Any) -> None:
             halve.register_meta(fn)
         assert halve(torch.empty(8, device="meta")).shape == (4,)  # the default fake stays
     finally:
-        registry._reset_for_tests()
+        registry.destroy()

@@ -75,7 +75,7 @@ def test_zero_cost_when_unset(monkeypatch: pytest.MonkeyPatch, fresh_plugins: No
 
 def test_wrap_counts_and_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("OPMUX_TRACE", str(tmp_path / "x-{pid}.json"))
-    trace._reset_counts()
+    trace.zero_counts()
     counted = trace.wrap("mylib::my_op", "fast", lambda a: a + 1)
     assert counted(1) == 2 and counted(2) == 3
     assert trace.counts()["mylib::my_op"] == {"fast": 2}
@@ -83,7 +83,7 @@ def test_wrap_counts_and_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     written = trace.flush()
     assert written is not None
     assert json.loads(Path(written).read_text())["mylib::my_op"] == {"fast": 2}
-    trace._reset_counts()
+    trace.zero_counts()
     assert "mylib::my_op" not in trace.counts()
 
 
@@ -126,7 +126,7 @@ def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
     target = tmp_path / "trace.json"
     target.write_bytes(damage)
     monkeypatch.setenv("OPMUX_TRACE", str(target))
-    trace._reset_counts()
+    trace.zero_counts()
     counted = trace.wrap("mylib::my_op", "fast", lambda a: a)
     counted(1)
     with pytest.warns(RuntimeWarning, match=r"OPMUX_TRACE file .*trace\.json: .* holds no trace"):
@@ -136,7 +136,7 @@ def test_shared_file_that_holds_no_trace_is_replaced_with_a_warning(
     counted(2)
     trace.flush()
     assert json.loads(target.read_text()) == {"mylib::my_op": {"fast": 2}}
-    trace._reset_counts()
+    trace.zero_counts()
 
 
 def test_a_failed_trace_write_goes_to_stderr_and_json_stdout_stays_json(tmp_path: Path) -> None:

@@ -13,10 +13,10 @@ import torch
 from fake_plugins import FakePlugins
 
 import opmux
-from opmux._runtime import reset_for_tests
 from opmux.cli import main
 from opmux.cli.info import info_data
 from opmux.core import tuned
+from opmux.testing import reset_for_tests
 
 OP = "opmux::silu_and_mul"
 

@@ -13,11 +13,12 @@ import pytest
 
 import opmux
 from opmux.integrations import vllm as plugin
+from opmux.testing import reset_for_tests
 
 
 @pytest.fixture
 def fresh_register(fresh_plugins: None) -> None:
-    plugin._reset()
+    reset_for_tests()
 
 
 def test_off_with_opmux_vllm_0(monkeypatch: pytest.MonkeyPatch, fresh_register: None) -> None:
@@ -47,7 +48,7 @@ def test_bad_switches_are_errors(monkeypatch: pytest.MonkeyPatch, fresh_register
     monkeypatch.setenv("OPMUX_VLLM", "maybe")
     with pytest.raises(opmux.ConfigError, match="OPMUX_VLLM='maybe' is not a boolean"):
         plugin.register()
-    plugin._reset()
+    reset_for_tests()
     monkeypatch.setenv("OPMUX_VLLM", "1")
     monkeypatch.setenv("OPMUX_VLLM_LAYERS", "rms_norm,rmsnorm")
     with pytest.raises(opmux.ConfigError, match=r"unknown name\(s\) \['rmsnorm'\]; known: "):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import opmux
-from opmux._runtime import reset_for_tests
 from opmux.core import config, plugins
+from opmux.testing import reset_for_tests
 
 
 @pytest.fixture(autouse=True)
@@ -34,12 +34,10 @@ def test_platform_method_is_chosen_once(monkeypatch: pytest.MonkeyPatch) -> None
     mark = _layer_classes("a")
     assert mark()(torch.zeros(1)).item() == 10.0  # cpu platform
     monkeypatch.setenv("OPMUX_PLATFORM", "rocm")
-    from opmux import platforms
-
-    platforms._reset_for_tests()
+    reset_for_tests()
     assert mark()(torch.zeros(1)).item() == 20.0  # hip → cuda
     monkeypatch.setenv("OPMUX_PLATFORM", "xla")
-    platforms._reset_for_tests()
+    reset_for_tests()
     assert mark()(torch.zeros(1)).item() == 1.0  # not overridden → native
 
 

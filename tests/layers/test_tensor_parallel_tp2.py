@@ -73,10 +73,10 @@ def tp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture
 def tp1() -> Iterator[None]:
     """This process: no group initialised, TP=1."""
-    od._reset_for_tests()
+    od.destroy_tensor_parallel()
     assert od.get_tensor_model_parallel_world_size() == 1
     yield
-    od._reset_for_tests()
+    od.destroy_tensor_parallel()
 
 
 def _verdict(tp2: dict[str, Any], name: str) -> list[str]:

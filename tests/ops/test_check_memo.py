@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from opmux import OpInputError
-from opmux.core.state import reset_for_tests
 from opmux.ops.checks import _memo as _check_memo
 from opmux.ops.checks import check_paged_attention, check_reshape_and_cache, check_rms_norm
 from opmux.ops.checks.cache import _RESHAPE_AND_CACHE
 from opmux.ops.checks.layernorm import _RMS_NORM
+from opmux.testing import reset_for_tests
 
 
 def _cache_args() -> tuple[torch.Tensor, ...]:

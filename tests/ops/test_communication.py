@@ -16,9 +16,9 @@ from opmux.ops import all_gather, all_reduce, all_reduce_, reduce_scatter
 
 @pytest.fixture(autouse=True)
 def _no_group() -> Iterator[None]:
-    od._reset_for_tests()
+    od.destroy_tensor_parallel()
     yield
-    od._reset_for_tests()
+    od.destroy_tensor_parallel()
 
 
 class _FakeGroup:
@@ -88,7 +88,7 @@ def test_unknown_group_while_distributed_is_initialised_is_an_error() -> None:
         assert (tp.world_size, tp.backend, tp.owns_process_group) == (1, "gloo", False)
         assert torch.equal(all_gather(torch.ones(2, 1), 1, "tp"), torch.ones(2, 1))
     finally:
-        od._reset_for_tests()
+        od.destroy_tensor_parallel()
         dist.destroy_process_group()
 
 

@@ -121,7 +121,7 @@ def test_registration_errors_and_reset(fresh_plugins: None) -> None:
             "name": "test_misshapen", "storage_shape": lambda self, *sizes, bad=bad: bad})()
         with pytest.raises(opmux.RegistrationError, match="tuple of non-negative ints"):
             misshapen.allocate(1, 16, 1, 8, torch.float32)
-    from opmux._runtime import reset_for_tests
+    from opmux.testing import reset_for_tests
 
     reset_for_tests()
     assert "test_dim_major" not in opmux.list_kv_cache_formats()

@@ -219,8 +219,7 @@ def test_catalog_provider_that_ignores_padding_slots_fails() -> None:
 
 
 def test_the_one_reset_forgets_registered_cases_and_keeps_the_catalogs() -> None:
-    from opmux._runtime import reset_for_tests
-    from opmux.testing import Case, cases_for, has_cases, register_cases
+    from opmux.testing import Case, cases_for, has_cases, register_cases, reset_for_tests
 
     register_cases("rms_norm_reset_probe", lambda: iter([Case("one", ())]))
     assert has_cases("rms_norm_reset_probe")

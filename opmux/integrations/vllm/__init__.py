@@ -33,13 +33,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
-import threading
 import warnings
 from typing import Final
 
 from opmux.core import config
 from opmux.core.errors import ConfigError
-from opmux.core.state import register_reset
+from opmux.core.state import runtime
 from opmux.integrations.vllm._rope_classes import ROPE_CLASSES
 
 __all__ = ["LAYERS", "ROPE_CLASSES", "SUPPORTED_VLLM", "WorkerExtension", "register",
@@ -58,9 +57,6 @@ LAYERS: Final = (
 """Names ``OPMUX_VLLM_LAYERS`` accepts: vLLM's custom-op names of the replaced layers, plus
 ``attention`` (the CPU backend) and ``ir`` (the IR providers)."""
 
-_LOCK = threading.Lock()
-#: what this process's register() did: None before the first call, else the replaced names
-_DONE: list[list[str] | None] = [None]
 
 
 def _version_tuple(text: str) -> tuple[int, int] | None:
@@ -100,12 +96,12 @@ def register() -> None:
     :raises ConfigError: a malformed ``OPMUX_VLLM`` / ``OPMUX_VLLM_LAYERS`` (vLLM then
         stops with this message: a typo must not silently run vLLM's own kernels).
     """
-    if _DONE[0] is not None:
+    rt = runtime()
+    if rt.vllm_layers is not None:
         return
-    with _LOCK:
-        if _DONE[0] is not None:
-            return
-        _DONE[0] = _register()
+    with rt.lock:
+        if rt.vllm_layers is None:
+            rt.vllm_layers = _register()
 
 
 def _register() -> list[str]:
@@ -143,7 +139,7 @@ def _register() -> list[str]:
 
 def registered() -> list[str] | None:
     """What :func:`register` replaced in this process (``None``: it has not run)."""
-    done = _DONE[0]
+    done = runtime().vllm_layers
     return None if done is None else list(done)
 
 
@@ -171,9 +167,3 @@ class WorkerExtension:
         from opmux.core import trace
 
         return trace.counts()
-
-
-@register_reset
-def _reset() -> None:
-    # forget that register() ran (what it registered in vLLM stays: vLLM has no undo)
-    _DONE[0] = None

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from opmux.core.state import register_reset
 from opmux.ops.checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
@@ -47,13 +46,13 @@ PROVIDER = _custom_ops.PROVIDER
 """Provider name: ``"mindspore"``."""
 
 _to_dlpack: Callable[[Tensor], Any] = torch.utils.dlpack.to_dlpack  # type: ignore[attr-defined]
-# id(tensor) -> (weak reference, data pointer, MindSpore view)
+# id(tensor) -> (weak reference, data pointer, MindSpore view): a module cache beside the
+# MindSpore bindings it uses, cleared by forget_views()
 _views: dict[int, tuple[Any, int, Any]] = {}
 _from_dlpack: Callable[[Any], Any] | None = None
 
 
-@register_reset
-def _reset_for_tests() -> None:
+def forget_views() -> None:
     """Drop every cached MindSpore view (the torch tensors are untouched)."""
     _views.clear()
 _SyncFlag = tuple[Callable[[Any], bool], Callable[[Any, bool], None], Any]
