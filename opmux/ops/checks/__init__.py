@@ -66,6 +66,7 @@ from opmux.ops.checks.cache import (
     check_cache_pair,
     check_no_overlap,
     check_reshape_and_cache,
+    check_slot_values,
     checked_advance_step,
 )
 from opmux.ops.checks.communication import (
@@ -160,6 +161,7 @@ __all__ = [
     "check_selective_scan",
     "check_selective_state_update",
     "check_silu_and_mul",
+    "check_slot_values",
     "check_ssd_chunk_scan",
     "check_ssd_state_update",
     "check_swigluoai_and_mul",

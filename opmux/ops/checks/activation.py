@@ -13,7 +13,6 @@ from typing import Final
 
 from torch import Tensor
 
-from opmux.ops.checks._memo import StaticMemo
 from opmux.ops.checks.arguments import (
     check_float_tensor,
     check_floating,
@@ -38,16 +37,10 @@ __all__ = [
 GELU_APPROXIMATIONS: Final = ("none", "tanh")
 """Valid values of ``gelu_and_mul``'s ``approximate``."""
 
-# layouts that passed the static checks (engines call silu_and_mul every step)
-_SILU_AND_MUL: Final = StaticMemo()
-
 
 def check_silu_and_mul(x: Tensor, *, provider: str = "native", read_data: bool = True) -> None:
     """Validate ``silu_and_mul(x)``: a floating ``x[..., 2*d]`` (at least 1-d)."""
-    layout = _SILU_AND_MUL.seen(provider, (x,))
-    if layout is not True:
-        check_gated("silu_and_mul", x, provider=provider)
-        _SILU_AND_MUL.add(layout)
+    check_gated("silu_and_mul", x, provider=provider)
 
 
 def check_gelu_and_mul(x: Tensor, approximate: str = "none", *, provider: str = "native",

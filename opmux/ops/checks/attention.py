@@ -11,12 +11,10 @@ and the tensors hold data (not meta, not fake, not traced).
 from __future__ import annotations
 
 import itertools
-from typing import Final
 
 import torch
 from torch import Tensor
 
-from opmux.ops.checks._memo import StaticMemo
 from opmux.ops.checks.arguments import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -63,10 +61,7 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     op = "paged_attention"
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, soft_cap)
-    layout = _PAGED_ATTENTION.seen(provider, args)
-    if layout is not True:
-        _static_paged_attention(op, provider, *args)
-        _PAGED_ATTENTION.add(layout)
+    _static_paged_attention(op, provider, *args)
     if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
         return
     qsl = query_start_loc.tolist()
@@ -75,9 +70,6 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     _offsets(op, provider, "query_start_loc", qsl, num_tokens)
     check_paged_lens(op, provider, qsl, lens, block_tables, key_cache.shape[1],
                      key_cache.shape[0])
-
-
-_PAGED_ATTENTION: Final = StaticMemo()
 
 
 def _static_paged_attention(op: str, provider: str, query: Tensor, key_cache: Tensor,

@@ -15,13 +15,13 @@ import torch
 from torch import Tensor
 
 from opmux.ops.checks import arguments as arg
-from opmux.ops.checks._memo import StaticMemo
 
 __all__ = [
     "check_advance_step_flashattn",
     "check_cache_pair",
     "check_no_overlap",
     "check_reshape_and_cache",
+    "check_slot_values",
     "checked_advance_step",
 ]
 
@@ -82,15 +82,9 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
     view of their shapes.
     """
     op = "reshape_and_cache"
-    layout = _RESHAPE_AND_CACHE.seen(provider, (key, value, key_cache, value_cache, slot_mapping))
-    if layout is not True:
-        _static_reshape_and_cache(op, provider, key, value, key_cache, value_cache, slot_mapping)
-        _RESHAPE_AND_CACHE.add(layout)
-    if read_data and slot_mapping.numel() > 0 and arg.has_data(slot_mapping):
-        _check_slots(op, provider, slot_mapping, key_cache.shape[0] * key_cache.shape[1])
-
-
-_RESHAPE_AND_CACHE: Final = StaticMemo()
+    _static_reshape_and_cache(op, provider, key, value, key_cache, value_cache, slot_mapping)
+    if read_data:
+        check_slot_values(op, provider, slot_mapping, key_cache.shape[0] * key_cache.shape[1])
 
 
 def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor,
@@ -128,7 +122,12 @@ _FEW_SLOTS: Final = 256
 tensor ops' fixed cost for a decode batch."""
 
 
-def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
+def check_slot_values(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
+    """The values of ``slot_mapping`` (checked statically before): ``-1`` (skip) or a slot
+    in ``[0, num_slots)``, each slot at most once. Skipped when the values cannot be read
+    (meta, fake, tracing)."""
+    if slot_mapping.numel() == 0 or not arg.has_data(slot_mapping):
+        return
     if slot_mapping.numel() <= _FEW_SLOTS:
         values = slot_mapping.tolist()
         lo, hi = min(values), max(values)

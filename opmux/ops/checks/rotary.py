@@ -10,14 +10,12 @@ hold data.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 import torch
 from torch import Tensor
 
 from opmux.core.errors import OpInputError
 from opmux.ops.checks import arguments as arg
-from opmux.ops.checks._memo import StaticMemo
 
 __all__ = [
     "check_apply_rotary_emb",
@@ -25,10 +23,6 @@ __all__ = [
     "check_rotary_embedding",
     "rotary_heads",
 ]
-
-# layouts that passed the static checks (engines call rotary_embedding every step)
-_ROTARY_EMBEDDING: Final = StaticMemo()
-
 
 def rotary_heads(t: Tensor, lead: int, head_size: int) -> int:
     """Heads of a rotary ``query``/``key`` with ``lead`` token dims (``[..., H*D]`` or
@@ -85,12 +79,8 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     tokens); ``query`` and ``key`` are ``[*P, heads*head_size]`` (flattened heads) or
     ``[*P, heads, head_size]`` (per-head), told apart by their rank.
     """
-    layout = _ROTARY_EMBEDDING.seen(provider, (positions, query, key, cos_sin_cache,
-                                                head_size, is_neox))
-    if layout is not True:
-        _static_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
-                                 provider)
-        _ROTARY_EMBEDDING.add(layout)
+    _static_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
+                             provider)
     if read_data and positions.numel() > 0 and arg.has_data(positions):
         lo_t, hi_t = torch.aminmax(positions)
         lo, hi = int(lo_t), int(hi_t)
