@@ -2,7 +2,7 @@
 
 Same contract as every module of :mod:`opmux.ops.checks`: each ``check_<op>`` takes the op's
 arguments plus ``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built
-by :func:`~opmux.ops.checks.arguments.input_error`) naming op, provider, argument, expected
+by :func:`~opmux.ops.checks.input_errors.input_error`) naming op, provider, argument, expected
 and got, before anything is written.
 """
 
@@ -13,14 +13,9 @@ from typing import Final
 
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
-    check_float_tensor,
-    check_floating,
-    check_tensor,
-    input_error,
-    require,
-    shape_text,
-)
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import check_float_tensor, check_floating, check_tensor
+from opmux.ops.checks.symbolic import require
 
 __all__ = [
     "GELU_APPROXIMATIONS",

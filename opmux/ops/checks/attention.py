@@ -3,7 +3,7 @@
 
 Same contract as every module of :mod:`opmux.ops.checks`: each ``check_<op>`` takes the op's
 arguments plus ``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built
-by :func:`~opmux.ops.checks.arguments.input_error`) naming op, provider, argument, expected
+by :func:`~opmux.ops.checks.input_errors.input_error`) naming op, provider, argument, expected
 and got, before anything is written. Index values are read only when ``read_data`` is true
 and the tensors hold data (not meta, not fake, not traced).
 """
@@ -15,7 +15,9 @@ import itertools
 import torch
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
+from opmux.ops.checks.cache import check_cache_pair
+from opmux.ops.checks.input_errors import input_error, shape_text, value_text
+from opmux.ops.checks.single_arguments import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_dtype,
@@ -23,13 +25,8 @@ from opmux.ops.checks.arguments import (
     check_real,
     check_same_device,
     check_tensor,
-    has_data,
-    input_error,
-    require,
-    shape_text,
-    value_text,
 )
-from opmux.ops.checks.cache import check_cache_pair
+from opmux.ops.checks.symbolic import has_data, require
 
 __all__ = [
     "check_concat_and_cache_mla",

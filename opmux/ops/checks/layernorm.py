@@ -13,17 +13,16 @@ from typing import Final
 
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import (
     check_devices,
     check_float_tensor,
     check_floating,
     check_real,
     check_same_device,
     check_tensor,
-    input_error,
-    require,
-    shape_text,
 )
+from opmux.ops.checks.symbolic import require
 
 __all__ = [
     "GATE_ACTIVATIONS",
