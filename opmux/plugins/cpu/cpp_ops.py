@@ -1,15 +1,14 @@
 """The ``cpp`` provider: opmux's C++ CPU kernels (``csrc/cpu``) behind the native signatures.
 
-Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one native runs,
-with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
-:class:`opmux.OpInputError`; then it allocates its outputs and calls the matching
-out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
-``ValueError`` from them becomes an ``OpInputError`` too. ``paged_attention`` reverses the
-order: its kernel checks every tensor condition first, and the shared check runs only when
-the kernel refuses (it then raises native's error). Each ``supports_args`` predicate
-accepts what the kernel handles of the inputs native accepts (CPU tensors, fp32/bf16/fp16,
-the layouts it reads) and never raises; anything else falls through to the next provider in
-the priority list.
+Each ``supports_args`` predicate accepts what the kernel handles of the inputs native accepts
+(CPU tensors, fp32/bf16/fp16, the layouts it reads) and never raises; anything else falls
+through to the next provider in the priority list, finally native, whose check gives the
+error. Where the predicate covers every static condition of native's check (the norms, the
+gated activations, rotary, the KV write, paged attention, advance step), the impl calls its
+kernel directly: the predicate is the acceptance test, the kernel's own checks (index values
+included) the last guard, and a ``ValueError`` from them becomes the op's
+:class:`opmux.OpInputError`. The other impls still run the op's shared check
+(:mod:`opmux.ops.checks`, with ``provider='cpp'``) before their kernel.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
