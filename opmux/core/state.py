@@ -17,7 +17,7 @@ it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from opmux.platforms.base import Detection, Platform
     from opmux.testing.case_table import CaseGenerator
 
-__all__ = ["Runtime", "claim", "install", "register_reset", "runtime"]
+__all__ = ["Runtime", "claim", "install", "runtime"]
 
 _V = TypeVar("_V")
 
@@ -77,9 +77,6 @@ class Runtime:
 
 #: the runtime object; a one-element list so that a reset swaps it for every reader
 _CURRENT: list[Runtime] = []
-#: the undo functions of modules whose state lies outside the object, run by the reset
-#: (the static-check memo's)
-_RESETS: dict[str, Callable[[], None]] = {}
 
 
 def runtime() -> Runtime:
@@ -92,18 +89,6 @@ def install(rt: Runtime) -> Runtime:
     old = _CURRENT[0] if _CURRENT else rt
     _CURRENT[:] = [rt]
     return old
-
-
-def register_reset(fn: Callable[[], None]) -> Callable[[], None]:
-    """Have :func:`opmux.testing.reset_for_tests` call ``fn``; usable as a decorator."""
-    _RESETS[f"{fn.__module__}.{fn.__qualname__}"] = fn
-    return fn
-
-
-def run_resets() -> None:
-    """Call every function given to :func:`register_reset`."""
-    for fn in list(_RESETS.values()):
-        fn()
 
 
 def claim(table: MutableMapping[str, _V], name: str, value: _V) -> _V | None:

@@ -3,6 +3,7 @@
 A layer built with a size or epsilon no op can take would otherwise fail later, inside a
 forward (``ZeroDivisionError``) or not at all (NaN outputs); these raise
 :class:`opmux.OpInputError` at construction, naming the layer, the argument and the range.
+Sizes go through :func:`opmux.ops.checks.check_int_range` (:func:`check_size`).
 """
 
 from __future__ import annotations
@@ -11,19 +12,17 @@ import math
 from typing import Any
 
 from opmux.core.errors import OpInputError
+from opmux.ops.checks import check_int_range
 
-__all__ = ["check_eps", "check_size"]
+__all__ = ["check_eps"]
 
 
-def check_size(layer: str, name: str, value: Any, low: int = 1) -> int:
-    """``value`` when it is an ``int`` (not ``bool``) >= ``low``.
+def check_size(layer: str, name: str, value: Any) -> int:
+    """``value`` when it is a positive ``int`` (not ``bool``).
 
     :raises opmux.OpInputError: naming ``layer`` and ``name``.
     """
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise OpInputError(f"{layer}: {name} must be an integer >= {low}, got {value!r}",
-                           argument=name)
-    return value
+    return int(check_int_range(value, f"{layer}: {name}", low=1, argument=name))
 
 
 def check_eps(layer: str, value: Any, name: str = "eps") -> float:

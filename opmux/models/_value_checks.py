@@ -1,8 +1,9 @@
 """Checks of the values users hand the engine: sizes, token ids, sampling settings.
 
 Each raises :class:`opmux.ConfigError` naming the argument, the value and the range, in the
-shape of the op checks (``"generate: max_tokens must be an integer in 0..2147483647, got
--1"``); ``bool`` is never taken for an integer and a float never truncated to one.
+shape of the op checks (``"generate: max_tokens expected an int in [0, 2147483647], got -1"``,
+from :func:`opmux.ops.checks.check_int_range`); ``bool`` is never taken for an integer and a
+float never truncated to one.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from opmux.core.errors import ConfigError
+from opmux.ops.checks import check_int_range
 
-__all__ = ["MAX_BLOCK_SIZE", "MAX_SEED", "check_int", "check_sampling", "check_token_ids"]
+__all__ = ["MAX_BLOCK_SIZE", "MAX_INT32", "MAX_SEED", "check_sampling", "check_token_ids"]
 
 MAX_BLOCK_SIZE: Final = 1 << 16
 """The largest KV-cache block size (tokens per block) the engine takes."""
@@ -22,22 +24,8 @@ MAX_BLOCK_SIZE: Final = 1 << 16
 MAX_SEED: Final = 2**63 - 1
 """The largest sampling seed (``torch.Generator.manual_seed`` takes 64-bit seeds)."""
 
-_MAX_INT: Final = 2**31 - 1
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_int(name: str, value: Any, low: int, high: int = _MAX_INT) -> int:
-    """``value`` when it is an ``int`` in ``low..high``.
-
-    :param name: who and what, for the message (``"Engine: block_size"``).
-    :raises opmux.ConfigError: otherwise.
-    """
-    if not _is_int(value) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
-    return int(value)
+MAX_INT32: Final = 2**31 - 1
+"""The largest count (``max_tokens``, ``top_k``) the engine takes."""
 
 
 def check_token_ids(prompts: Sequence[Sequence[Any]], vocab_size: int) -> list[int]:
@@ -71,5 +59,5 @@ def check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any) -> None:
                 or not math.isfinite(value) or not ok(value)):
             raise ConfigError(f"SamplingParams: {name} must be a finite number {expected}, "
                               f"got {value!r}")
-    check_int("SamplingParams: top_k", top_k, 0)
-    check_int("SamplingParams: seed", seed, 0, MAX_SEED)
+    check_int_range(top_k, "SamplingParams: top_k", low=0, high=MAX_INT32, error=ConfigError)
+    check_int_range(seed, "SamplingParams: seed", low=0, high=MAX_SEED, error=ConfigError)

@@ -29,12 +29,13 @@ from opmux.core.errors import ConfigError, OpmuxError
 from opmux.core.forward_context import forward_context
 from opmux.models._value_checks import (
     MAX_BLOCK_SIZE,
-    check_int,
+    MAX_INT32,
     check_sampling,
     check_token_ids,
 )
 from opmux.models.decoder import AttentionBatch, CausalLM
 from opmux.models.memory import check_fits, generation_needs
+from opmux.ops.checks import check_int_range
 
 __all__ = ["BlockAllocator", "Engine", "GenerationOutput", "SamplingParams"]
 
@@ -136,7 +137,8 @@ class Engine:
 
     def __init__(self, model: CausalLM, block_size: int = 16,
                  device: torch.device | None = None, pack_weights: bool = True) -> None:
-        check_int("Engine: block_size", block_size, 1, MAX_BLOCK_SIZE)
+        check_int_range(block_size, "Engine: block_size", low=1, high=MAX_BLOCK_SIZE,
+                        error=ConfigError)
         self.model = model
         self.block_size = block_size
         self.device = device or next(model.parameters()).device
@@ -170,7 +172,8 @@ class Engine:
         lens = [len(p) for p in prompts]
         if not prompts or min(lens) == 0:
             raise ConfigError("generate: every prompt needs at least one token")
-        check_int("generate: max_tokens", max_tokens, 0)
+        check_int_range(max_tokens, "generate: max_tokens", low=0, high=MAX_INT32,
+                        error=ConfigError)
         check_token_ids(prompts, cfg.vocab_size)
         if max(lens) + max_tokens > cfg.max_position:
             raise ConfigError(f"generate: prompt ({max(lens)}) + max_tokens ({max_tokens}) "

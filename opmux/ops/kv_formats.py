@@ -287,9 +287,9 @@ def resolve_kv_cache_format(op: str, name: str, *, provider: str = "native") -> 
     """
     fmt = _lookup(name)
     if fmt is None:
-        from opmux.ops.checks import arguments as arg
+        from opmux.ops.checks.input_errors import input_error
 
-        raise arg.input_error(op, provider, "kv_cache_format",
+        raise input_error(op, provider, "kv_cache_format",
                               f"a registered KV-cache format ({', '.join(_table().formats)}; "
                               "register others with opmux.register_kv_cache_format)", repr(name))
     return fmt
@@ -309,12 +309,12 @@ def canonical_caches(op: str, name: str, key_cache: Tensor, value_cache: Tensor,
     except OpmuxError:
         raise
     except (ValueError, RuntimeError, IndexError, TypeError) as exc:
-        from opmux.ops.checks import arguments as arg
+        from opmux.ops.checks.input_errors import input_error
 
         shapes = [list(t.shape) if isinstance(t, Tensor) else type(t).__name__
                   for t in (key_cache, value_cache)]
         why = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise arg.input_error(op, provider, "key_cache",
+        raise input_error(op, provider, "key_cache",
                               f"caches in KV-cache format {name!r} ({fmt.description})",
                               f"key and value {shapes[0]} and {shapes[1]}: {why}") from None
 
@@ -329,9 +329,9 @@ def require_kv_cache_format(op: str, name: str, provider: str,
     if name in accepted:
         return
     resolve_kv_cache_format(op, name, provider=provider)  # unknown names: the usual error
-    from opmux.ops.checks import arguments as arg
+    from opmux.ops.checks.input_errors import input_error
 
-    raise arg.input_error(op, provider, "kv_cache_format",
+    raise input_error(op, provider, "kv_cache_format",
                           f"a KV-cache format this provider reads ({', '.join(accepted)})",
                           repr(name))
 

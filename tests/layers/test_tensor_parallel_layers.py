@@ -186,10 +186,10 @@ def test_disabled_layers_run_forward_native(fresh_custom_ops: None) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    ((16, 4, 0, 0), "total_num_heads must be an integer >= 1, got 0"),
-    ((16, 0, 4, 2), "head_size must be an integer >= 1, got 0"),
+    ((16, 4, 0, 0), "total_num_heads expected a positive int, got 0"),
+    ((16, 0, 4, 2), "head_size expected a positive int, got 0"),
     ((16, 4, 2, 4), r"total_num_kv_heads \(4\) must not exceed total_num_heads \(2\)"),
-    ((16, 4, 4, 0), "total_num_kv_heads must be an integer >= 1, got 0"),
+    ((16, 4, 4, 0), "total_num_kv_heads expected a positive int, got 0"),
 ])
 def test_qkv_sizes_are_checked_at_construction(args: tuple[int, ...], message: str) -> None:
     from opmux.layers.linear import QKVParallelLinear

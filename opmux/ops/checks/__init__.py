@@ -12,8 +12,11 @@ native rejects::
         check_rms_norm(x, weight, eps, provider="my_vendor", read_data=False)
         ...
 
-Modules: :mod:`~opmux.ops.checks.arguments` (the one error builder and the checks of a single
-argument every family shares), then one per op family, named like the op modules of
+Modules: :mod:`~opmux.ops.checks.input_errors` (the one error builder),
+:mod:`~opmux.ops.checks.symbolic` (conditions under ``torch.compile``, whether values can be
+read), :mod:`~opmux.ops.checks.single_arguments` (the checks of one argument every family
+shares, with the one integer-range check), :mod:`~opmux.ops.checks.fakes` (fakes built from
+a check), then one per op family, named like the op modules of
 :mod:`opmux.ops`: ``activation``, ``attention``, ``cache``, ``communication``, ``layernorm``,
 ``moe``, ``quant``, ``rotary``, ``ssd``, ``ssm``.
 """
@@ -31,29 +34,6 @@ from opmux.ops.checks.activation import (
     check_swigluoai_and_mul,
     check_xielu,
 )
-from opmux.ops.checks.arguments import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_bool,
-    check_contiguous,
-    check_devices,
-    check_dtype,
-    check_float_tensor,
-    check_floating,
-    check_int,
-    check_rank,
-    check_real,
-    check_same_device,
-    check_tensor,
-    checked_fake,
-    has_data,
-    input_error,
-    is_concrete,
-    kernel_error,
-    require,
-    shape_text,
-    value_text,
-)
 from opmux.ops.checks.attention import (
     check_concat_and_cache_mla,
     check_encoder_attention,
@@ -66,6 +46,7 @@ from opmux.ops.checks.cache import (
     check_cache_pair,
     check_no_overlap,
     check_reshape_and_cache,
+    check_slot_values,
     checked_advance_step,
 )
 from opmux.ops.checks.communication import (
@@ -74,6 +55,8 @@ from opmux.ops.checks.communication import (
     group_size,
     resolve_group_for,
 )
+from opmux.ops.checks.fakes import checked_fake
+from opmux.ops.checks.input_errors import input_error, kernel_error, shape_text, value_text
 from opmux.ops.checks.layernorm import (
     GATE_ACTIVATIONS,
     check_fused_add_rms_norm,
@@ -97,6 +80,22 @@ from opmux.ops.checks.rotary import (
     check_rotary_embedding,
     rotary_heads,
 )
+from opmux.ops.checks.single_arguments import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_bool,
+    check_contiguous,
+    check_devices,
+    check_dtype,
+    check_float_tensor,
+    check_floating,
+    check_int,
+    check_int_range,
+    check_rank,
+    check_real,
+    check_same_device,
+    check_tensor,
+)
 from opmux.ops.checks.ssd import (
     check_ssd_chunk_scan,
     check_ssd_state_update,
@@ -109,6 +108,7 @@ from opmux.ops.checks.ssm import (
     check_selective_scan,
     check_selective_state_update,
 )
+from opmux.ops.checks.symbolic import has_data, is_concrete, require
 
 __all__ = [
     "ACTIVATIONS",
@@ -144,6 +144,7 @@ __all__ = [
     "check_gemma_rms_norm",
     "check_grouped_topk",
     "check_int",
+    "check_int_range",
     "check_mla_attention",
     "check_no_overlap",
     "check_paged_attention",
@@ -160,6 +161,7 @@ __all__ = [
     "check_selective_scan",
     "check_selective_state_update",
     "check_silu_and_mul",
+    "check_slot_values",
     "check_ssd_chunk_scan",
     "check_ssd_state_update",
     "check_swigluoai_and_mul",

@@ -2,7 +2,7 @@
 
 Same contract as every module of :mod:`opmux.ops.checks`: each ``check_<op>`` takes the op's
 arguments plus ``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built
-by :func:`~opmux.ops.checks.arguments.input_error`) naming op, provider, argument, expected
+by :func:`~opmux.ops.checks.input_errors.input_error`) naming op, provider, argument, expected
 and got, before anything is written.
 """
 
@@ -13,15 +13,9 @@ from typing import Final
 
 from torch import Tensor
 
-from opmux.ops.checks._memo import StaticMemo
-from opmux.ops.checks.arguments import (
-    check_float_tensor,
-    check_floating,
-    check_tensor,
-    input_error,
-    require,
-    shape_text,
-)
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import check_float_tensor, check_floating, check_tensor
+from opmux.ops.checks.symbolic import require
 
 __all__ = [
     "GELU_APPROXIMATIONS",
@@ -38,16 +32,10 @@ __all__ = [
 GELU_APPROXIMATIONS: Final = ("none", "tanh")
 """Valid values of ``gelu_and_mul``'s ``approximate``."""
 
-# layouts that passed the static checks (engines call silu_and_mul every step)
-_SILU_AND_MUL: Final = StaticMemo()
-
 
 def check_silu_and_mul(x: Tensor, *, provider: str = "native", read_data: bool = True) -> None:
     """Validate ``silu_and_mul(x)``: a floating ``x[..., 2*d]`` (at least 1-d)."""
-    layout = _SILU_AND_MUL.seen(provider, (x,))
-    if layout is not True:
-        check_gated("silu_and_mul", x, provider=provider)
-        _SILU_AND_MUL.add(layout)
+    check_gated("silu_and_mul", x, provider=provider)
 
 
 def check_gelu_and_mul(x: Tensor, approximate: str = "none", *, provider: str = "native",

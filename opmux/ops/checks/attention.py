@@ -3,7 +3,7 @@
 
 Same contract as every module of :mod:`opmux.ops.checks`: each ``check_<op>`` takes the op's
 arguments plus ``provider`` and ``read_data`` and raises :class:`opmux.OpInputError` (built
-by :func:`~opmux.ops.checks.arguments.input_error`) naming op, provider, argument, expected
+by :func:`~opmux.ops.checks.input_errors.input_error`) naming op, provider, argument, expected
 and got, before anything is written. Index values are read only when ``read_data`` is true
 and the tensors hold data (not meta, not fake, not traced).
 """
@@ -11,13 +11,13 @@ and the tensors hold data (not meta, not fake, not traced).
 from __future__ import annotations
 
 import itertools
-from typing import Final
 
 import torch
 from torch import Tensor
 
-from opmux.ops.checks._memo import StaticMemo
-from opmux.ops.checks.arguments import (
+from opmux.ops.checks.cache import check_cache_pair
+from opmux.ops.checks.input_errors import input_error, shape_text, value_text
+from opmux.ops.checks.single_arguments import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_dtype,
@@ -25,13 +25,8 @@ from opmux.ops.checks.arguments import (
     check_real,
     check_same_device,
     check_tensor,
-    has_data,
-    input_error,
-    require,
-    shape_text,
-    value_text,
 )
-from opmux.ops.checks.cache import check_cache_pair
+from opmux.ops.checks.symbolic import has_data, require
 
 __all__ = [
     "check_concat_and_cache_mla",
@@ -63,10 +58,7 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     op = "paged_attention"
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, soft_cap)
-    layout = _PAGED_ATTENTION.seen(provider, args)
-    if layout is not True:
-        _static_paged_attention(op, provider, *args)
-        _PAGED_ATTENTION.add(layout)
+    _static_paged_attention(op, provider, *args)
     if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
         return
     qsl = query_start_loc.tolist()
@@ -75,9 +67,6 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     _offsets(op, provider, "query_start_loc", qsl, num_tokens)
     check_paged_lens(op, provider, qsl, lens, block_tables, key_cache.shape[1],
                      key_cache.shape[0])
-
-
-_PAGED_ATTENTION: Final = StaticMemo()
 
 
 def _static_paged_attention(op: str, provider: str, query: Tensor, key_cache: Tensor,

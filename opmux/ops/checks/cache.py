@@ -14,14 +14,23 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from opmux.ops.checks import arguments as arg
-from opmux.ops.checks._memo import StaticMemo
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import (
+    check_dtype,
+    check_floating,
+    check_int,
+    check_rank,
+    check_same_device,
+    check_tensor,
+)
+from opmux.ops.checks.symbolic import has_data, is_concrete, require
 
 __all__ = [
     "check_advance_step_flashattn",
     "check_cache_pair",
     "check_no_overlap",
     "check_reshape_and_cache",
+    "check_slot_values",
     "checked_advance_step",
 ]
 
@@ -33,12 +42,12 @@ def check_no_overlap(op: str, provider: str, name: str, t: Tensor) -> None:
     """``t`` (written in place) must not alias itself: an expanded, stride-0 view would make
     the writes race, their result depending on the order. Symbolic layouts are checked when
     the compiled graph runs the op on real tensors."""
-    if not arg.is_concrete(*t.shape, *t.stride()):
+    if not is_concrete(*t.shape, *t.stride()):
         return
     if torch._debug_has_internal_overlap(t) == 1:
-        raise arg.input_error(op, provider, name, "a tensor whose elements do not overlap "
+        raise input_error(op, provider, name, "a tensor whose elements do not overlap "
                               "(no stride-0 dimension of size > 1)",
-                              f"strides {list(t.stride())} for {arg.shape_text(t)}")
+                              f"strides {list(t.stride())} for {shape_text(t)}")
 
 
 def check_cache_pair(op: str, provider: str, key_cache: Tensor,
@@ -49,26 +58,26 @@ def check_cache_pair(op: str, provider: str, key_cache: Tensor,
     Any strides are accepted: NHD or permuted HND buffers, K and V as two views of one
     allocation (``kv[:, 0]``, ``kv[:, 1]``), block-sliced views.
     """
-    key_cache = arg.check_tensor(op, provider, "key_cache", key_cache)
-    value_cache = arg.check_tensor(op, provider, "value_cache", value_cache)
-    arg.check_rank(op, provider, "key_cache", key_cache, 4, _CACHE_LAYOUT)
-    arg.check_floating(op, provider, "key_cache", key_cache)
-    arg.check_rank(op, provider, "value_cache", value_cache, 4, _CACHE_LAYOUT)
+    key_cache = check_tensor(op, provider, "key_cache", key_cache)
+    value_cache = check_tensor(op, provider, "value_cache", value_cache)
+    check_rank(op, provider, "key_cache", key_cache, 4, _CACHE_LAYOUT)
+    check_floating(op, provider, "key_cache", key_cache)
+    check_rank(op, provider, "value_cache", value_cache, 4, _CACHE_LAYOUT)
     for a, b in zip(value_cache.shape, key_cache.shape, strict=True):
-        arg.require(a == b, op, provider, "value_cache",
+        require(a == b, op, provider, "value_cache",
                     lambda: f"key_cache's shape {list(key_cache.shape)}",
-                    lambda: arg.shape_text(value_cache))
+                    lambda: shape_text(value_cache))
     if value_cache.dtype != key_cache.dtype:
-        raise arg.input_error(op, provider, "value_cache", f"key_cache's dtype {key_cache.dtype}",
+        raise input_error(op, provider, "value_cache", f"key_cache's dtype {key_cache.dtype}",
                               value_cache.dtype)
-    arg.check_same_device(op, provider, key_cache, value_cache=value_cache)
+    check_same_device(op, provider, key_cache, value_cache=value_cache)
     nb, bs, hkv, d = key_cache.shape
-    arg.require(bs > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive block_size "
-                "in dim 1", lambda: arg.shape_text(key_cache))
-    arg.require(hkv > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive Hkv in "
-                "dim 2", lambda: arg.shape_text(key_cache))
-    arg.require(d > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive D in dim 3",
-                lambda: arg.shape_text(key_cache))
+    require(bs > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive block_size "
+                "in dim 1", lambda: shape_text(key_cache))
+    require(hkv > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive Hkv in "
+                "dim 2", lambda: shape_text(key_cache))
+    require(d > 0, op, provider, "key_cache", f"{_CACHE_LAYOUT} with a positive D in dim 3",
+                lambda: shape_text(key_cache))
     return nb, bs, hkv, d
 
 
@@ -82,15 +91,9 @@ def check_reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
     view of their shapes.
     """
     op = "reshape_and_cache"
-    layout = _RESHAPE_AND_CACHE.seen(provider, (key, value, key_cache, value_cache, slot_mapping))
-    if layout is not True:
-        _static_reshape_and_cache(op, provider, key, value, key_cache, value_cache, slot_mapping)
-        _RESHAPE_AND_CACHE.add(layout)
-    if read_data and slot_mapping.numel() > 0 and arg.has_data(slot_mapping):
-        _check_slots(op, provider, slot_mapping, key_cache.shape[0] * key_cache.shape[1])
-
-
-_RESHAPE_AND_CACHE: Final = StaticMemo()
+    _static_reshape_and_cache(op, provider, key, value, key_cache, value_cache, slot_mapping)
+    if read_data:
+        check_slot_values(op, provider, slot_mapping, key_cache.shape[0] * key_cache.shape[1])
 
 
 def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor,
@@ -99,28 +102,28 @@ def _static_reshape_and_cache(op: str, provider: str, key: Tensor, value: Tensor
     _, _, hkv, d = check_cache_pair(op, provider, key_cache, value_cache)
     check_no_overlap(op, provider, "key_cache", key_cache)
     check_no_overlap(op, provider, "value_cache", value_cache)
-    key = arg.check_tensor(op, provider, "key", key)
-    value = arg.check_tensor(op, provider, "value", value)
-    slot_mapping = arg.check_tensor(op, provider, "slot_mapping", slot_mapping)
-    arg.check_rank(op, provider, "key", key, 3, "[T, Hkv, D]")
-    arg.require(key.shape[1] == hkv, op, provider, "key",
-                lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: arg.shape_text(key))
-    arg.require(key.shape[2] == d, op, provider, "key",
-                lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: arg.shape_text(key))
-    arg.check_rank(op, provider, "value", value, 3, "[T, Hkv, D] (key's shape)")
+    key = check_tensor(op, provider, "key", key)
+    value = check_tensor(op, provider, "value", value)
+    slot_mapping = check_tensor(op, provider, "slot_mapping", slot_mapping)
+    check_rank(op, provider, "key", key, 3, "[T, Hkv, D]")
+    require(key.shape[1] == hkv, op, provider, "key",
+                lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: shape_text(key))
+    require(key.shape[2] == d, op, provider, "key",
+                lambda: f"[T, {hkv}, {d}] (the cache's Hkv and D)", lambda: shape_text(key))
+    check_rank(op, provider, "value", value, 3, "[T, Hkv, D] (key's shape)")
     for a, b in zip(value.shape, key.shape, strict=True):
-        arg.require(a == b, op, provider, "value", lambda: f"key's shape {list(key.shape)}",
-                    lambda: arg.shape_text(value))
+        require(a == b, op, provider, "value", lambda: f"key's shape {list(key.shape)}",
+                    lambda: shape_text(value))
     for name, t in (("key", key), ("value", value)):
         if t.dtype != key_cache.dtype:
-            raise arg.input_error(op, provider, name, f"the cache's dtype {key_cache.dtype}",
+            raise input_error(op, provider, name, f"the cache's dtype {key_cache.dtype}",
                                   t.dtype)
-    arg.check_dtype(op, provider, "slot_mapping", slot_mapping, (torch.int64,))
-    arg.check_rank(op, provider, "slot_mapping", slot_mapping, 1, "[T] (one slot per token)")
-    arg.require(slot_mapping.shape[0] == key.shape[0], op, provider, "slot_mapping",
+    check_dtype(op, provider, "slot_mapping", slot_mapping, (torch.int64,))
+    check_rank(op, provider, "slot_mapping", slot_mapping, 1, "[T] (one slot per token)")
+    require(slot_mapping.shape[0] == key.shape[0], op, provider, "slot_mapping",
                 lambda: f"shape [{key.shape[0]}] (one slot per token)",
-                lambda: arg.shape_text(slot_mapping))
-    arg.check_same_device(op, provider, key_cache, key=key, value=value, slot_mapping=slot_mapping)
+                lambda: shape_text(slot_mapping))
+    check_same_device(op, provider, key_cache, key=key, value=value, slot_mapping=slot_mapping)
 
 
 _FEW_SLOTS: Final = 256
@@ -128,7 +131,12 @@ _FEW_SLOTS: Final = 256
 tensor ops' fixed cost for a decode batch."""
 
 
-def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
+def check_slot_values(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -> None:
+    """The values of ``slot_mapping`` (checked statically before): ``-1`` (skip) or a slot
+    in ``[0, num_slots)``, each slot at most once. Skipped when the values cannot be read
+    (meta, fake, tracing)."""
+    if slot_mapping.numel() == 0 or not has_data(slot_mapping):
+        return
     if slot_mapping.numel() <= _FEW_SLOTS:
         values = slot_mapping.tolist()
         lo, hi = min(values), max(values)
@@ -140,12 +148,12 @@ def _check_slots(op: str, provider: str, slot_mapping: Tensor, num_slots: int) -
         ordered = torch.sort(slot_mapping.reshape(-1)).values
         repeated = int(((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)).sum())
     if lo < -1 or hi >= num_slots:
-        raise arg.input_error(op, provider, "slot_mapping",
+        raise input_error(op, provider, "slot_mapping",
                               f"-1 (skip) or slots in [0, {num_slots}) (num_blocks*block_size)",
                           f"values in [{lo}, {hi}]")
     if repeated:
         # two tokens writing one slot would leave a provider-dependent winner
-        raise arg.input_error(op, provider, "slot_mapping", "distinct slots (each slot written "
+        raise input_error(op, provider, "slot_mapping", "distinct slots (each slot written "
                               "at most once per call; -1 may repeat)",
                           f"{repeated} repeated slot(s)")
 
@@ -165,60 +173,60 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
     position fits the block table and its block id is not negative.
     """
     op = "advance_step_flashattn"
-    arg.check_int(op, provider, "num_seqs", num_seqs, minimum=0)
-    arg.check_int(op, provider, "num_queries", num_queries, minimum=0)
-    arg.require(num_queries <= num_seqs, op, provider, "num_queries",
+    check_int(op, provider, "num_seqs", num_seqs, minimum=0)
+    check_int(op, provider, "num_queries", num_queries, minimum=0)
+    require(num_queries <= num_seqs, op, provider, "num_queries",
                 lambda: f"an int in [0, num_seqs={num_seqs}]", num_queries)
-    arg.check_int(op, provider, "block_size", block_size, minimum=1)
+    check_int(op, provider, "block_size", block_size, minimum=1)
     vectors = (("input_tokens", input_tokens, torch.int64),
                ("input_positions", input_positions, torch.int64),
                ("seq_lens", seq_lens, torch.int32),
                ("slot_mapping", slot_mapping, torch.int64))
     for name, t, dtype in vectors:
-        t = arg.check_tensor(op, provider, name, t)
-        arg.check_dtype(op, provider, name, t, (dtype,))
-        arg.check_rank(op, provider, name, t, 1, "[num_seqs]")
-        arg.require(t.shape[0] == num_seqs, op, provider, name,
-                    lambda: f"shape [{num_seqs}] (num_seqs)", lambda t=t: arg.shape_text(t))
+        t = check_tensor(op, provider, name, t)
+        check_dtype(op, provider, name, t, (dtype,))
+        check_rank(op, provider, name, t, 1, "[num_seqs]")
+        require(t.shape[0] == num_seqs, op, provider, name,
+                    lambda: f"shape [{num_seqs}] (num_seqs)", lambda t=t: shape_text(t))
         check_no_overlap(op, provider, name, t)
-    sampled = arg.check_tensor(op, provider, "sampled_token_ids", sampled_token_ids)
-    arg.check_dtype(op, provider, "sampled_token_ids", sampled, (torch.int64,))
+    sampled = check_tensor(op, provider, "sampled_token_ids", sampled_token_ids)
+    check_dtype(op, provider, "sampled_token_ids", sampled, (torch.int64,))
     if sampled.dim() == 1:
-        arg.require(sampled.shape[0] == num_queries, op, provider, "sampled_token_ids",
+        require(sampled.shape[0] == num_queries, op, provider, "sampled_token_ids",
                     lambda: f"shape [{num_queries}, 1] or [{num_queries}] (num_queries)",
-                    lambda: arg.shape_text(sampled))
+                    lambda: shape_text(sampled))
     elif sampled.dim() == 2:
-        arg.require(sampled.shape[0] >= num_queries, op, provider, "sampled_token_ids",
+        require(sampled.shape[0] >= num_queries, op, provider, "sampled_token_ids",
                     lambda: f"shape [{num_queries}, 1] (num_queries; extra rows are ignored)",
-                    lambda: arg.shape_text(sampled))
-        arg.require(sampled.shape[1] == 1, op, provider, "sampled_token_ids",
+                    lambda: shape_text(sampled))
+        require(sampled.shape[1] == 1, op, provider, "sampled_token_ids",
                     lambda: f"shape [{num_queries}, 1] (num_queries)",
-                    lambda: arg.shape_text(sampled))
+                    lambda: shape_text(sampled))
     else:
-        raise arg.input_error(op, provider, "sampled_token_ids",
-                              f"shape [{num_queries}, 1] (num_queries)", arg.shape_text(sampled))
-    block_tables = arg.check_tensor(op, provider, "block_tables", block_tables)
-    arg.check_dtype(op, provider, "block_tables", block_tables, (torch.int32,))
-    arg.check_rank(op, provider, "block_tables", block_tables, 2, "[num_seqs, max_blocks]")
-    arg.require(block_tables.shape[0] == num_seqs, op, provider, "block_tables",
+        raise input_error(op, provider, "sampled_token_ids",
+                              f"shape [{num_queries}, 1] (num_queries)", shape_text(sampled))
+    block_tables = check_tensor(op, provider, "block_tables", block_tables)
+    check_dtype(op, provider, "block_tables", block_tables, (torch.int32,))
+    check_rank(op, provider, "block_tables", block_tables, 2, "[num_seqs, max_blocks]")
+    require(block_tables.shape[0] == num_seqs, op, provider, "block_tables",
                 lambda: f"shape [{num_seqs}, max_blocks] (num_seqs rows)",
-                lambda: arg.shape_text(block_tables))
-    arg.check_same_device(op, provider, input_tokens, sampled_token_ids=sampled,
+                lambda: shape_text(block_tables))
+    check_same_device(op, provider, input_tokens, sampled_token_ids=sampled,
                           input_positions=input_positions, seq_lens=seq_lens,
                           slot_mapping=slot_mapping, block_tables=block_tables)
-    if not (read_data and arg.is_concrete(num_queries) and num_queries > 0
-            and arg.has_data(seq_lens, block_tables)):
+    if not (read_data and is_concrete(num_queries) and num_queries > 0
+            and has_data(seq_lens, block_tables)):
         return
     lens = seq_lens[:num_queries]
     lo, hi = (int(v) for v in torch.aminmax(lens))
     capacity = int(block_tables.shape[1]) * block_size
     if lo < 0 or hi >= capacity:
-        raise arg.input_error(op, provider, "seq_lens", f"values in [0, {capacity}) (the next "
+        raise input_error(op, provider, "seq_lens", f"values in [0, {capacity}) (the next "
                               f"position must fit max_blocks*block_size) for the first "
                           f"{num_queries} sequences", f"values in [{lo}, {hi}]")
     blocks = block_tables[:num_queries].gather(1, (lens.long() // block_size).unsqueeze(1))
     if int(blocks.min()) < 0:
-        raise arg.input_error(op, provider, "block_tables", "non-negative block ids at the next "
+        raise input_error(op, provider, "block_tables", "non-negative block ids at the next "
                               "position of each sequence", blocks.flatten().tolist())
 
 

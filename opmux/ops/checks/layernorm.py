@@ -13,18 +13,16 @@ from typing import Final
 
 from torch import Tensor
 
-from opmux.ops.checks._memo import StaticMemo
-from opmux.ops.checks.arguments import (
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import (
     check_devices,
     check_float_tensor,
     check_floating,
     check_real,
     check_same_device,
     check_tensor,
-    input_error,
-    require,
-    shape_text,
 )
+from opmux.ops.checks.symbolic import require
 
 __all__ = [
     "GATE_ACTIVATIONS",
@@ -37,10 +35,6 @@ __all__ = [
 
 GATE_ACTIVATIONS: Final = ("sigmoid", "silu", "swish")
 """Valid values of ``rms_norm_gated``'s ``activation`` (``silu`` and ``swish`` are the same)."""
-
-# layouts that passed the static checks of the norms engines call every step
-_RMS_NORM: Final = StaticMemo()
-_FUSED_ADD_RMS_NORM: Final = StaticMemo()
 
 
 def _check_norm(op: str, provider: str, x: Tensor, weight: Tensor, eps: float) -> None:
@@ -64,21 +58,15 @@ def check_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, *, provider: st
                    read_data: bool = True) -> None:
     """Validate ``rms_norm(x, weight, eps)``: floating ``x[..., d]``, ``weight[d]`` on x's
     device, ``eps`` a non-negative, non-NaN float."""
-    layout = _RMS_NORM.seen(provider, (x, weight, eps))
-    if layout is not True:
-        _check_norm("rms_norm", provider, x, weight, eps)
-        check_devices("rms_norm", provider, {"x": x, "weight": weight})
-        _RMS_NORM.add(layout)
+    _check_norm("rms_norm", provider, x, weight, eps)
+    check_devices("rms_norm", provider, {"x": x, "weight": weight})
 
 
 def check_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
                              *, provider: str = "native", read_data: bool = True) -> None:
     """Validate ``fused_add_rms_norm``: as :func:`check_rms_norm`, plus ``residual`` with
     x's shape, dtype and device."""
-    layout = _FUSED_ADD_RMS_NORM.seen(provider, (x, residual, weight, eps))
-    if layout is not True:
-        _static_fused_add_rms_norm(x, residual, weight, eps, provider)
-        _FUSED_ADD_RMS_NORM.add(layout)
+    _static_fused_add_rms_norm(x, residual, weight, eps, provider)
 
 
 def _static_fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,

@@ -14,13 +14,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
+from opmux.ops.checks.input_errors import input_error
+from opmux.ops.checks.single_arguments import (
     check_bool,
     check_int,
     check_real,
     check_same_device,
     check_tensor,
-    input_error,
 )
 
 __all__ = [

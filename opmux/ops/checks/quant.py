@@ -10,12 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
-    check_float_tensor,
-    check_same_device,
-    check_tensor,
-    input_error,
-)
+from opmux.ops.checks.input_errors import input_error
+from opmux.ops.checks.single_arguments import check_float_tensor, check_same_device, check_tensor
 
 __all__ = ["check_quant_fp8"]
 

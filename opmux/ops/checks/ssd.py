@@ -12,14 +12,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_tensor,
-    has_data,
-    input_error,
-    shape_text,
-)
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from opmux.ops.checks.symbolic import has_data
 
 __all__ = ["check_ssd_chunk_scan", "check_ssd_state_update"]
 

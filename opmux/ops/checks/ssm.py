@@ -14,16 +14,15 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from opmux.ops.checks.arguments import (
+from opmux.ops.checks.input_errors import input_error, shape_text
+from opmux.ops.checks.single_arguments import (
     INDEX_DTYPES,
     check_floating,
     check_rank,
     check_same_device,
     check_tensor,
-    has_data,
-    input_error,
-    shape_text,
 )
+from opmux.ops.checks.symbolic import has_data
 
 __all__ = [
     "ACTIVATIONS",

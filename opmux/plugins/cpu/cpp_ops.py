@@ -1,15 +1,14 @@
 """The ``cpp`` provider: opmux's C++ CPU kernels (``csrc/cpu``) behind the native signatures.
 
-Each impl first runs the op's shared check (:mod:`opmux.ops.checks`, the one native runs,
-with ``provider='cpp'``), so ``cpp`` refuses exactly what native refuses, with the same
-:class:`opmux.OpInputError`; then it allocates its outputs and calls the matching
-out-variant in ``torch.ops.opmux_cpu``. The kernels check again before writing anything; a
-``ValueError`` from them becomes an ``OpInputError`` too. ``paged_attention`` reverses the
-order: its kernel checks every tensor condition first, and the shared check runs only when
-the kernel refuses (it then raises native's error). Each ``supports_args`` predicate
-accepts what the kernel handles of the inputs native accepts (CPU tensors, fp32/bf16/fp16,
-the layouts it reads) and never raises; anything else falls through to the next provider in
-the priority list.
+Each ``supports_args`` predicate accepts what the kernel handles of the inputs native accepts
+(CPU tensors, fp32/bf16/fp16, the layouts it reads) and never raises; anything else falls
+through to the next provider in the priority list, finally native, whose check gives the
+error. Where the predicate covers every static condition of native's check (the norms, the
+gated activations, rotary, the KV write, paged attention, advance step), the impl calls its
+kernel directly: the predicate is the acceptance test, the kernel's own checks (index values
+included) the last guard, and a ``ValueError`` from them becomes the op's
+:class:`opmux.OpInputError`. The other impls still run the op's shared check
+(:mod:`opmux.ops.checks`, with ``provider='cpp'``) before their kernel.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
@@ -20,12 +19,9 @@ import torch
 from torch import Tensor
 
 from opmux.ops.checks import (
-    check_paged_attention,
     check_quant_fp8,
-    check_reshape_and_cache,
     check_rms_norm_gated,
-    check_rotary_embedding,
-    checked_advance_step,
+    check_slot_values,
     kernel_error,
 )
 from opmux.ops.kv_formats import (
@@ -76,11 +72,6 @@ def _token_rows(t: Tensor, tokens: int) -> Tensor:
         return t
     rows = t.reshape(tokens, t.numel() // tokens if tokens else 0)
     return rows if rows.stride(1) == 1 or rows.shape[1] <= 1 else rows.contiguous()
-
-
-def _rows_view(out: Tensor, tokens: int) -> Tensor:
-    """A fresh contiguous output as ``[tokens, width]`` for the kernel (as it is when empty)."""
-    return out if out.dim() == 2 or not tokens else out.view(tokens, -1)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -195,42 +186,59 @@ def gelu_and_mul_supports(x: Tensor, approximate: str = "none") -> bool:
 # ----------------------------------------------------------------------------- rotary
 def rotary_embedding(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor,
                      head_size: int, is_neox: bool = True) -> tuple[Tensor, Tensor]:
-    # the kernel checks the position range itself before writing (no second pass here)
-    check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
-                           provider=PROVIDER, read_data=False)
-    # any positions shape and either query form: the kernel reads [T] positions and
-    # [T, H*D] rows; strided or stride-0 positions are copied, rows are views when the
-    # strides allow
-    flat = positions if positions.dim() == 1 else positions.reshape(-1)
-    if flat.stride(0) != 1:
-        flat = flat.contiguous()
+    # the kernel reads [T] positions and [T, H*D] rows and checks the position range itself
+    # before writing; other layouts of the same elements are reshaped (views when the strides
+    # allow, else copies)
+    if positions.dim() == 1 and positions.stride(0) == 1:
+        flat = positions
+    else:
+        flat = positions.reshape(-1).contiguous()
     tokens = flat.shape[0]
-    q_rows, k_rows = _token_rows(query, tokens), _token_rows(key, tokens)
+    if query.dim() == 2 and query.stride(1) == 1 and key.dim() == 2 and key.stride(1) == 1:
+        q_rows, k_rows = query, key
+    else:
+        q_rows, k_rows = _token_rows(query, tokens), _token_rows(key, tokens)
     query_out = torch.empty_like(query, memory_format=torch.contiguous_format)
     key_out = torch.empty_like(key, memory_format=torch.contiguous_format)
     try:
-        K.rotary_embedding_out(_rows_view(query_out, tokens), _rows_view(key_out, tokens),
-                                flat, q_rows, k_rows, cos_sin_cache, head_size, is_neox)
+        K.rotary_embedding_out(
+            query_out if query.dim() == 2 or not tokens else query_out.view(tokens, -1),
+            key_out if key.dim() == 2 or not tokens else key_out.view(tokens, -1),
+            flat, q_rows, k_rows, cos_sin_cache, head_size, is_neox)
     except ValueError as exc:
         raise kernel_error("rotary_embedding", PROVIDER, exc,
                            "positions" if "positions[" in str(exc) else None) from None
     return query_out, key_out
 
 
-def _rotary_tensors_ok(positions: Tensor, query: Tensor, key: Tensor,
-                       cos_sin_cache: Tensor) -> bool:
-    return (cpu_float(query) and isinstance(key, Tensor) and key.dtype == query.dtype
-            and isinstance(cos_sin_cache, Tensor) and cos_sin_cache.dtype == query.dtype
-            and _cpu_tensor(positions) and positions.dtype == torch.int64
-            and key.is_cpu and cos_sin_cache.is_cpu and cos_sin_cache.is_contiguous())
-
-
-rotary_embedding_supports = predicate(rotary_embedding, _rotary_tensors_ok)
+def rotary_embedding_supports(positions: Tensor, query: Tensor, key: Tensor,
+                              cos_sin_cache: Tensor, head_size: int,
+                              is_neox: bool = True) -> bool:
+    # native's static conditions on CPU tensors of a kernel dtype: int64 positions of any
+    # shape P (at least 1-d); query and key [*P, heads*head_size] or [*P, heads, head_size]
+    # of one dtype; a contiguous [max_position, rot] cache of that dtype with an even
+    # 0 < rot <= head_size. Written inline: this runs on every call.
+    if not (isinstance(positions, Tensor) and positions.dtype == torch.int64
+            and positions.is_cpu and isinstance(query, Tensor) and query.dtype in FLOATS
+            and query.is_cpu and isinstance(key, Tensor) and key.dtype == query.dtype
+            and key.is_cpu and isinstance(cos_sin_cache, Tensor)
+            and cos_sin_cache.dtype == query.dtype and cos_sin_cache.is_cpu
+            and cos_sin_cache.dim() == 2 and cos_sin_cache.is_contiguous()
+            and type(head_size) is int and head_size > 0 and type(is_neox) is bool):
+        return False
+    lead = positions.dim()
+    rot = cos_sin_cache.shape[1]
+    pshape = positions.shape
+    qdim, kdim = query.dim(), key.dim()
+    return (lead >= 1 and rot % 2 == 0 and 0 < rot <= head_size
+            and query.shape[:lead] == pshape and key.shape[:lead] == pshape
+            and ((qdim == lead + 2 and query.shape[-1] == head_size)
+                 or (qdim == lead + 1 and query.shape[-1] % head_size == 0))
+            and ((kdim == lead + 2 and key.shape[-1] == head_size)
+                 or (kdim == lead + 1 and key.shape[-1] % head_size == 0)))
 
 
 # ----------------------------------------------------------------------------- kv cache
-# The KV-cache impls run the catalog's own check first (provider 'cpp'), so they accept and
-# reject exactly what native does; the kernels' checks stay as a guard.
 def _tensors(*ts: object) -> bool:
     return all(isinstance(t, Tensor) for t in ts)
 
@@ -246,28 +254,49 @@ def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache
         key_cache, value_cache = resolve_kv_cache_format(
             "reshape_and_cache", kv_cache_format, provider=PROVIDER).to_canonical(
                 key_cache, value_cache)
-    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                            provider=PROVIDER)
+    # slot values are data: the kernel checks their range, but not that each slot is written
+    # once, which native requires (two tokens on one slot leave an order-dependent winner)
+    check_slot_values("reshape_and_cache", PROVIDER, slot_mapping,
+                      key_cache.shape[0] * key_cache.shape[1])
     call("reshape_and_cache", K.reshape_and_cache, key, value, key_cache, value_cache,
           slot_mapping)
 
 
 def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                                slot_mapping: Tensor, kv_cache_format: str = "canonical") -> bool:
+    # native's static conditions on CPU tensors of one kernel dtype: caches [nb, bs, Hkv, D]
+    # of one shape with positive bs, Hkv and D whose elements do not overlap, key and value
+    # [T, Hkv, D], an int64 slot_mapping [T]; the kernel reads rows of D contiguous
+    # elements, any other strides
     if kv_cache_format != "canonical":
         if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
                 and key_cache.dim() == 4 and value_cache.dim() == 4):
             return False
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
-    # any cache and slot_mapping strides; heads must be contiguous rows of D elements
-    return (_tensors(key, value, key_cache, value_cache, slot_mapping)
-            and key_cache.is_cpu and key.is_cpu and value.is_cpu and value_cache.is_cpu
-            and slot_mapping.is_cpu and key_cache.dim() == 4 and value_cache.dim() == 4
+    if not (_tensors(key, value, key_cache, value_cache, slot_mapping)
+            and key_cache.dtype in FLOATS and key_cache.is_cpu and key_cache.dim() == 4
+            and value_cache.dtype == key_cache.dtype and value_cache.is_cpu
+            and value_cache.shape == key_cache.shape and key.dtype == key_cache.dtype
+            and key.is_cpu and key.dim() == 3 and value.dtype == key_cache.dtype
+            and value.is_cpu and value.shape == key.shape and slot_mapping.dtype == torch.int64
+            and slot_mapping.is_cpu and slot_mapping.dim() == 1
+            and slot_mapping.shape[0] == key.shape[0]):
+        return False
+    _, bs, hkv, d = key_cache.shape
+    return (bs > 0 and hkv > 0 and d > 0 and key.shape[1] == hkv and key.shape[2] == d
             and key_cache.stride(3) == 1 and value_cache.stride(3) == 1
-            and key.dtype == key_cache.dtype and value.dtype == key_cache.dtype
-            and value_cache.dtype == key_cache.dtype and slot_mapping.dtype == torch.int64
-            and key.dim() == 3 and key.stride(2) == 1
-            and value.dim() == 3 and value.stride(2) == 1)
+            and key.stride(2) == 1 and value.stride(2) == 1
+            and torch._debug_has_internal_overlap(key_cache) != 1
+            and torch._debug_has_internal_overlap(value_cache) != 1)
+
+
+_INDEXES: Final = ("query_start_loc", "seq_lens", "block_tables")
+
+
+def _index_culprit(message: str) -> Optional[str]:
+    """The index argument a kernel's value error names first (its messages quote them)."""
+    found = [(message.find(name), name) for name in _INDEXES if name in message]
+    return min(found)[1] if found else None
 
 
 def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tables: Tensor,
@@ -278,49 +307,18 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     if kv_cache_format != "canonical":
         require_kv_cache_format("paged_attention", kv_cache_format, PROVIDER, _FORMATS)
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
-    # The kernel checks every tensor condition of the shared check (types, ranks, sizes,
-    # dtypes, and the values of the int32 tensors it reads) before it writes anything, so
-    # only the scalars are checked here first and each tensor is inspected once per call
-    # (benchmarks/transformers_cpu.py). When the kernel refuses, the shared check runs and
-    # raises native's error for the bad argument; a condition it does not cover becomes
-    # kernel_error.
-    if not _attention_scalars_ok(scale, sliding_window, soft_cap):
-        check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                              query_start_loc, scale, sliding_window, soft_cap,
-                              provider=PROVIDER, read_data=False)
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
     try:
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
+        # the kernel checks the values of the index tensors (native's value checks) before
+        # it writes anything
         K.paged_attention_out(out, query, key_cache, value_cache, block_tables, seq_lens,
                               query_start_loc, scale,
                               -1 if sliding_window is None else sliding_window,
                               0.0 if soft_cap is None else soft_cap)
-    except Exception as exc:
-        check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                              query_start_loc, scale, sliding_window, soft_cap,
-                              provider=PROVIDER)
-        if isinstance(exc, ValueError):
-            raise kernel_error("paged_attention", PROVIDER, exc) from None
-        raise
+    except ValueError as exc:
+        raise kernel_error("paged_attention", PROVIDER, exc,
+                           _index_culprit(str(exc))) from None
     return out
-
-
-def _attention_scalars_ok(scale: float, sliding_window: Optional[int],
-                          soft_cap: Optional[float]) -> bool:
-    # what the shared check asks of the scalars, which the kernel cannot see (it takes -1
-    # and 0.0 for "none"): a real scale that is not NaN, a positive window and soft cap
-    return (type(scale) in (float, int) and scale == scale
-            and (sliding_window is None
-                 or (type(sliding_window) is int and sliding_window > 0))
-            and (soft_cap is None or (type(soft_cap) in (float, int) and soft_cap > 0)))
-
-
-def _dense_blocks(cache: Tensor) -> bool:
-    # dense NHD [bs, Hkv, D] or HND [Hkv, bs, D] blocks (canonical, or the hnd format's view)
-    if cache.dim() != 4 or cache.stride(3) != 1:
-        return False
-    _, bs, hkv, d = cache.shape
-    return ((cache.stride(2) == d and cache.stride(1) == hkv * d)
-            or (cache.stride(1) == d and cache.stride(2) == bs * d))
 
 
 def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -328,48 +326,95 @@ def paged_attention_supports(query: Tensor, key_cache: Tensor, value_cache: Tens
                              scale: float, sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None,
                              kv_cache_format: str = "canonical") -> bool:
-    # what the kernel needs of an input native accepts: a CPU float query with a contiguous
-    # head dim, caches whose blocks are dense [bs, Hkv, D] or [Hkv, bs, D] and share strides
-    # (blocks may lie apart: key and value halves of one buffer), at most _MAX_GQA_GROUP query
-    # heads per kv head, contiguous int32 index tensors; other views run on the next
-    # provider. What native refuses too (mismatched dtypes, devices or sizes, bad scalars)
-    # is left to the impl, which raises native's error for it.
+    # native's static conditions as the kernel takes them: a CPU query [T, H, D] of a kernel
+    # dtype with a contiguous head dim; caches of its dtype and one shape [nb, bs, Hkv, D]
+    # (positive bs, Hkv, D = query's D, H a multiple of Hkv, at most _MAX_GQA_GROUP query
+    # heads per kv head) whose blocks are dense [bs, Hkv, D] or [Hkv, bs, D] with shared
+    # strides (blocks may lie apart: key and value halves of one buffer); contiguous int32
+    # block_tables [S, max_blocks], seq_lens [S] and query_start_loc [S + 1]; a real scale
+    # that is not NaN, a positive sliding_window and soft_cap or None. Written inline: this
+    # runs on every call.
     if kv_cache_format != "canonical":
         if not (kv_cache_format in _FORMATS and _tensors(key_cache, value_cache)
                 and key_cache.dim() == 4 and value_cache.dim() == 4):
             return False
         key_cache, value_cache = HND.to_canonical(key_cache, value_cache)
-    return (_tensors(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
-            and cpu_float(query) and query.dim() == 3 and query.stride(2) == 1
-            and _dense_blocks(key_cache) and value_cache.stride() == key_cache.stride()
-            and query.shape[1] <= _MAX_GQA_GROUP * key_cache.shape[2]
-            and block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32
-            and query_start_loc.dtype == torch.int32 and block_tables.is_contiguous()
-            and seq_lens.is_contiguous() and query_start_loc.is_contiguous())
+    if not (isinstance(query, Tensor) and query.dtype in FLOATS and query.is_cpu
+            and query.dim() == 3 and query.stride(2) == 1
+            and isinstance(key_cache, Tensor) and key_cache.dtype == query.dtype
+            and key_cache.is_cpu and key_cache.dim() == 4 and key_cache.stride(3) == 1
+            and isinstance(value_cache, Tensor) and value_cache.dtype == query.dtype
+            and value_cache.is_cpu and value_cache.shape == key_cache.shape
+            and value_cache.stride() == key_cache.stride()
+            and isinstance(block_tables, Tensor) and block_tables.dtype == torch.int32
+            and block_tables.is_cpu and block_tables.dim() == 2
+            and block_tables.is_contiguous()
+            and isinstance(seq_lens, Tensor) and seq_lens.dtype == torch.int32
+            and seq_lens.is_cpu and seq_lens.dim() == 1 and seq_lens.is_contiguous()
+            and isinstance(query_start_loc, Tensor) and query_start_loc.dtype == torch.int32
+            and query_start_loc.is_cpu and query_start_loc.dim() == 1
+            and query_start_loc.is_contiguous()
+            and type(scale) in (float, int) and scale == scale
+            and (sliding_window is None
+                 or (type(sliding_window) is int and sliding_window > 0))
+            and (soft_cap is None or (type(soft_cap) in (float, int) and soft_cap > 0))):
+        return False
+    _, bs, hkv, d = key_cache.shape
+    _, heads, head_size = query.shape
+    s1, s2 = key_cache.stride(1), key_cache.stride(2)
+    seqs = block_tables.shape[0]
+    return (bs > 0 and hkv > 0 and d > 0 and head_size == d and heads % hkv == 0
+            and heads <= _MAX_GQA_GROUP * hkv
+            and ((s2 == d and s1 == hkv * d) or (s1 == d and s2 == bs * d))
+            and seq_lens.shape[0] == seqs and query_start_loc.shape[0] == seqs + 1)
 
 
-advance_step_flashattn = checked_advance_step(
-    PROVIDER, lambda *args: call("advance_step_flashattn", K.advance_step_flashattn, *args))
+_STEP_TENSORS: Final = ("input_tokens", "sampled_token_ids", "input_positions", "seq_lens",
+                        "slot_mapping", "block_tables")
 
 
-def _advance_step_tensors_ok(input_tokens: Tensor, sampled_token_ids: Tensor,
-                             input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
-                             block_tables: Tensor) -> bool:
-    # sampled_token_ids ([n], [n, 1] or more rows) and block_tables are read through their
-    # strides; the kernel writes the four state vectors as contiguous arrays (native takes
-    # strided ones)
-    state = (input_tokens, sampled_token_ids, input_positions, seq_lens, slot_mapping,
-             block_tables)
-    return (_tensors(*state) and all(t.is_cpu for t in state)
-            and input_tokens.is_contiguous() and input_positions.is_contiguous()
-            and seq_lens.is_contiguous() and slot_mapping.is_contiguous()
-            and input_tokens.dtype == torch.int64
-            and sampled_token_ids.dtype == torch.int64 and input_positions.dtype == torch.int64
+def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                           input_tokens: Tensor, sampled_token_ids: Tensor,
+                           input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
+                           block_tables: Tensor) -> None:
+    try:
+        # the kernel checks the next positions against seq_lens and block_tables (native's
+        # value checks) before it writes anything
+        K.advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
+                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
+                                 block_tables)
+    except ValueError as exc:
+        text = str(exc)
+        found = [(text.find(name), name) for name in _STEP_TENSORS if name in text]
+        raise kernel_error("advance_step_flashattn", PROVIDER, exc,
+                           min(found)[1] if found else None) from None
+
+
+def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size: int,
+                                    input_tokens: Tensor, sampled_token_ids: Tensor,
+                                    input_positions: Tensor, seq_lens: Tensor,
+                                    slot_mapping: Tensor, block_tables: Tensor) -> bool:
+    # native's static conditions on CPU tensors: ints 0 <= num_queries <= num_seqs and
+    # block_size >= 1; int64 input_tokens, input_positions, slot_mapping and int32 seq_lens,
+    # each [num_seqs] (the kernel writes them as contiguous arrays, native takes strided
+    # ones); int64 sampled_token_ids [num_queries] or [rows >= num_queries, 1]; int32
+    # block_tables [num_seqs, max_blocks] (both read through their strides)
+    state = (input_tokens, input_positions, seq_lens, slot_mapping)
+    if not (type(num_seqs) is int and type(num_queries) is int and type(block_size) is int
+            and 0 <= num_queries <= num_seqs and block_size >= 1
+            and _tensors(*state, sampled_token_ids, block_tables)):
+        return False
+    sampled = sampled_token_ids
+    return (all(t.is_cpu and t.dim() == 1 and t.shape[0] == num_seqs and t.is_contiguous()
+                for t in state)
+            and input_tokens.dtype == torch.int64 and input_positions.dtype == torch.int64
             and seq_lens.dtype == torch.int32 and slot_mapping.dtype == torch.int64
-            and block_tables.dtype == torch.int32)
-
-
-advance_step_flashattn_supports = predicate(advance_step_flashattn, _advance_step_tensors_ok)
+            and sampled.dtype == torch.int64 and sampled.is_cpu
+            and ((sampled.dim() == 1 and sampled.shape[0] == num_queries)
+                 or (sampled.dim() == 2 and sampled.shape[0] >= num_queries
+                     and sampled.shape[1] == 1))
+            and block_tables.dtype == torch.int32 and block_tables.is_cpu
+            and block_tables.dim() == 2 and block_tables.shape[0] == num_seqs)
 
 
 # ----------------------------------------------------------------------------- more rotary

@@ -14,6 +14,7 @@ import torch
 
 import opmux
 from opmux.layers import GemmaRMSNorm, RMSNorm, SiluAndMul
+from opmux.testing import paged_batch
 
 
 def _frames(call: Callable[[], Any]) -> list[str]:
@@ -47,6 +48,19 @@ def test_an_op_call_is_six_frames(dtype: torch.dtype) -> None:
         assert op.dispatch(*args).provider == "cpp"
         frames = _frames(lambda op=op, args=args: op(*args))
         assert len(frames) <= 6, frames
+
+
+def test_attention_and_rotary_calls_are_six_frames() -> None:
+    batch = paged_batch([3, 1], [7, 9], heads=4, kv_heads=2, head_size=16, block_size=4,
+                        dtype=torch.float32, unused=-1, seed=0).as_dict()
+    attention = (*batch.values(), 0.25, None, None)
+    q, k = torch.randn(5, 4 * 16), torch.randn(5, 2 * 16)
+    rotary = (torch.arange(5), q, k, torch.randn(32, 16), 16, True)
+    for name, args in (("paged_attention", attention), ("rotary_embedding", rotary)):
+        op = opmux.get_op(name)
+        assert op.dispatch(*args).provider == "cpp", name
+        frames = _frames(lambda op=op, args=args: op(*args))
+        assert len(frames) <= 6, (name, frames)
 
 
 def test_a_layer_call_is_nine_frames() -> None:

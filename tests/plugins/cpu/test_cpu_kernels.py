@@ -168,14 +168,18 @@ def test_reshape_and_cache(cpp: Any, dtype: torch.dtype) -> None:
 def test_reshape_and_cache_bad_slot_writes_nothing(cpp: Any) -> None:
     key = torch.randn(3, 1, 8)
     kc, vc = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
-    # the impl runs the catalog's check (one message format) ...
+    # the impl checks the slot values (data the predicate does not read) ...
     with pytest.raises(OpInputError, match=r"opmux::reshape_and_cache \(provider 'cpp'\): "
                                            r"argument 'slot_mapping' expected -1 \(skip\) or "
                                            r"slots in \[0, 8\).*got values in \[0, 8\]"):
         cpp.reshape_and_cache(key, key, kc, vc, torch.tensor([0, 1, 8]))
     assert not kc.any() and not vc.any()
-    with pytest.raises(OpInputError, match=r"'key' expected the cache's dtype"):
-        cpp.reshape_and_cache(key.half(), key.half(), kc, vc, torch.tensor([0, 1, 2]))
+    # ... the predicate declines what native refuses, and native says what is wrong ...
+    bad = (key.half(), key.half(), kc, vc, torch.tensor([0, 1, 2]))
+    assert not cpp.reshape_and_cache_supports(*bad)
+    with pytest.raises(OpInputError, match=r"\(provider 'native'\): argument 'key' expected "
+                                           r"the cache's dtype"):
+        opmux.ops.reshape_and_cache(*bad)
     # ... and the kernel keeps its own guard, read through the slot mapping's stride
     kernel = torch.ops.opmux_cpu.reshape_and_cache
     with pytest.raises(ValueError, match=r"slot_mapping\[2\] = 8 is outside \[-1, 8\)"):
@@ -421,49 +425,47 @@ def test_paged_attention_errors(cpp: Any) -> None:
     kernel = torch.ops.opmux_cpu.paged_attention_out
     out = torch.empty(case["query"].shape)
 
-    def both(match: str, argument: str, kernel_match: str, **change: Any) -> None:
+    def refused(match: str, argument: str, **change: Any) -> None:
+        # what the predicate can see it declines, and native says what is wrong; index
+        # values only the kernel reads, and its refusal names the argument
         args = {**case, **change}
-        with pytest.raises(OpInputError, match=rf"opmux::paged_attention \(provider 'cpp'\): "
-                                               rf"argument '{argument}' expected {match}"):
-            cpp.paged_attention(**args)
-        with pytest.raises(ValueError, match=kernel_match):
-            kernel(out, *args.values(), -1, 0.0)  # the kernel's own guard
+        if cpp.paged_attention_supports(**args):
+            with pytest.raises(OpInputError, match=rf"opmux::paged_attention \(provider "
+                                                   rf"'cpp'\): argument '{argument}' rejected "
+                                                   rf"by the kernel: {match}"):
+                cpp.paged_attention(**args)
+        else:
+            with pytest.raises(OpInputError, match=rf"opmux::paged_attention \(provider "
+                                                   rf"'native'\): argument '{argument}' "
+                                                   rf"expected"):
+                opmux.ops.paged_attention(**args)
 
     # int64 tables are valid (native takes them): the kernel refuses them, so cpp declines
     wide = {**case, "block_tables": case["block_tables"].long()}
     assert not cpp.paged_attention_supports(**wide)
     with pytest.raises(ValueError, match="must be contiguous int32"):
         kernel(out, *wide.values(), -1, 0.0)
-    both(r"kv_len >= q_len=2", "seq_lens", r"has 2 query rows but seq_lens\[0\] = 1",
-         seq_lens=torch.tensor([1], dtype=torch.int32))
+    refused(r"sequence 0 has 2 query rows but seq_lens\[0\] = 1", "seq_lens",
+            seq_lens=torch.tensor([1], dtype=torch.int32))
     bad = case["block_tables"].clone()
     bad[0, 0] = 10_000
-    both(r"block ids in \[0, \d+\)", "block_tables",
-         r"block_tables\[0, 0\] = 10000 is outside", block_tables=bad)
-    both("the cache's dtype", "query", "must share a dtype", query=case["query"].half())
-    # the visible window, query offsets and lengths are checked as native does
-    with pytest.raises(OpInputError, match=r"'query_start_loc' expected non-decreasing "
-                                           r"offsets from 0"):
-        cpp.paged_attention(**{**case, "query_start_loc": torch.tensor([1, 2],
-                                                                         dtype=torch.int32)})
-    with pytest.raises(OpInputError, match=r"'seq_lens' expected values in \[0, "):
-        cpp.paged_attention(**{**case, "seq_lens": torch.tensor([-1], dtype=torch.int32)})
-    # one meaning everywhere: 0 / negative is an error, None means none
-    with pytest.raises(OpInputError, match=r"'sliding_window' expected None or a positive"):
-        cpp.paged_attention(**case, sliding_window=0)
-    for cap in (0.0, -1.0):
-        with pytest.raises(OpInputError, match=r"'soft_cap' expected None or a positive"):
-            cpp.paged_attention(**case, soft_cap=cap)
-    # the scalars the kernel cannot see (it reads -1 and 0.0 as "none"), called directly with
-    # values the torch schema would convert: the same error as native's
-    for name, value in (("scale", True), ("scale", "0.5"), ("sliding_window", 4.0),
+    refused(r"block_tables\[0, 0\] = 10000 is outside", "block_tables", block_tables=bad)
+    refused("", "query", query=case["query"].half())
+    with pytest.raises(ValueError, match="must share a dtype"):
+        kernel(out, *{**case, "query": case["query"].half()}.values(), -1, 0.0)
+    refused("query_start_loc must run from 0", "query_start_loc",
+            query_start_loc=torch.tensor([1, 2], dtype=torch.int32))
+    refused(r"seq_lens\[0\] = -1 is outside", "seq_lens",
+            seq_lens=torch.tensor([-1], dtype=torch.int32))
+    # one meaning everywhere: 0 / negative is an error, None means none; the scalars the
+    # kernel cannot see (it reads -1 and 0.0 as "none") are the predicate's
+    for name, value in (("sliding_window", 0), ("soft_cap", 0.0), ("soft_cap", -1.0),
+                        ("scale", True), ("scale", "0.5"), ("sliding_window", 4.0),
                         ("sliding_window", True), ("soft_cap", float("nan"))):
+        assert not cpp.paged_attention_supports(**{**case, name: value}), (name, value)
         with pytest.raises(OpInputError) as info:
             native("paged_attention")(**{**case, name: value})
-        with pytest.raises(OpInputError) as got:
-            cpp.paged_attention(**{**case, name: value})
-        assert (got.value.argument, got.value.provider) == (name, "cpp")
-        assert str(got.value) == str(info.value).replace("'native'", "'cpp'")
+        assert info.value.argument == name
 
 
 # ----------------------------------------------------------------------------- advance step
@@ -517,11 +519,16 @@ def test_advance_step_rejects_bad_input_and_writes_nothing(cpp: Any, index: int,
     args = _step_args()
     args[index] = bad
     before = [a.clone() for a in args]
-    # the impl: the catalog's check, naming the argument
-    with pytest.raises(OpInputError, match=rf"advance_step_flashattn \(provider 'cpp'\): "
-                                           rf"argument '{argument}' expected") as info:
-        cpp.advance_step_flashattn(4, 3, 16, *args)
-    assert (info.value.argument, info.value.provider) == (argument, "cpp")
+    # the predicate declines what it can see, and native names the argument; the block ids
+    # at the next positions are data only the kernel reads, and its refusal names them
+    if cpp.advance_step_flashattn_supports(4, 3, 16, *args):
+        with pytest.raises(OpInputError, match=rf"advance_step_flashattn \(provider 'cpp'\): "
+                                               rf"argument '{argument}' rejected by the kernel"):
+            cpp.advance_step_flashattn(4, 3, 16, *args)
+    else:
+        with pytest.raises(OpInputError, match=rf"advance_step_flashattn \(provider "
+                                               rf"'native'\): argument '{argument}' expected"):
+            opmux.ops.advance_step_flashattn(4, 3, 16, *args)
     # the kernel's own guard
     with pytest.raises(ValueError, match=rf"advance_step_flashattn \(provider 'cpp'\): {match}"):
         torch.ops.opmux_cpu.advance_step_flashattn(4, 3, 16, *args)
