@@ -10,15 +10,26 @@ runs the same predicate itself before its add: what a hand-written op making the
 costs, so the three-provider ratio can be read without the predicate's own price.
 
     python benchmarks/dispatch_overhead.py [--number 500] [--repeat 400]
+    python benchmarks/dispatch_overhead.py --instructions [--number 2000]
 
 Many short samples (500 calls each): on a shared machine a preemption spoils a few samples,
-which the median drops, instead of a large part of a long one.
+which the median drops, instead of a large part of a long one. Where timing is still too
+noisy, ``--instructions`` counts instead: the script runs itself once under valgrind's
+callgrind (which must be installed), warms every case up, then runs ``--number`` calls of
+each case inside its own ``operator.call``; callgrind collects only inside those calls and
+writes one profile per case, and the ratios are those of the instructions per call.
 """
 
 from __future__ import annotations
 
 import argparse
+import operator
+import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,11 +44,47 @@ def _time_all(cases: dict[str, Callable[[], Any]], number: int, repeat: int) -> 
     return interleaved_us(cases, calls=number, rounds=repeat, warmup=200)
 
 
+def _count_here(cases: dict[str, Callable[[], Any]], number: int) -> None:
+    """Run under callgrind (see ``--instructions``): each case's calls inside one
+    ``operator.call``, the function callgrind collects in and dumps after."""
+    for fn in cases.values():
+        for _ in range(300):
+            fn()
+    for fn in cases.values():
+        def loop(fn: Callable[[], Any] = fn) -> None:
+            for _ in range(number):
+                fn()
+        operator.call(loop)
+
+
+def _count(names: list[str], number: int) -> dict[str, float]:
+    """Instructions per call of each case, from one run of this script under callgrind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                        "--toggle-collect=_operator_call", "--dump-after=_operator_call",
+                        f"--callgrind-out-file={out}", sys.executable, __file__,
+                        "--under-callgrind", "--number", str(number)],
+                       check=True, capture_output=True)
+        dumps = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+        totals = [int(m.group(1)) for p in dumps
+                  if (m := re.search(r"^totals: (\d+)", p.read_text(), re.M))]
+    if len(totals) != len(names):
+        raise SystemExit(f"callgrind wrote {len(totals)} profiles for {len(names)} cases")
+    return {name: total / number for name, total in zip(names, totals, strict=True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--number", type=int, default=500)
+    parser.add_argument("--number", type=int, default=None,
+                        help="calls per sample (default 500), or per case with "
+                             "--instructions (default 2000)")
     parser.add_argument("--repeat", type=int, default=400)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under callgrind instead of timing")
+    parser.add_argument("--under-callgrind", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args()
+    number = ns.number or (2000 if ns.instructions or ns.under_callgrind else 500)
     torch.set_num_threads(1)
     x, y = torch.ones(4), torch.ones(4)
 
@@ -98,22 +145,30 @@ def main() -> None:
         "opmux wrap off, 1 provider": lambda: eager_one(x, y),
         "opmux wrap off, 3 providers": lambda: eager_three(x, y),
     }
-    t = _time_all(cases, ns.number, ns.repeat)
+    if ns.under_callgrind:
+        _count_here(cases, number)
+        return
+    if ns.instructions:
+        t = _count(list(cases), number)
+        unit, fmt = "instructions/call", "{:9.0f}"
+    else:
+        t = _time_all(cases, number, ns.repeat)
+        unit, fmt = "µs/call", "{:7.2f}"
 
     width = max(map(len, t))
-    print(f"{'case':<{width}}  µs/call")
+    print(f"{'case':<{width}}  {unit}")
     for name, value in t.items():
-        print(f"{name:<{width}}  {value:7.2f}")
+        print(f"{name:<{width}}  {fmt.format(value)}")
     print()
     ratios = [
         ("wrap on, 1 provider / bare define-impl op", "opmux wrap on, 1 provider",
-         "Library.define/impl op", 1.10),
+         "Library.define/impl op", 1.12),
+        ("wrap on, 3 providers / predicate inside", "opmux wrap on, 3 providers",
+         "Library.define/impl op, predicate inside", 1.10),
         ("wrap on, 3 providers / bare define-impl op", "opmux wrap on, 3 providers",
-         "Library.define/impl op", 1.15),
+         "Library.define/impl op", None),
         ("predicate inside / bare define-impl op", "Library.define/impl op, predicate inside",
          "Library.define/impl op", None),
-        ("wrap on, 3 providers / predicate inside", "opmux wrap on, 3 providers",
-         "Library.define/impl op, predicate inside", None),
         ("wrap on, 3 tuned by size / 3 providers", "opmux wrap on, 3 providers, tuned by size",
          "opmux wrap on, 3 providers", 1.03),
         ("wrap off, 1 provider / plain call", "opmux wrap off, 1 provider", "plain call", 1.5),
