@@ -180,13 +180,13 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool 
     :returns: the ``op:provider`` pairs registered.
     """
     from opmux.plugins._registration import register_table
-    from opmux.plugins.ascend import _build
+    from opmux.plugins.ascend import build
 
     if lazy:
         ok = importlib.util.find_spec("mindspore") is not None
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
-        ok, message = _build.build_status()
+        ok, message = build.build_status()
     table = {"advance_step_flashattn": (advance_step_flashattn, advance_step_flashattn_supports)}
     return register_table(registry, PROVIDER, dispatch_key, table, supported=ok,
                           reason=None if ok else message)

@@ -6,7 +6,7 @@ The kernels are built at registration time, not on first call: ``supported`` is 
 provider whose build failed must be registered unsupported (with the compiler message as its
 reason, shown by ``explain`` and the plugin report) instead of failing later inside a model.
 After the first build the library is loaded from ``$OPMUX_CACHE_DIR/cpu/<key>`` in
-milliseconds; ``opmux build`` prebuilds it (:func:`opmux.plugins.cpu._build.build`).
+milliseconds; ``opmux build`` prebuilds it (:func:`opmux.plugins.cpu.build.build`).
 """
 
 from __future__ import annotations

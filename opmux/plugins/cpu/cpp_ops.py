@@ -37,7 +37,7 @@ from opmux.ops.kv_formats import (
 )
 from opmux.plugins._registration import OpTable, op_table, predicate
 
-from . import _build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
+from . import build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
 from .amx_format import AMX_BF16
 
@@ -525,7 +525,7 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU") -> list[str]:
     """
     from opmux.plugins._registration import register_table
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     register_kv_cache_format(AMX_BF16)  # its own packed format; the kernels do not read it yet
     declare_kv_cache_formats(PROVIDER, _FORMATS[:1])
     return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,
