@@ -38,7 +38,7 @@ from opmux.ops.checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:
-    from opmux.plugins._registration import RegistryLike
+    from opmux.plugins.registration import RegistryLike
 
 __all__ = ["PROVIDER", "advance_step_flashattn", "advance_step_flashattn_supports", "register",
            "to_mindspore"]
@@ -179,7 +179,7 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool 
     :param lazy: defer the build (and the MindSpore import) to the first call.
     :returns: the ``op:provider`` pairs registered.
     """
-    from opmux.plugins._registration import register_table
+    from opmux.plugins.registration import register_table
     from opmux.plugins.ascend import build
 
     if lazy:

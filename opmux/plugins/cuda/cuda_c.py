@@ -29,7 +29,7 @@ from opmux.ops.checks import (
     checked_advance_step,
 )
 from opmux.ops.kv_formats import require_kv_cache_format
-from opmux.plugins._registration import OpTable, op_table, register_table
+from opmux.plugins.registration import OpTable, op_table, register_table
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
