@@ -179,8 +179,8 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool 
     :param lazy: defer the build (and the MindSpore import) to the first call.
     :returns: the ``op:provider`` pairs registered.
     """
-    from opmux.plugins.registration import register_table
     from opmux.plugins.ascend import build
+    from opmux.plugins.registration import register_table
 
     if lazy:
         ok = importlib.util.find_spec("mindspore") is not None
