@@ -1,6 +1,6 @@
 """Build hook: ship the C++/CUDA/AscendC sources in wheels as ``opmux/_csrc``.
 
-The plugins compile them on first use (``opmux/plugins/_sources.py`` finds them there, or in
+The plugins compile them on first use (``opmux/plugins/build_cache.py`` finds them there, or in
 ``csrc/`` of a source checkout for editable installs). A build writes its intermediate files
 (``build/``, ``*.egg-info``) in a temporary directory, so ``pip install .`` leaves the
 checkout as it was. Everything else is in pyproject.toml.

@@ -74,7 +74,7 @@ def main() -> None:
     native = opmux.get_op("advance_step_flashattn").impls["native"]
     cpp: Callable[..., None] | None = None
     try:
-        from opmux.plugins.cpu import _build as cpu_build
+        from opmux.plugins.cpu import build as cpu_build
         from opmux.plugins.cpu import cpp_ops
 
         if cpu_build.build_status()[0]:

@@ -173,9 +173,9 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     iters = args.iters or (10 if args.full else 20)
 
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     if not ok:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
     has_vllm = load_vllm(args.vllm_lib) is not None

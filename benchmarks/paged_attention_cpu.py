@@ -202,9 +202,9 @@ def _native() -> Callable[..., torch.Tensor] | None:
 
 
 def _cpp_ops() -> Any:
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     if not ok:
         raise SystemExit(f"opmux cpp kernels unavailable: {message}")
     from opmux.plugins.cpu import cpp_ops

@@ -18,8 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """Build or verify-and-load the kernels; exit 1 with the compiler's message on failure."""
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status(verbose=ns.verbose)
+    ok, message = build.build_status(verbose=ns.verbose)
     print(("built: " if ok else "build failed: ") + message)
     return 0 if ok else 1

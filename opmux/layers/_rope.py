@@ -7,7 +7,6 @@ import math
 import torch
 
 from opmux.core.errors import ConfigError
-from opmux.layers._keep import keep
 from opmux.layers.custom_op import CustomOp
 from opmux.ops.checks import check_int_range
 
@@ -38,6 +37,9 @@ class _RopeLayer(CustomOp):
                               f"usually 10000")
         check_int_range(max_position_embeddings, f"{layer}: max_position_embeddings", low=1,
                         error=ConfigError)
-        keep(self, head_size=head_size, rotary_dim=rotary_dim,
-             max_position_embeddings=max_position_embeddings, base=base,
-             is_neox_style=is_neox_style, dtype=dtype)
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        self.dtype = dtype

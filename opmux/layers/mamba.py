@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 from torch.nn import Parameter
 
-from opmux.layers._keep import keep
 from opmux.layers.custom_op import CustomOp, _runs
 from opmux.layers.linear import (
     ColumnParallelLinear,
@@ -226,9 +225,13 @@ class MambaMixer(_StateLayer):
                  is_lora_enabled: bool = False, model_config: Any = None,
                  cache_config: Any = None, prefix: str = "") -> None:
         super().__init__()
-        keep(self, time_step_rank=time_step_rank, ssm_state_size=ssm_state_size,
-             use_rms_norm=use_rms_norm, activation=activation, is_lora_enabled=is_lora_enabled,
-             conv_kernel_size=conv_kernel_size, intermediate_size=intermediate_size)
+        self.time_step_rank = time_step_rank
+        self.ssm_state_size = ssm_state_size
+        self.use_rms_norm = use_rms_norm
+        self.activation = activation
+        self.is_lora_enabled = is_lora_enabled
+        self.conv_kernel_size = conv_kernel_size
+        self.intermediate_size = intermediate_size
         self.conv1d = ColumnParallelLinear(input_size=conv_kernel_size,
                                            output_size=intermediate_size, bias=use_conv_bias,
                                            prefix=f"{prefix}.conv1d")

@@ -34,7 +34,6 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from opmux.core.errors import ConfigError
-from opmux.layers._keep import keep
 from opmux.layers._tensor_parallel import tp_coords
 from opmux.layers.custom_op import CustomOp
 from opmux.layers.linear import (
@@ -212,9 +211,14 @@ class MambaMixer2(_Mamba2Base):
             raise ConfigError(f"MambaMixer2: need num_heads ({num_heads}) divisible by "
                               f"n_groups ({n_groups}) and intermediate_size "
                               f"({intermediate_size}) == num_heads * head_dim ({head_dim})")
-        keep(self, ssm_state_size=ssm_state_size, conv_kernel_size=conv_kernel_size,
-             activation=activation, intermediate_size=intermediate_size, head_dim=head_dim,
-             num_heads=num_heads, n_groups=n_groups, chunk_size=chunk_size)
+        self.ssm_state_size = ssm_state_size
+        self.conv_kernel_size = conv_kernel_size
+        self.activation = activation
+        self.intermediate_size = intermediate_size
+        self.head_dim = head_dim
+        self.num_heads = num_heads
+        self.n_groups = n_groups
+        self.chunk_size = chunk_size
         self.groups_ssm_state_size = n_groups * ssm_state_size
         self.conv_dim = intermediate_size + 2 * self.groups_ssm_state_size
         gss = self.groups_ssm_state_size

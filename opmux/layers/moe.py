@@ -40,7 +40,6 @@ from torch import Tensor
 from opmux.core.errors import ConfigError, OpInputError
 from opmux.core.forward_context import register_layer_op
 from opmux.distributed import divide
-from opmux.layers._keep import keep
 from opmux.layers._tensor_parallel import copy_checked, narrow_full, tp_coords
 from opmux.layers.custom_op import CustomOp, _runs
 from opmux.layers.moe_methods import experts_native
@@ -184,12 +183,19 @@ class FusedMoE(CustomOp):
             intermediate_size, self.tp_size, f"{where} intermediate_size")
         shared_per_partition = divide(shared_intermediate_size, self.tp_size,
                                       f"{where} shared_intermediate_size")
-        keep(self, use_grouped_topk=grouped, activation=activation,
-             reduce_results=reduce_results, num_experts=num_experts, top_k=top_k,
-             hidden_size=hidden_size, intermediate_size=intermediate_size,
-             layer_name=layer_name, renormalize=renormalize,
-             num_expert_group=num_expert_group, topk_group=topk_group,
-             scoring_func=scoring_func, routed_scaling_factor=routed_scaling_factor)
+        self.use_grouped_topk = grouped
+        self.activation = activation
+        self.reduce_results = reduce_results
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.layer_name = layer_name
+        self.renormalize = renormalize
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.scoring_func = scoring_func
+        self.routed_scaling_factor = routed_scaling_factor
         factory: dict[str, Any] = {"dtype": dtype, "device": device}
         #: router, ``[E, d]``.
         self.gate_weight = torch.nn.Parameter(torch.empty(num_experts, hidden_size, **factory))

@@ -20,7 +20,6 @@ from typing import Optional
 from torch import Tensor
 
 from opmux.core.errors import ConfigError
-from opmux.layers._keep import keep
 from opmux.layers.custom_op import CustomOp, _runs
 from opmux.ops.checks import input_error
 from opmux.ops.moe import grouped_topk
@@ -75,10 +74,13 @@ class GroupedTopk(CustomOp):
             raise ConfigError(f"{where}: num_fused_shared_experts must be 0 (fused shared "
                               f"experts are a ROCm kernel feature), got "
                               f"{num_fused_shared_experts}")
-        keep(self, topk=topk, renormalize=renormalize, num_expert_group=num_expert_group,
-             topk_group=topk_group, scoring_func=scoring_func,
-             routed_scaling_factor=routed_scaling_factor,
-             num_fused_shared_experts=num_fused_shared_experts)
+        self.topk = topk
+        self.renormalize = renormalize
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.scoring_func = scoring_func
+        self.routed_scaling_factor = routed_scaling_factor
+        self.num_fused_shared_experts = num_fused_shared_experts
 
     def _check_tokens(self, hidden_states: Tensor, gating_output: Tensor) -> None:
         if hidden_states.shape[0] != gating_output.shape[0]:

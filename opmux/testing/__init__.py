@@ -23,6 +23,8 @@ if TYPE_CHECKING:
         CaseResult,
         ProviderReport,
         check_provider,
+        compare_outputs,
+        provider_impl,
         run_case,
         run_opcheck,
         tolerance,
@@ -45,8 +47,10 @@ __all__ = [
     "cases_for",
     "check_kv_cache_format",
     "check_provider",
+    "compare_outputs",
     "has_cases",
     "paged_batch",
+    "provider_impl",
     "register_bad_inputs",
     "register_cases",
     "reset_for_tests",
@@ -62,8 +66,8 @@ __all__ = [
 _HOME = {name: "opmux.testing.case_table" for name in ("Case", "CaseGenerator", "register_cases")}
 _HOME.update({name: "opmux.testing.cases" for name in ("cases_for", "has_cases")})
 _HOME.update({name: "opmux.testing.conformance" for name in
-              ("TOLERANCES", "CaseResult", "ProviderReport", "check_provider", "run_case",
-               "run_opcheck", "tolerance")})
+              ("TOLERANCES", "CaseResult", "ProviderReport", "check_provider", "compare_outputs",
+               "provider_impl", "run_case", "run_opcheck", "tolerance")})
 _HOME.update({name: "opmux.testing.bad_input_table" for name in
               ("BadInput", "register_bad_inputs")})
 _HOME.update({"bad_inputs_for": "opmux.testing.bad_inputs"})

@@ -38,6 +38,8 @@ __all__ = [
     "CaseResult",
     "ProviderReport",
     "check_provider",
+    "compare_outputs",
+    "provider_impl",
     "run_case",
     "run_opcheck",
     "tolerance",
@@ -148,8 +150,13 @@ def _resolve(op: Op | str) -> Op:
     return get_op(op)
 
 
-def _provider(op: Op | str, provider: str) -> tuple[Op, OpImpl]:
-    """The op and its provider ``provider``; a clear error naming the registered ones."""
+def provider_impl(op: Op | str, provider: str) -> tuple[Op, OpImpl]:
+    """The op and its provider ``provider``.
+
+    :param op: an :class:`~opmux.Op` or an op name (``"rms_norm"``, ``"ns::name"``).
+    :raises ProviderUnavailableError: when ``op`` has no provider of that name (the message
+        lists the registered ones).
+    """
     the_op = _resolve(op)
     impl = the_op.impls.get(provider)
     if impl is None:
@@ -217,11 +224,27 @@ def _compare(label: str, got: Any, want: Any, atol: float, rtol: float,
     return problems
 
 
-def _compare_all(the_op: Op, got: Any, want: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], ref_args: tuple[Any, ...],
-                 ref_kwargs: dict[str, Any], atol: float, rtol: float,
-                 result: CaseResult) -> list[str]:
-    """What differs between a provider's and native's outputs and mutated arguments."""
+def compare_outputs(op: Op | str, got: Any, want: Any, *, atol: float, rtol: float,
+                    args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                    ref_args: Sequence[Any] = (), ref_kwargs: dict[str, Any] | None = None,
+                    result: CaseResult | None = None) -> list[str]:
+    """What differs between a provider's call of ``op`` and native's, one line per problem.
+
+    Outputs are compared leaf by leaf (tuples and lists flattened): other values exactly;
+    tensors by shape and dtype, then integer tensors exactly and floating ones within
+    ``atol + rtol * |want|`` with NaN in the same places. The arguments ``op`` mutates are
+    compared the same way, from the provider's call (``args``, ``kwargs``) against native's
+    (``ref_args``, ``ref_kwargs``).
+
+    :param got: the provider's output; ``want``: native's.
+    :param result: when given, its ``max_abs``, ``max_rel`` and ``ratio`` are raised to the
+        largest errors seen.
+    :returns: the problems found (empty: they agree).
+    """
+    the_op = _resolve(op)
+    kwargs = kwargs or {}
+    ref_kwargs = ref_kwargs or {}
+    result = result if result is not None else CaseResult("", "pass")
     got_leaves, want_leaves = _flatten(got, "output"), _flatten(want, "output")
     problems = [p for (label, g), (_, w) in zip(got_leaves, want_leaves, strict=False)
                 for p in _compare(label, g, w, atol, rtol, result)]
@@ -243,7 +266,7 @@ def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device
     :param reference_device: where native runs (``None``: the same device as the provider).
     :raises ProviderUnavailableError: when ``op`` has no provider of that name.
     """
-    the_op, impl = _provider(op, provider)
+    the_op, impl = provider_impl(op, provider)
     atol, rtol = tolerance(case)
     result = CaseResult(case.name, "pass", atol=atol, rtol=rtol)
     if not impl.supported:
@@ -267,8 +290,9 @@ def run_case(op: Op | str, provider: str, case: Case, device: str | torch.device
     finally:
         result.seconds = time.perf_counter() - start
     want = the_op.native(*ref_args, **ref_kwargs)
-    problems = _compare_all(the_op, got, want, args, kwargs, ref_args, ref_kwargs, atol, rtol,
-                            result)
+    problems = compare_outputs(the_op, got, want, atol=atol, rtol=rtol, args=args,
+                               kwargs=kwargs, ref_args=ref_args, ref_kwargs=ref_kwargs,
+                               result=result)
     if problems:
         result.status, result.message = "fail", "\n".join(problems)
     return result
@@ -287,7 +311,7 @@ def check_provider(op: Op | str, provider: str, device: str | torch.device = "cp
     :returns: a :class:`ProviderReport`; ``report.ok`` is false when any case failed.
     :raises ProviderUnavailableError: when ``op`` has no provider of that name.
     """
-    the_op, impl = _provider(op, provider)
+    the_op, impl = provider_impl(op, provider)
     report = ProviderReport(the_op.qualname, provider, str(device), "checked")
     if not impl.supported:
         report.status, report.reason = "unsupported", impl.reason or "supported=False"

@@ -42,7 +42,7 @@ def reset_for_tests() -> None:
     runners.runner_registry().clear()
     forward_context.leave_forward_context()
     # caches of modules that hold derived data (only if that module was ever imported)
-    build_cache = sys.modules.get("opmux.plugins._build_cache")
+    build_cache = sys.modules.get("opmux.plugins.build_cache")
     if build_cache is not None:
         build_cache.reset_statuses()
     dlpack = sys.modules.get("opmux.plugins.ascend.dlpack_provider")

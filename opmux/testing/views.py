@@ -37,7 +37,7 @@ import torch
 
 from opmux.core.op import NATIVE, Op
 from opmux.testing.case_table import Case
-from opmux.testing.conformance import CaseResult, _compare_all, _provider, tolerance
+from opmux.testing.conformance import CaseResult, compare_outputs, provider_impl, tolerance
 
 __all__ = ["VIEW_KINDS", "StridedVariant", "run_variant", "strided_variants", "strided_view"]
 
@@ -167,7 +167,7 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
     """
     from opmux.core.errors import OpInputError
 
-    the_op, impl = _provider(op, provider)
+    the_op, impl = provider_impl(op, provider)
     case = variant.case
     atol, rtol = tolerance(case)
     result = CaseResult(case.name, "pass", atol=atol, rtol=rtol)
@@ -205,12 +205,13 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
     want = the_op.native(*ref_args, **ref_kwargs)
     problems: list[str] = []
     if provider != NATIVE or check_native:
-        problems += [f"native on the views: {p}" for p in _compare_all(
-            the_op, n_got, want, n_args, n_kwargs, ref_args, ref_kwargs, atol, rtol,
-            CaseResult(case.name, "pass"))]
+        problems += [f"native on the views: {p}" for p in compare_outputs(
+            the_op, n_got, want, atol=atol, rtol=rtol, args=n_args, kwargs=n_kwargs,
+            ref_args=ref_args, ref_kwargs=ref_kwargs)]
     if provider == NATIVE:
-        problems = _compare_all(the_op, n_got, want, n_args, n_kwargs, ref_args, ref_kwargs,
-                                atol, rtol, result)
+        problems = compare_outputs(the_op, n_got, want, atol=atol, rtol=rtol, args=n_args,
+                                   kwargs=n_kwargs, ref_args=ref_args, ref_kwargs=ref_kwargs,
+                                   result=result)
     elif declined:
         result.status = "skip" if not problems else "fail"
         result.message = "supports_args declined the views" + (
@@ -226,8 +227,9 @@ def run_variant(op: Op | str, provider: str, variant: StridedVariant, *,
             result.message = f"provider raised {type(exc).__name__}: {exc}"
             return result
         result.seconds = time.perf_counter() - start
-        problems += _compare_all(the_op, got, want, args, kwargs, ref_args, ref_kwargs, atol,
-                                 rtol, result)
+        problems += compare_outputs(the_op, got, want, atol=atol, rtol=rtol, args=args,
+                                    kwargs=kwargs, ref_args=ref_args, ref_kwargs=ref_kwargs,
+                                    result=result)
     if problems:
         result.status, result.message = "fail", "\n".join(problems)
     return result

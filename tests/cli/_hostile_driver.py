@@ -228,22 +228,20 @@ def _run_cache(case: dict[str, Any], work: Path) -> dict[str, Any]:
                 result["state"] = json.loads(path.read_text())
                 del os.environ["OPMUX_TRACE"]
             else:
-                from opmux.plugins import _build_cache
+                from opmux.plugins import build_cache
 
-                cache = _build_cache.BuildCache("fake", "libfake.so", "fake library")
-                try:
-                    def build(directory: Path) -> Path:
-                        (directory / "libfake.so").write_bytes(b"\x7fELF" + b"x" * 64)
-                        return directory / "libfake.so"
+                cache = build_cache.BuildCache("fake", "libfake.so", "fake library")
 
-                    lib = cache.ensure("k", build)
-                    path = lib.parent / _build_cache.STAMP
-                    path.write_bytes(case["content"].encode("utf-8", "surrogateescape"))
-                    cache.ensure("k", build)
-                    result["state"] = _build_cache.verify(lib.parent, "libfake.so")
-                    result["builds"] = cache.builds
-                finally:
-                    _build_cache._caches.remove(cache)
+                def build(directory: Path) -> Path:
+                    (directory / "libfake.so").write_bytes(b"\x7fELF" + b"x" * 64)
+                    return directory / "libfake.so"
+
+                lib = cache.ensure("k", build)
+                path = lib.parent / build_cache.STAMP
+                path.write_bytes(case["content"].encode("utf-8", "surrogateescape"))
+                cache.ensure("k", build)
+                result["state"] = build_cache.verify(lib.parent, "libfake.so")
+                result["builds"] = cache.builds
     except BaseException as exc:
         result["escaped"] = f"{type(exc).__name__}: {exc}"[:300]
         result["traceback"] = traceback.format_exc()[-1500:]

@@ -147,9 +147,9 @@ def test_check_on_the_real_catalog(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_build_reports_the_cached_library(capsys: pytest.CaptureFixture[str]) -> None:
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     assert cli.main(["build"]) == (0 if ok else 1)
     assert capsys.readouterr().out.strip() == ("built: " if ok else "build failed: ") + message
 

@@ -151,7 +151,7 @@ def test_size_buckets(registry: opmux.OpRegistry, ns: str) -> None:
 
 
 def test_predicates_carry_the_impl_signature() -> None:
-    from opmux.plugins._registration import predicate
+    from opmux.plugins.registration import predicate
 
     def impl(x: torch.Tensor, k: float = 2.0) -> torch.Tensor:
         return x
@@ -169,7 +169,7 @@ def test_predicates_carry_the_impl_signature() -> None:
 
 
 def test_predicate_refuses_names_the_impl_lacks() -> None:
-    from opmux.plugins._registration import predicate
+    from opmux.plugins.registration import predicate
 
     def impl(x: torch.Tensor) -> torch.Tensor:
         return x

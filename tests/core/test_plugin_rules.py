@@ -54,13 +54,13 @@ def test_disagreeing_generic_plugins_never_put_a_built_in_provider_behind_native
     # a built-in generic plugin (its entry module lives in opmux.plugins)
     fake.add("builtin", register=_provider(reg_op, "fast", 3), extra={
         "opmux_default_priority": answer(["fast", "native"])})
-    fake.eps[-1] = fake.eps[-1].__class__("builtin", "opmux.plugins._fake_builtin",
+    fake.eps[-1] = fake.eps[-1].__class__("builtin", "opmux.plugins.fake_builtin",
                                           fake.eps[-1].group)
-    sys.modules["opmux.plugins._fake_builtin"] = sys.modules["_opmux_test_plugin_builtin"]
+    sys.modules["opmux.plugins.fake_builtin"] = sys.modules["_opmux_test_plugin_builtin"]
     try:
         opmux.load_plugins(registry)
     finally:
-        del sys.modules["opmux.plugins._fake_builtin"]
+        del sys.modules["opmux.plugins.fake_builtin"]
     assert reg_op.priority()[0] == "fast"
     assert reg_op(torch.zeros(1)).item() == 3.0
     rep = _report()

@@ -14,7 +14,7 @@ from opmux.cli import main
 from opmux.models import BlockAllocator, Engine, ProviderTally, SamplingParams, load_model
 from opmux.models.engine import sample
 from opmux.models.synthetic import LlamaShape, write_random_llama
-from opmux.plugins._registration import predicate
+from opmux.plugins.registration import predicate
 
 SHAPE = LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=96)
 PROMPTS = [[3, 7, 9, 1], [5, 1, 2, 8, 4, 7, 11, 30, 2, 6, 6], [40]]

@@ -23,9 +23,9 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 @pytest.fixture(scope="module")
 def cpp_ops() -> dict[str, Callable[..., Any]]:
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     assert ok, message
     from opmux.plugins.cpu import cpp_ssm
 

@@ -1,4 +1,5 @@
-"""The shared build cache: stamps, atomic install, rebuilds of damaged entries, locking.
+"""The shared build cache: stamps, atomic install, rebuilds of damaged entries, locking, and
+its file writes (whole or not at all, never an error).
 
 Fault injection: a truncated, empty or garbage library in the cache, an
 unwritable cache folder and two processes building at once. Tests that load a damaged real
@@ -16,16 +17,16 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import opmux
-from opmux.plugins import _build_cache
-from opmux.plugins._build_cache import STAMP, BuildCache, hash_key, verify
+from opmux.plugins import build_cache
+from opmux.plugins.build_cache import STAMP, BuildCache, hash_key, verify, write_quietly
 
 LIB = "libfake.so"
 
@@ -44,11 +45,9 @@ def _fake_build(payload: bytes = b"\x7fELF" + b"x" * 4000) -> Any:
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BuildCache]:
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BuildCache:
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
-    made = BuildCache("fake", LIB, "fake library")
-    yield made
-    _build_cache._caches.remove(made)
+    return BuildCache("fake", LIB, "fake library")
 
 
 def test_build_is_stamped_and_installed_once(cache: BuildCache, tmp_path: Path) -> None:
@@ -87,13 +86,13 @@ def test_damaged_entry_is_rebuilt(cache: BuildCache, damage: str) -> None:
 
 def _sha_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     reads: list[Path] = []
-    real = _build_cache._sha256
+    real = build_cache.file_sha256
 
     def counted(path: Path) -> str:
         reads.append(path)
         return real(path)
 
-    monkeypatch.setattr(_build_cache, "_sha256", counted)
+    monkeypatch.setattr(build_cache, "file_sha256", counted)
     return reads
 
 
@@ -103,10 +102,10 @@ def test_the_checksum_is_read_once_until_the_library_changes(
     path = cache.ensure("k", _fake_build())
     good = path.read_bytes()
     reads = _sha_reads(monkeypatch)
-    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 2_000_000_000)
+    monkeypatch.setattr(build_cache, "SETTLED_NS", 2_000_000_000)
     assert verify(path.parent, LIB) is None and reads == [path]
     assert not (path.parents[1] / ".checked-k.json").exists()  # written a moment ago
-    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 0)
+    monkeypatch.setattr(build_cache, "SETTLED_NS", 0)
     assert verify(path.parent, LIB) is None and len(reads) == 2  # recorded now
     assert (path.parents[1] / ".checked-k.json").is_file()
     for _ in range(3):
@@ -136,7 +135,7 @@ def test_the_checksum_is_read_once_until_the_library_changes(
 def test_a_damaged_check_record_only_costs_a_read(cache: BuildCache,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     path = cache.ensure("k", _fake_build())
-    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 0)
+    monkeypatch.setattr(build_cache, "SETTLED_NS", 0)
     assert verify(path.parent, LIB) is None
     record = path.parents[1] / ".checked-k.json"
     reads = _sha_reads(monkeypatch)
@@ -190,10 +189,7 @@ def test_unwritable_cache_dir_is_a_reason(tmp_path: Path, monkeypatch: pytest.Mo
     blocker.write_text("a file where the cache folder should be")
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(blocker / "cache"))
     made = BuildCache("fake", LIB, "fake library")
-    try:
-        ok, message = made.status(lambda: str(made.ensure("k", _fake_build())))
-    finally:
-        _build_cache._caches.remove(made)
+    ok, message = made.status(lambda: str(made.ensure("k", _fake_build())))
     assert not ok
     assert "fake library: the build cache" in message and "is not writable" in message
     assert "set OPMUX_CACHE_DIR to a writable folder" in message
@@ -212,7 +208,7 @@ def test_hash_key_covers_names_contents_and_parts(tmp_path: Path) -> None:
 
 def _tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[Path]]:
     """Two sources, and keys remembered at once (not only for files settled for 2 s)."""
-    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 0)
+    monkeypatch.setattr(build_cache, "SETTLED_NS", 0)
     src = tmp_path / "src"
     src.mkdir()
     for name, text in (("a.cpp", "int a;"), ("b.h", "int b;")):
@@ -222,13 +218,13 @@ def _tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[P
 
 def _counting_hash_key(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    real = _build_cache.hash_key
+    real = build_cache.hash_key
 
     def counting(*args: Any) -> str:
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(_build_cache, "hash_key", counting)
+    monkeypatch.setattr(build_cache, "hash_key", counting)
     return calls
 
 
@@ -276,7 +272,7 @@ def test_key_follows_every_change_of_the_sources(cache: BuildCache, tmp_path: Pa
 def test_a_key_is_remembered_only_once_the_files_settled(cache: BuildCache, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     src, files = _tree(tmp_path, monkeypatch)
-    monkeypatch.setattr(_build_cache, "_SETTLED_NS", 2_000_000_000)  # the real window
+    monkeypatch.setattr(build_cache, "SETTLED_NS", 2_000_000_000)  # the real window
     calls = _counting_hash_key(monkeypatch)
     assert cache.key(src, files, ()) == cache.key(src, files, ()) and len(calls) == 2
     assert not list((tmp_path / "cache" / "fake").glob(".sources-*.json"))
@@ -291,19 +287,15 @@ def test_key_without_a_writable_cache_hashes_every_time(tmp_path: Path,
     blocker.write_text("")
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(blocker / "cache"))
     made = BuildCache("fake", LIB, "fake library")
-    try:
-        src, files = _tree(tmp_path, monkeypatch)
-        calls = _counting_hash_key(monkeypatch)
-        assert made.key(src, files, ()) == made.key(src, files, ()) == hash_key(src, files, ())
-        assert len(calls) == 2
-    finally:
-        _build_cache._caches.remove(made)
-
+    src, files = _tree(tmp_path, monkeypatch)
+    calls = _counting_hash_key(monkeypatch)
+    assert made.key(src, files, ()) == made.key(src, files, ()) == hash_key(src, files, ())
+    assert len(calls) == 2
 
 _RACE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from opmux.plugins._build_cache import BuildCache
+    from opmux.plugins.build_cache import BuildCache
     cache = BuildCache("fake", "libfake.so", "fake library")
     def build(directory):
         time.sleep(1.0)  # long enough for the other process to arrive meanwhile
@@ -331,28 +323,28 @@ def test_two_processes_fake_build_once(tmp_path: Path) -> None:
 _PROBE = textwrap.dedent("""
     import json, sys
     import opmux
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
     from opmux.testing import check_provider
     opmux.load_plugins()
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     checks = {}
     if ok:
         for name in ("rms_norm", "silu_and_mul", "rotary_embedding", "paged_attention"):
             report = check_provider(name, "cpp")
             checks[name] = [report.ok, report.format() if not report.ok else ""]
     impl = opmux.get_op("rms_norm").impls["cpp"]
-    print(json.dumps({"ok": ok, "message": message, "builds": _build.CACHE.builds,
+    print(json.dumps({"ok": ok, "message": message, "builds": build.CACHE.builds,
                       "supported": impl.supported, "reason": impl.reason, "checks": checks}))
 """)
 
 
 @pytest.fixture(scope="module")
 def good_entry() -> Path:
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     assert ok, message
-    return _build.build_dir()
+    return build.build_dir()
 
 
 def _copy_entry(good: Path, root: Path) -> Path:
@@ -403,12 +395,12 @@ def test_unwritable_cache_dir_leaves_cpp_unsupported_with_reason(tmp_path: Path)
 _BUILD_NOW = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
     Path(sys.argv[1]).touch()
     while len(list(Path(sys.argv[1]).parent.glob("ready-*"))) < 2:
         time.sleep(0.01)
-    ok, message = _build.build_status()
-    print(ok, _build.CACHE.builds, message)
+    ok, message = build.build_status()
+    print(ok, build.CACHE.builds, message)
 """)
 
 
@@ -462,3 +454,33 @@ def test_a_hostile_stamp_is_ignored_with_one_warning_and_the_entry_rebuilt(
     assert len(record) == 1
     assert len(build.calls) == 1 and path.read_bytes() == good
     assert verify(path.parent, LIB) is None  # rebuilt: usable again, not off for good
+
+
+def test_written_whole_with_its_folder(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "rec.json"
+    assert write_quietly(path, b"one")
+    assert write_quietly(path, b"two, longer")
+    assert path.read_bytes() == b"two, longer"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rec.json"]
+
+
+def test_an_unwritable_place_is_false_and_leaves_nothing(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert not write_quietly(blocker / "rec.json", b"x")
+    folder = tmp_path / "dir"
+    (folder / "rec.json").mkdir(parents=True)  # a folder where the file should go
+    assert not write_quietly(folder / "rec.json", b"x")
+    assert sorted(p.name for p in folder.iterdir()) == ["rec.json"]  # no temporary file left
+
+
+def test_threads_writing_at_once_leave_one_whole_content(tmp_path: Path) -> None:
+    path = tmp_path / "rec.bin"
+    contents = [bytes([i]) * 100_000 for i in range(8)]
+    threads = [threading.Thread(target=write_quietly, args=(path, c)) for c in contents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert path.read_bytes() in contents
+    assert [p.name for p in tmp_path.iterdir()] == ["rec.bin"]

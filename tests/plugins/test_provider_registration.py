@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import opmux
-from opmux.plugins._registration import find_op, op_table, predicate, register_table
+from opmux.plugins.registration import find_op, op_table, predicate, register_table
 
 #: every ``register`` of the built-in plugins: entry modules and provider modules
 REGISTER_MODULES = [

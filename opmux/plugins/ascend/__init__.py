@@ -24,7 +24,7 @@ from opmux.core.plugins import hookimpl
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
-    from opmux.plugins._registration import PlatformLike
+    from opmux.plugins.registration import PlatformLike
 
 __all__ = ["SERVED_OPS", "opmux_default_priority", "opmux_plugin_info", "opmux_register",
            "register"]

@@ -36,9 +36,9 @@ def kernel() -> Callable[..., Any]:
     """
     global _kernel, _graph_mode_error
     if _kernel is None:
-        from opmux.plugins.ascend import _build
+        from opmux.plugins.ascend import build
 
-        module = _build.load()
+        module = build.load()
         _graph_mode_error = module.GraphModeError
         _kernel = module.advance_step_flashattn
     return _kernel

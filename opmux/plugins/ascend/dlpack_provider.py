@@ -37,7 +37,7 @@ from opmux.ops.checks import check_advance_step_flashattn
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:
-    from opmux.plugins._registration import RegistryLike
+    from opmux.plugins.registration import RegistryLike
 
 __all__ = ["PROVIDER", "advance_step_flashattn", "advance_step_flashattn_supports", "register",
            "to_mindspore"]
@@ -178,14 +178,14 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool 
     :param lazy: defer the build (and the MindSpore import) to the first call.
     :returns: the ``op:provider`` pairs registered.
     """
-    from opmux.plugins._registration import register_table
-    from opmux.plugins.ascend import _build
+    from opmux.plugins.ascend import build
+    from opmux.plugins.registration import register_table
 
     if lazy:
         ok = importlib.util.find_spec("mindspore") is not None
         message = "built on first use" if ok else "MindSpore is not installed"
     else:
-        ok, message = _build.build_status()
+        ok, message = build.build_status()
     table = {"advance_step_flashattn": (advance_step_flashattn, advance_step_flashattn_supports)}
     return register_table(registry, PROVIDER, dispatch_key, table, supported=ok,
                           reason=None if ok else message)

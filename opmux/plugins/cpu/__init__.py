@@ -6,7 +6,7 @@ The kernels are built at registration time, not on first call: ``supported`` is 
 provider whose build failed must be registered unsupported (with the compiler message as its
 reason, shown by ``explain`` and the plugin report) instead of failing later inside a model.
 After the first build the library is loaded from ``$OPMUX_CACHE_DIR/cpu/<key>`` in
-milliseconds; ``opmux build`` prebuilds it (:func:`opmux.plugins.cpu._build.build`).
+milliseconds; ``opmux build`` prebuilds it (:func:`opmux.plugins.cpu.build.build`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from opmux.core.plugins import hookimpl
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
-    from opmux.plugins._registration import PlatformLike
+    from opmux.plugins.registration import PlatformLike
 
 __all__ = ["SERVED_OPS", "opmux_default_priority", "opmux_plugin_info", "opmux_register",
            "register"]

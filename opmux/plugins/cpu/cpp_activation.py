@@ -14,8 +14,8 @@ from torch import Tensor
 
 from opmux.ops import checks
 from opmux.ops.activation import sparsity_std_multiplier
-from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
+from opmux.plugins.registration import OpTable, op_table, predicate
 
 
 def _ok(x: Tensor) -> bool:

@@ -27,8 +27,8 @@ from opmux.ops.checks import (
     check_encoder_attention,
     check_mla_attention,
 )
-from opmux.plugins._registration import OpTable, op_table
 from opmux.plugins.cpu._kernels import FLOATS, K, call
+from opmux.plugins.registration import OpTable, op_table
 
 __all__ = ["OPS", "concat_and_cache_mla", "encoder_attention", "mla_attention"]
 

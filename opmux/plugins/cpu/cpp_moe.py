@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from opmux.ops.checks import check_expert_ids, check_fused_moe_args
-from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import PROVIDER, K, call, cpu_float
+from opmux.plugins.registration import OpTable, op_table, predicate
 
 __all__ = ["BF16_ON_TILES", "FP32_MAX_ROWS_PER_EXPERT", "OPS", "fused_moe"]
 

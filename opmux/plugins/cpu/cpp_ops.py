@@ -31,14 +31,14 @@ from opmux.ops.kv_formats import (
     require_kv_cache_format,
     resolve_kv_cache_format,
 )
-from opmux.plugins._registration import OpTable, op_table, predicate
+from opmux.plugins.registration import OpTable, op_table, predicate
 
-from . import _build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
+from . import build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
 from .amx_format import AMX_BF16
 
 if TYPE_CHECKING:
-    from opmux.plugins._registration import RegistryLike
+    from opmux.plugins.registration import RegistryLike
 
 __all__ = [
     "OPS",
@@ -568,9 +568,9 @@ def register(registry: "RegistryLike", dispatch_key: str = "CPU") -> list[str]:
     :param dispatch_key: the torch dispatch key served (the kernels take CPU tensors).
     :returns: the ``op:provider`` pairs registered.
     """
-    from opmux.plugins._registration import register_table
+    from opmux.plugins.registration import register_table
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     register_kv_cache_format(AMX_BF16)  # its own packed format; the kernels do not read it yet
     declare_kv_cache_formats(PROVIDER, _FORMATS[:1])
     return register_table(registry, PROVIDER, dispatch_key, OPS, supported=ok,

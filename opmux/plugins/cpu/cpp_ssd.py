@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update
-from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
+from opmux.plugins.registration import OpTable, op_table, predicate
 
 __all__ = ["OPS", "ssd_chunk_scan", "ssd_state_update"]
 

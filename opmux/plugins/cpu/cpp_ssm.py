@@ -20,8 +20,8 @@ from opmux.ops.checks import (
     check_selective_scan,
     check_selective_state_update,
 )
-from opmux.plugins._registration import OpTable, op_table, predicate
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
+from opmux.plugins.registration import OpTable, op_table, predicate
 
 __all__ = ["OPS", "causal_conv1d", "causal_conv1d_update", "selective_scan",
            "selective_state_update"]

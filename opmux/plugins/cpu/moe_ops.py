@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from opmux.ops.checks import check_expert_ids, check_fused_moe_args
-from opmux.plugins._registration import OpTable, RegistryLike, register_table
+from opmux.plugins.registration import OpTable, RegistryLike, register_table
 
 __all__ = ["OPS", "PROVIDER", "fused_moe_grouped", "register"]
 

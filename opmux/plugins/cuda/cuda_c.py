@@ -2,7 +2,7 @@
 
 The sources are compiled with :func:`torch.utils.cpp_extension.load` (nvcc + ninja) into
 ``$OPMUX_CACHE_DIR/cuda_c/<key>`` (default ``~/.cache/opmux``; verified, atomically installed
-and rebuilt when damaged by :mod:`opmux.plugins._build_cache`), where ``<key>`` hashes the
+and rebuilt when damaged by :mod:`opmux.plugins.build_cache`), where ``<key>`` hashes the
 sources, the torch version and its CUDA version, and loaded as a plain library whose
 ``TORCH_LIBRARY(opmux_cuda, m)`` makes ``torch.ops.opmux_cuda.*`` available. The build runs
 when the provider is registered on a machine with a CUDA build of torch, nvcc and a visible
@@ -29,11 +29,11 @@ from opmux.ops.checks import (
     checked_advance_step,
 )
 from opmux.ops.kv_formats import require_kv_cache_format
-from opmux.plugins._registration import OpTable, op_table, register_table
+from opmux.plugins.registration import OpTable, op_table, register_table
 
 if TYPE_CHECKING:
     from opmux.core.registry import OpRegistry
-    from opmux.plugins._build_cache import BuildCache
+    from opmux.plugins.build_cache import BuildCache
 
 __all__ = [
     "CACHE",
@@ -60,7 +60,7 @@ _LIB_NAME = "opmux_cuda_kernels"
 
 
 def _make_cache() -> "BuildCache":
-    from opmux.plugins._build_cache import BuildCache
+    from opmux.plugins.build_cache import BuildCache
 
     return BuildCache("cuda_c", f"{_LIB_NAME}.so", "opmux cuda_c kernels")
 
@@ -71,8 +71,9 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def source_dir() -> Path:
-    """Folder holding the CUDA sources (``cuda/`` of :func:`~opmux.plugins._sources.csrc_root`)."""
-    from opmux.plugins._sources import csrc_root
+    """Folder holding the CUDA sources (``cuda/`` of
+    :func:`~opmux.plugins.build_cache.csrc_root`)."""
+    from opmux.plugins.build_cache import csrc_root
 
     return csrc_root() / "cuda"
 
@@ -83,7 +84,7 @@ def sources() -> list[Path]:
 
 
 def _key() -> str:
-    from opmux.plugins._build_cache import hash_key
+    from opmux.plugins.build_cache import hash_key
 
     root = source_dir()
     inputs = [p for p in root.glob("*") if p.suffix in (".cu", ".cpp", ".h", ".cuh")]

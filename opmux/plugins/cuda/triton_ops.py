@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from opmux.core.errors import ProviderUnavailableError
-from opmux.plugins._registration import RegistryLike, find_op
 from opmux.plugins.cuda.triton_runtime import PROVIDER, triton_status
+from opmux.plugins.registration import RegistryLike, find_op
 
 __all__ = ["KERNELS", "register"]
 

@@ -48,7 +48,7 @@ from torch import Tensor
 from opmux.core.errors import OpInputError, UnknownOpError
 from opmux.core.op import Op, OpImpl
 from opmux.core.registry import global_registry
-from opmux.plugins._registration import RegistryLike
+from opmux.plugins.registration import RegistryLike
 from opmux.plugins.xla.static_attention import (
     PagedArgs,
     check_inputs,

@@ -24,8 +24,8 @@ def ms() -> ModuleType:
 @pytest.fixture(scope="session")
 def extension(ms: ModuleType) -> ModuleType:
     """The built and imported ``_C_ops`` extension (fails the test with the build log)."""
-    from opmux.plugins.ascend import _build
+    from opmux.plugins.ascend import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     assert ok, message
-    return _build.load()
+    return build.load()

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 import opmux
-from opmux.plugins.ascend import _build
+from opmux.plugins.ascend import build
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
@@ -21,28 +21,28 @@ pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 def test_backend_follows_cann(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
-    assert (_build.backend(), _build.cann_home()) == ("CPU", None)
+    assert (build.backend(), build.cann_home()) == ("CPU", None)
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "missing"))
-    assert _build.backend() == "CPU"  # a path that does not exist does not count
+    assert build.backend() == "CPU"  # a path that does not exist does not count
     monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path))
-    assert (_build.backend(), _build.cann_home()) == ("Ascend", tmp_path)
+    assert (build.backend(), build.cann_home()) == ("Ascend", tmp_path)
 
 
 def test_cache_key_tracks_sources_and_backend(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     pytest.importorskip("mindspore")
     csrc = tmp_path / "csrc"
-    shutil.copytree(_build.source_root() / "ms_module", csrc / "ms_module")
-    shutil.copytree(_build.source_root() / "ascendc", csrc / "ascendc")
-    monkeypatch.setattr(_build, "source_root", lambda: csrc)
+    shutil.copytree(build.source_root() / "ms_module", csrc / "ms_module")
+    shutil.copytree(build.source_root() / "ascendc", csrc / "ascendc")
+    monkeypatch.setattr(build, "source_root", lambda: csrc)
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
-    first = _build.build_dir("CPU")
+    first = build.build_dir("CPU")
     assert first.parent == tmp_path / "cache" / "ascend"
-    assert _build.build_dir("CPU") == first  # stable
-    assert _build.build_dir("Ascend") != first
+    assert build.build_dir("CPU") == first  # stable
+    assert build.build_dir("Ascend") != first
     kernel = csrc / "ascendc" / "adv_step_flash.c"
     kernel.write_text(kernel.read_text() + "\n// changed\n")
-    assert _build.build_dir("CPU") != first  # any source change means a new build
+    assert build.build_dir("CPU") != first  # any source change means a new build
 
 
 def test_rebuild_skipped_when_sources_unchanged(extension: ModuleType) -> None:
@@ -52,8 +52,8 @@ def test_rebuild_skipped_when_sources_unchanged(extension: ModuleType) -> None:
         "import time, mindspore\n"
         "def refuse(*a, **k): raise AssertionError('CustomOpBuilder must not run')\n"
         "mindspore.ops.CustomOpBuilder = refuse\n"
-        "from opmux.plugins.ascend import _build\n"
-        "t = time.perf_counter(); m = _build.load(); dt = time.perf_counter() - t\n"
+        "from opmux.plugins.ascend import build\n"
+        "t = time.perf_counter(); m = build.load(); dt = time.perf_counter() - t\n"
         "print(m.__file__); print(dt)\n"
     )
     env = dict(os.environ)
@@ -72,9 +72,9 @@ def test_load_skips_compile_when_stamped(extension: ModuleType,
     def refuse(directory: Path, target: str) -> Path:
         raise AssertionError("must not compile")
 
-    monkeypatch.setattr(_build, "_compile", refuse)
+    monkeypatch.setattr(build, "_compile", refuse)
     t = time.perf_counter()
-    path = _build.build("CPU")
+    path = build.build("CPU")
     assert time.perf_counter() - t < 1.0
     assert path == Path(extension.__file__)
 
@@ -85,19 +85,19 @@ def test_build_failure_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,
     bad = tmp_path / "csrc"
     (bad / "ms_module").mkdir(parents=True)
     (bad / "ms_module" / "broken.cpp").write_text("this is not C++;\n")
-    monkeypatch.setattr(_build, "source_root", lambda: bad)
+    monkeypatch.setattr(build, "source_root", lambda: bad)
     monkeypatch.setenv("OPMUX_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(_build, "_module", None)
-    monkeypatch.setattr(_build.CACHE, "cached_status", None)
-    ok, message = _build.build_status()
+    monkeypatch.setattr(build, "_module", None)
+    monkeypatch.setattr(build.CACHE, "cached_status", None)
+    ok, message = build.build_status()
     assert not ok
     assert "broken.cpp" in message and "failed to build" in message
     with pytest.raises(opmux.BuildError, match="failed to build"):
-        _build.build()
+        build.build()
 
 
 def test_unknown_backend_is_rejected() -> None:
     pytest.importorskip("mindspore")
     with pytest.raises(opmux.BuildError, match=r"backend must be one of \['Ascend', 'CPU'\], "
                                                r"got 'GPU'"):
-        _build.build("GPU")
+        build.build("GPU")

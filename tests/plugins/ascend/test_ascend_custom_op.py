@@ -23,11 +23,11 @@ def call(num_seqs: int, num_queries: int, block_size: int, t: dict[str, Any]) ->
 
 
 def test_extension_built_for_cpu_backend(extension: ModuleType) -> None:
-    from opmux.plugins.ascend import _build
+    from opmux.plugins.ascend import build
 
-    assert _build.backend() == "CPU"  # no CANN toolkit on this machine
+    assert build.backend() == "CPU"  # no CANN toolkit on this machine
     assert extension.HAS_ASCENDC is False
-    assert str(_build.build_dir("CPU")) in str(extension.__file__)
+    assert str(build.build_dir("CPU")) in str(extension.__file__)
 
 
 def test_worked_example_in_place(ms: ModuleType, extension: ModuleType) -> None:

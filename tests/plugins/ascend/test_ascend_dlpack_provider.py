@@ -173,9 +173,9 @@ def test_plugin_hooks_register_on_cpu(extension: ModuleType, hook_registry: Any)
 def test_failed_build_registers_unsupported_with_reason(provider: ModuleType,
                                                         hook_registry: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from opmux.plugins.ascend import _build
+    from opmux.plugins.ascend import build
 
-    monkeypatch.setattr(_build, "build_status", lambda: (False, "g++: not found"))
+    monkeypatch.setattr(build, "build_status", lambda: (False, "g++: not found"))
     assert provider.register(hook_registry) == ["advance_step_flashattn:mindspore"]
     impl = hook_registry.op.impls["mindspore"]
     assert (impl.supported, impl.reason) == (False, "g++: not found")
@@ -183,7 +183,7 @@ def test_failed_build_registers_unsupported_with_reason(provider: ModuleType,
 
 def test_plugin_module_does_not_import_mindspore() -> None:
     code = ("import sys, opmux.plugins.ascend as p; p.opmux_plugin_info(); "
-            "import opmux.plugins.ascend._custom_ops, opmux.plugins.ascend._build; "
+            "import opmux.plugins.ascend._custom_ops, opmux.plugins.ascend.build; "
             "print('mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

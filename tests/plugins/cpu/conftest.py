@@ -12,9 +12,9 @@ import opmux
 @pytest.fixture(scope="session")
 def cpp() -> Any:
     """The ``cpp`` provider module, its kernels built and the plugins loaded."""
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     assert ok, message
     opmux.load_plugins()
     from opmux.plugins.cpu import cpp_ops

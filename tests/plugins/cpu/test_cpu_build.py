@@ -16,9 +16,9 @@ pytestmark = pytest.mark.slow
 
 _PROBE = """
 import json, sys
-from opmux.plugins.cpu import _build
-ok, message = _build.build_status()
-print(json.dumps({"ok": ok, "message": message, "dir": str(_build.build_dir())}))
+from opmux.plugins.cpu import build
+ok, message = build.build_status()
+print(json.dumps({"ok": ok, "message": message, "dir": str(build.build_dir())}))
 """
 
 
@@ -35,11 +35,11 @@ def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture(scope="session")
 def built() -> Path:
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    ok, message = _build.build_status()
+    ok, message = build.build_status()
     assert ok, message
-    return _build.build_dir()
+    return build.build_dir()
 
 
 def test_second_build_is_a_load(built: Path) -> None:
@@ -56,13 +56,13 @@ def test_second_build_is_a_load(built: Path) -> None:
 
 
 def test_build_key_depends_on_flags(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    monkeypatch.setattr(_build, "CFLAGS", (*_build.CFLAGS, "-DOPMUX_TEST_FLAG"))
-    assert _build.build_dir() != built
+    monkeypatch.setattr(build, "CFLAGS", (*build.CFLAGS, "-DOPMUX_TEST_FLAG"))
+    assert build.build_dir() != built
     monkeypatch.undo()
     monkeypatch.setenv("CXX", "/opt/other/g++")
-    assert _build.build_dir() != built
+    assert build.build_dir() != built
 
 
 def test_missing_compiler_is_reported_not_raised(tmp_path: Path) -> None:
@@ -81,9 +81,9 @@ def test_compile_error_keeps_compiler_output(tmp_path: Path) -> None:
     code = (
         "import json\n"
         "from pathlib import Path\n"
-        "from opmux.plugins.cpu import _build\n"
-        f"_build.source_dir = lambda: Path({str(src)!r})\n"
-        "print(json.dumps(_build.build_status()))\n"
+        "from opmux.plugins.cpu import build\n"
+        f"build.source_dir = lambda: Path({str(src)!r})\n"
+        "print(json.dumps(build.build_status()))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code],
                           env={**os.environ, "OPMUX_CACHE_DIR": str(tmp_path / "cache")},
@@ -95,11 +95,11 @@ def test_compile_error_keeps_compiler_output(tmp_path: Path) -> None:
 
 def test_build_raises_build_error_on_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     from opmux.core.errors import BuildError
-    from opmux.plugins.cpu import _build
+    from opmux.plugins.cpu import build
 
-    monkeypatch.setattr(_build.CACHE, "cached_status", (False, "compiler said no"))
+    monkeypatch.setattr(build.CACHE, "cached_status", (False, "compiler said no"))
     with pytest.raises(BuildError, match="compiler said no"):
-        _build.build()
+        build.build()
 
 
 def test_plugin_hooks() -> None:
@@ -131,7 +131,7 @@ def test_registered_provider_dispatches(built: Path) -> None:
 
 
 def test_unsupported_registration_keeps_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    from opmux.plugins.cpu import _build, cpp_ops
+    from opmux.plugins.cpu import build, cpp_ops
 
     calls: list[tuple[str, dict[str, Any]]] = []
 
@@ -148,7 +148,7 @@ def test_unsupported_registration_keeps_reason(monkeypatch: pytest.MonkeyPatch) 
         def list_ops(self) -> list[FakeOp]:
             return [FakeOp(name) for name in cpp_ops.OPS]
 
-    monkeypatch.setattr(_build.CACHE, "cached_status", (False, "c++: not found"))
+    monkeypatch.setattr(build.CACHE, "cached_status", (False, "c++: not found"))
     done = cpp_ops.register(FakeRegistry())  # type: ignore[arg-type]
     assert done == [f"{name}:cpp" for name in cpp_ops.OPS]
     assert {name for name, _ in calls} == set(cpp_ops.OPS)

@@ -7,9 +7,9 @@ are needed and loaded as a plain shared library (``is_python_module=False``): it
 The library lives in ``$OPMUX_CACHE_DIR/cpu/<key>`` (default ``~/.cache/opmux``), where ``<key>``
 hashes the kernel sources, the torch version, the compiler, the compiler flags and the host CPU
 flags (``-march=native`` code must not be shared between CPUs with different ISAs); the sources
-are read again only when one of them changed (:meth:`~opmux.plugins._build_cache.BuildCache.key`).
+are read again only when one of them changed (:meth:`~opmux.plugins.build_cache.BuildCache.key`).
 Building, the integrity stamp checked before loading, rebuilding a damaged entry and the build
-lock are :mod:`opmux.plugins._build_cache`'s; a second process with the same key verifies the
+lock are :mod:`opmux.plugins.build_cache`'s; a second process with the same key verifies the
 stamp and only loads the library.
 
 A failed build (no compiler, no ninja, compile error, unwritable cache) never raises out of
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from opmux.core import config
 from opmux.core.errors import BuildError
-from opmux.plugins._build_cache import BuildCache
+from opmux.plugins.build_cache import BuildCache, csrc_root
 
 __all__ = ["CACHE", "CFLAGS", "LDFLAGS", "build", "build_dir", "build_status", "source_dir",
            "sources"]
@@ -45,9 +45,7 @@ CACHE = BuildCache("cpu", f"{_LIB_PREFIX}.so", "opmux cpu kernels")
 
 
 def source_dir() -> Path:
-    """Folder holding the C++ sources (``cpu/`` of :func:`~opmux.plugins._sources.csrc_root`)."""
-    from opmux.plugins._sources import csrc_root
-
+    """Folder holding the C++ sources (``cpu/`` of :func:`~opmux.plugins.build_cache.csrc_root`)."""
     return csrc_root() / "cpu"
 
 

@@ -10,7 +10,7 @@ Caching: the library lives in ``$OPMUX_CACHE_DIR/ascend/<backend>-<key>`` (defau
 ``~/.cache/opmux``), where ``<key>`` hashes every file under ``csrc/ascend/ms_module`` and
 ``csrc/ascend/ascendc``, the backend, the MindSpore and Python versions and the CANN location;
 the entry is built, stamped, verified before import and rebuilt when damaged by
-:mod:`opmux.plugins._build_cache`. CustomOpBuilder's own cache is per process only (an in-memory
+:mod:`opmux.plugins.build_cache`. CustomOpBuilder's own cache is per process only (an in-memory
 table of name, sources and flags, then a ninja run that re-checks every object; a repeated
 request after a failed build is skipped and answered with a path that does not exist), so a
 process that finds a verified entry imports the library directly, without CustomOpBuilder or
@@ -36,7 +36,7 @@ from typing import Final
 
 from opmux.core import config
 from opmux.core.errors import BuildError
-from opmux.plugins._build_cache import BuildCache, cann_home, hash_key
+from opmux.plugins.build_cache import BuildCache, cann_home, csrc_root, hash_key
 
 __all__ = [
     "EXTENSION_NAME",
@@ -66,8 +66,6 @@ _module: ModuleType | None = None
 def source_root() -> Path:
     """The Ascend sources, ``csrc/ascend`` (shipped in wheels, or the source tree's): the
     MindSpore module in ``ms_module/``, the AscendC kernels in ``ascendc/``."""
-    from opmux.plugins._sources import csrc_root
-
     return csrc_root() / "ascend"
 
 

@@ -45,21 +45,22 @@ import stat
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
 from opmux.core import config
 from opmux.core._cache_json import read_cache_json, warn_ignored
-from opmux.core._files import write_quietly
 from opmux.core.errors import BuildError
 
-__all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "hash_key", "reset_statuses", "verify"]
+__all__ = ["STAMP", "BuildCache", "cache_root", "cann_home", "csrc_root", "file_sha256", "hash_key",
+           "reset_statuses", "verify", "write_quietly"]
 
 _SOURCES_STAMP: Final = ".sources-{}.json"
 """Name (per source tree) of the file that remembers a tree's last key (:meth:`BuildCache.key`)."""
 
-_SETTLED_NS = 2_000_000_000
+SETTLED_NS = 2_000_000_000
 """A key is remembered only when every file's ctime is this old (ns): file times advance in
 clock ticks, so a file written twice within one tick could otherwise look unchanged."""
 
@@ -70,8 +71,8 @@ _MAX_STAMP_BYTES: Final = 1 << 20
 """A stamp (or checksum record) larger than this is damaged."""
 
 _HASH_CHUNK: Final = 1 << 20
-#: every build cache of the process (module constants of the plugins), for reset_statuses
-_caches: list[BuildCache] = []
+#: every build cache of the process, for reset_statuses (a cache no longer used drops out)
+_caches: weakref.WeakSet[BuildCache] = weakref.WeakSet()
 
 
 def cache_root() -> Path:
@@ -79,9 +80,48 @@ def cache_root() -> Path:
     return config.cache_dir()
 
 
+def csrc_root() -> Path:
+    """The folder holding the native sources: ``cpu/``, ``cuda/`` and ``ascend/`` (``ascendc/``,
+    ``ms_module/``).
+
+    A wheel ships them as ``opmux/_csrc``; a source checkout (editable install) has them in
+    ``csrc/`` at the top of the tree.
+    """
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "_csrc"
+    return shipped if shipped.is_dir() else package.parent / "csrc"
+
+
 def cann_home() -> Path | None:
     """The CANN toolkit folder (:func:`opmux.core.config.cann_home`)."""
     return config.cann_home()
+
+
+def write_quietly(path: Path, data: bytes) -> bool:
+    """Put ``data`` at ``path`` atomically, creating its folder; ``False`` if it could not.
+
+    The bytes go to a temporary file of a unique name beside ``path`` (permissions from the
+    umask, as for any file the process creates), which is then renamed over ``path``: a
+    reader sees the old content or the new, never part of it, and two writers never share a
+    temporary file. For caches, where a folder that cannot be written only costs the next
+    process the work the file would have saved: every ``OSError`` gives ``False``, and the
+    temporary file is removed.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True
 
 
 def hash_key(base: Path, files: Iterable[Path], parts: Iterable[str]) -> str:
@@ -99,7 +139,8 @@ def hash_key(base: Path, files: Iterable[Path], parts: Iterable[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of the file at ``path`` (hex), read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_HASH_CHUNK):
@@ -161,9 +202,9 @@ def verify(entry: Path, library: str) -> str | None:
     checked = _checked_path(entry)
     if read_cache_json(checked, _MAX_STAMP_BYTES)[0] == seen:  # damaged: checksum read again
         return None
-    if _sha256(path) != stamp.get("sha256"):
+    if file_sha256(path) != stamp.get("sha256"):
         return f"{path} does not match the sha256 of its build stamp"
-    if st.st_ctime_ns <= time.time_ns() - _SETTLED_NS:  # see _SETTLED_NS
+    if st.st_ctime_ns <= time.time_ns() - SETTLED_NS:  # see SETTLED_NS
         # a read-only cache: the checksum is read at each start-up
         write_quietly(checked, json.dumps(seen).encode())
     return None
@@ -175,10 +216,10 @@ def _checked_path(entry: Path) -> Path:
 
 
 def _write_stamp(folder: Path, library: Path) -> None:
-    files = {p.name: _sha256(p) for p in sorted(folder.iterdir())
+    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir())
              if p.is_file() and p != library and not p.name.startswith(".opmux-")}
     stamp = {"library": library.name, "size": library.stat().st_size,
-             "sha256": _sha256(library), "files": files}
+             "sha256": file_sha256(library), "files": files}
     tmp = folder / (STAMP + ".tmp")
     tmp.write_text(json.dumps(stamp, indent=1), encoding="utf-8")
     with open(tmp, "rb") as handle:  # the stamp is the commit point: make it durable first
@@ -197,7 +238,7 @@ def _salvage(old: Path, new: Path, library: str) -> None:
         if name == library or not src.is_file():
             continue
         with contextlib.suppress(OSError):
-            if _sha256(src) == digest:
+            if file_sha256(src) == digest:
                 shutil.copy2(src, new / src.name)  # keeps mtimes: ninja sees it up to date
 
 
@@ -218,7 +259,7 @@ class BuildCache:
         self.cached_status: tuple[bool, str] | None = None
         #: how many builds this process ran (and installed) for this cache.
         self.builds = 0
-        _caches.append(self)
+        _caches.add(self)
 
     def key(self, base: Path, files: Iterable[str | os.PathLike[str]],
             parts: Iterable[str]) -> str:
@@ -242,7 +283,7 @@ class BuildCache:
             return str(known["key"])
         key = hash_key(base, map(Path, names), parts)
         if max((ctime for _, _, _, ctime, _ in signatures), default=0) \
-                > time.time_ns() - _SETTLED_NS:
+                > time.time_ns() - SETTLED_NS:
             return key  # changed a moment ago: a change in the same clock tick would not show
         write_quietly(path, json.dumps({**record, "key": key}).encode())
         return key
