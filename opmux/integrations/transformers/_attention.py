@@ -115,7 +115,7 @@ def module_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                      ) -> tuple[Tensor, Tensor | None]:
     """The attention of an enabled model's attention module: opmux's where it expresses the
     call, else the implementation the config names, with the mask built for it."""
-    name = module.config._attn_implementation
+    name = _config_value(module.config, "_attn_implementation", "_attn_implementation_internal")
     if name == PAGED_NAME[0]:
         return paged_attention_forward(module, query, key, value, attention_mask, scaling,
                                        dropout, sliding_window, softcap, **kwargs)
@@ -158,8 +158,9 @@ def _opmux_attention(name: str, module: Any, query: Tensor, key: Tensor, value: 
 
 def _opmux_can_run(module: Any, query: Tensor, key: Tensor, value: Tensor, dropout: float,
                    kwargs: dict[str, Any]) -> bool:
-    if dropout != 0.0 or hasattr(module, "sinks") or kwargs.get("output_attentions") \
-            or getattr(getattr(module, "config", None), "output_attentions", False):
+    if dropout != 0.0 or _has_sinks(module) or kwargs.get("output_attentions") \
+            or _config_value(getattr(module, "config", None), "output_attentions",
+                             "_output_attentions"):
         return False  # (the weights are asked for: the op returns none)
     if not kwargs.get("is_causal", getattr(module, "is_causal", True)):
         return False
@@ -170,6 +171,31 @@ def _opmux_can_run(module: Any, query: Tensor, key: Tensor, value: Tensor, dropo
     return (len(q) == 4 and len(k) == 4 and k == value.shape and key.dtype == query.dtype
             and value.dtype == query.dtype and q[0] == k[0] and q[3] == k[3]
             and q[1] % k[1] == 0 and k[2] >= q[2] > 0)
+
+
+def _config_value(config: Any, name: str, stored: str) -> Any:
+    """``config.<name>`` (``False`` for no config), read from the instance attribute
+    ``stored`` that transformers' property returns where it is there: the property behind
+    the config's own ``__getattribute__`` costs more than the rest of the attention call's
+    checks together (the attention call of ``benchmarks/transformers_cpu.py``'s tiny
+    model)."""
+    if torch.compiler.is_compiling():
+        return getattr(config, name, False)
+    try:  # (not through the config's __getattribute__ either)
+        own = object.__getattribute__(config, "__dict__")
+    except AttributeError:
+        return getattr(config, name, False)
+    return own[stored] if stored in own else getattr(config, name, False)
+
+
+def _has_sinks(module: Any) -> bool:
+    """The module has attention sinks (``sinks``, a parameter or buffer in transformers'
+    models). Read from the module's own dicts: ``hasattr`` on a module without them raises
+    inside ``nn.Module.__getattr__``, the larger cost (the attention call of
+    ``benchmarks/transformers_cpu.py``'s tiny model)."""
+    own = getattr(module, "__dict__", {})
+    return "sinks" in own or "sinks" in own.get("_parameters", ()) \
+        or "sinks" in own.get("_buffers", ())
 
 
 _META: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor, Tensor]] = {}
