@@ -149,10 +149,8 @@ def _gate_up(x: Tensor, gate: nn.Module, up: nn.Module) -> Tensor:
     """``[gate(x), up(x)]`` along the last dimension, the input of the gated activation op.
 
     Plain linear layers run as :func:`~opmux.layers.dense_linear` and the halves are
-    concatenated: in one process (thread CPU time, 1 thread) two ``F.linear`` and a ``cat``
-    took 0.63-0.97x the time of two ``torch.mm`` writing the halves of one buffer (``out=``
-    views), at 1 and 16 rows of the tiny and ~100M Llamas of
-    ``benchmarks/transformers_cpu.py``.
+    concatenated: in one process, two ``F.linear`` and a ``cat`` beat two ``torch.mm``
+    writing the halves of one buffer, at the sizes of ``benchmarks/transformers_cpu.py``.
     """
     if not (_plain_linear(gate) and _plain_linear(up)):
         return torch.cat((gate(x), up(x)), dim=-1)
@@ -197,8 +195,8 @@ def _rope_inputs(cos: Tensor, sin: Tensor, batch: int) -> tuple[Tensor | None, T
     ``cos``/``sin [B or 1, S, D]``, or ``(None, None)`` when they are not neox-style rows.
 
     Built once per step, on the first layer, from one ``stack``, one ``equal`` and (for
-    several rows) one copy: 24 us a decode step of ``benchmarks/transformers_cpu.py``'s tiny
-    model (3.4 ms), where two ``equal`` of halves, a ``cat`` and a new ``arange`` took 91 us.
+    several rows) one copy, the cheapest way measured on a decode step of
+    ``benchmarks/transformers_cpu.py``'s tiny model.
     """
     for memo in _ROPE_MEMO:
         if memo[0] is cos and memo[1] is sin and memo[2] == batch:
