@@ -9,8 +9,11 @@ loading and every other path, and the engine's decoder calls it instead of the l
 module call, no dispatch):
 
 - bfloat16 (CPUs with native bfloat16 compute, ``torch.ops.mkldnn._is_mkldnn_bf16_supported``):
-  every call goes through the packed copy, which reads half of float32's bytes and
-  accumulates in float32;
+  three rows or more go through the packed copy, which reads half of float32's bytes and
+  accumulates in float32; one or two rows go through the ``cpp`` kernels'
+  ``linear_blocked_out`` (``csrc/cpu/linear.cpp``) on a copy laid out in blocks of 8 rows by
+  one cache line, which each thread streams as one contiguous run, where the CPU plugin's
+  kernels are loaded (oneDNN's packed copy otherwise);
 - float32, two rows or more (a batched decode step, a prefill): the packed copy;
 - float32, a single row (batch-1 decode, bound by how fast the weight streams from memory):
   a weight with at least as many outputs as inputs keeps a transposed ``[in, out]`` copy and
@@ -23,7 +26,8 @@ module call, no dispatch):
 packing is laid out again at its next call.
 
 The two oneDNN ops are private torch ops, looked up once; where a torch build lacks them
-nothing is packed.
+nothing is packed. The blocked kernel is looked up when a weight is packed (the CPU plugin
+loads it).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ __all__ = ["PackedWeight", "can_pack", "copies_bytes"]
 
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
+_BLOCK, _LINE = 8, 64  # the blocked copy: rows per block, bytes per chunk (csrc/cpu/linear.cpp)
+_BLOCKED_ROWS = 2  # the most rows the blocked copy serves (benchmarks/llamacpp_cpu.py)
 
 
 def _find(name: str) -> Callable[..., Tensor] | None:
@@ -65,12 +71,34 @@ def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
 def copies_bytes(weight: Tensor) -> int:
     """The bytes :class:`PackedWeight` adds for ``weight`` (its packed and transposed
     copies)."""
-    copies = 2 if _transposes(weight) else 1
+    copies = 2 if _transposes(weight) or _blocks(weight) else 1
     return copies * weight.numel() * weight.element_size()
 
 
 def _transposes(weight: Tensor) -> bool:
     return weight.dtype == torch.float32 and weight.shape[0] >= weight.shape[1]
+
+
+def _blocks(weight: Tensor) -> bool:
+    """A bfloat16 weight keeps a blocked copy for one or two rows, which oneDNN streams well
+    below the memory bandwidth (``benchmarks/llamacpp_cpu.py``)."""
+    return weight.dtype == torch.bfloat16
+
+
+def _blocked_kernel() -> Callable[..., None] | None:
+    """``torch.ops.opmux_cpu.linear_blocked_out`` when the CPU plugin's kernels are loaded."""
+    kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, "linear_blocked_out",
+                                                 None)
+    return kernel
+
+
+def _block_layout(weight: Tensor) -> Tensor:
+    """``weight [N, K]`` as ``[N/8, K/C, 8, C]`` (C elements in a cache line), zero-padded."""
+    n, k = weight.shape
+    line = _LINE // weight.element_size()
+    padded = F.pad(weight, (0, -k % line, 0, -n % _BLOCK))
+    rows, cols = padded.shape
+    return padded.view(rows // _BLOCK, _BLOCK, cols // line, line).permute(0, 2, 1, 3).contiguous()
 
 
 class PackedWeight:
@@ -87,6 +115,8 @@ class PackedWeight:
         self._packed = self._transposed = weight
         self._row_packed = weight.dtype != torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
+        self._blocked_kernel = _blocked_kernel() if _blocks(weight) else None
+        self._blocked = weight
 
     def takes(self, x: Tensor) -> bool:
         """Whether :meth:`__call__` serves ``x``: rows of CPU input in the weight's dtype,
@@ -101,7 +131,14 @@ class PackedWeight:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
             if _transposes(w):
                 self._transposed = w.detach().t().contiguous()
+            if self._blocked_kernel is not None:
+                self._blocked = _block_layout(w.detach())
             self._version = w._version
+        blocked = self._blocked_kernel
+        if blocked is not None and x.shape[0] <= _BLOCKED_ROWS and x.stride(-1) == 1:
+            out = x.new_empty((x.shape[0], w.shape[0]))
+            blocked(out, x, self._blocked, self.bias)
+            return out
         if x.shape[0] == 1 and not self._row_packed:
             if self._transposed is not w:
                 if self.bias is None:

@@ -1,0 +1,180 @@
+// linear_blocked_out: out[m, n] = x[m, :] . w[n, :] (+ bias[n]) for a few rows of x, against a
+// weight laid out once in blocks (opmux/models/_packed.py packs it):
+//
+//   packed[N8, KC, 8, C]: block b, chunk c, row r, lane j = w[8 b + r, C c + j]
+//
+// where C is one 64-byte cache line of the dtype (16 float32, 32 bfloat16) and N and K are
+// zero-padded up to whole blocks. A thread owns whole blocks of 8 outputs, so it streams one
+// contiguous run of the weight, 8 lines at a time, while x stays in L1: the shape of a decode
+// step's linears, which are bound by how fast the weight streams from memory
+// (benchmarks/llamacpp_cpu.py). bfloat16 multiplies with VDPBF16PS where the CPU has it,
+// else widens to float32; every product is accumulated in float32 and rounded once.
+#include "op_library.h"
+#include "vec_common.h"
+
+#include <vector>
+
+namespace opmux_cpu {
+namespace {
+
+constexpr int64_t kBlock = 8;   // weight rows per block
+constexpr int64_t kLine = 64;   // bytes of one chunk of a row
+// software prefetch distance, into L2: the hardware prefetchers stop at page boundaries
+// (benchmarks/llamacpp_cpu.py)
+constexpr int64_t kAhead = 8192;
+
+template <typename T>
+constexpr int64_t chunk_elems() {
+  return kLine / static_cast<int64_t>(sizeof(T));
+}
+
+inline void prefetch_block(const void* p) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  const char* c = static_cast<const char*>(p) + kAhead;
+  for (int64_t r = 0; r < kBlock; ++r) _mm_prefetch(c + r * kLine, _MM_HINT_T1);
+#else
+  (void)p;
+#endif
+}
+
+// sum over k of x[k] * w[8 b + r, k] for the 8 rows r of block `w` (KC chunks), into acc[r].
+// `x` holds KC * C elements (zero-padded): float for the widening paths, bfloat16 for the dot
+// product instruction.
+#if defined(CPU_CAPABILITY_AVX512)
+inline __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline void block_dot(const float* w, const float* x, int64_t chunks, float* acc_out) {
+  __m512 acc[kBlock];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c, w += kBlock * 16) {
+    prefetch_block(w);
+    const __m512 xv = _mm512_loadu_ps(x + 16 * c);
+    for (int64_t r = 0; r < kBlock; ++r) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(w + 16 * r), xv, acc[r]);
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+inline void block_dot(const at::BFloat16* w, const float* x, int64_t chunks, float* acc_out) {
+  __m512 acc[kBlock];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c, w += kBlock * 32) {
+    prefetch_block(w);
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * c), x1 = _mm512_loadu_ps(x + 32 * c + 16);
+    for (int64_t r = 0; r < kBlock; ++r) {
+      const __m256i* p = reinterpret_cast<const __m256i*>(w + 32 * r);
+      acc[r] = _mm512_fmadd_ps(widen_bf16(_mm256_load_si256(p)), x0, acc[r]);
+      acc[r] = _mm512_fmadd_ps(widen_bf16(_mm256_load_si256(p + 1)), x1, acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#if defined(__AVX512BF16__)
+inline void block_dot(const at::BFloat16* w, const at::BFloat16* x, int64_t chunks,
+                      float* acc_out) {
+  __m512 acc[kBlock];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; ++c, w += kBlock * 32) {
+    prefetch_block(w);
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + 32 * c);
+    for (int64_t r = 0; r < kBlock; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_load_si512(w + 32 * r), xv);
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+#else
+// at::vec: 8 float lanes on AVX2, the scalar fallback elsewhere.
+template <typename T>
+inline void block_dot(const T* w, const float* x, int64_t chunks, float* acc_out) {
+  constexpr int64_t C = chunk_elems<T>();
+  fVec acc[kBlock];
+  for (int64_t c = 0; c < chunks; ++c, w += kBlock * C) {
+    prefetch_block(w);
+    for (int64_t j = 0; j < C; j += kF) {
+      const fVec xv = fVec::loadu(x + C * c + j);
+      for (int64_t r = 0; r < kBlock; ++r) acc[r] = at::vec::fmadd(load_f(w + C * r + j), xv, acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = hsum(acc[r]);
+}
+#endif
+
+// The type x is multiplied in: bfloat16 where the dot-product instruction takes it.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+constexpr bool kDotBf16 = true;
+#else
+constexpr bool kDotBf16 = false;
+#endif
+template <typename T>
+using x_t = std::conditional_t<kDotBf16 && std::is_same_v<T, at::BFloat16>, at::BFloat16, float>;
+
+template <typename T>
+void linear_blocked(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                    const c10::optional<at::Tensor>& bias) {
+  using X = x_t<T>;
+  constexpr int64_t C = chunk_elems<T>();
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const int64_t blocks = packed.size(0), chunks = packed.size(1);
+  // x once, zero-padded to whole chunks, in the type the block product reads
+  std::vector<X> xs(static_cast<size_t>(M * chunks * C), X(0));
+  const T* xp = x.const_data_ptr<T>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xs[m * chunks * C + k] = static_cast<X>(xp[m * x.stride(0) + k]);
+  const T* wp = packed.const_data_ptr<T>();
+  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
+  T* op = out.data_ptr<T>();
+  const int64_t so = out.stride(0);
+  // a task reads at least 256 KiB of weight: fewer forks for small layers
+  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / (kBlock * chunks * kLine));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    float acc[kBlock];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t rows = std::min(kBlock, N - b * kBlock);
+      for (int64_t m = 0; m < M; ++m) {
+        block_dot(wp + b * kBlock * chunks * C, xs.data() + m * chunks * C, chunks, acc);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t n = b * kBlock + r;
+          op[m * so + n] = static_cast<T>(bp ? acc[r] + static_cast<float>(bp[n]) : acc[r]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void linear_blocked_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
+                        const c10::optional<at::Tensor>& bias) {
+  const auto dt = x.scalar_type();
+  OPMUX_CHECK("linear", dt == at::kFloat || dt == at::kBFloat16,
+              "expected x float32 or bfloat16, got ", dt);
+  OPMUX_CHECK("linear", x.dim() == 2 && x.stride(1) == 1 && out.dim() == 2 &&
+                            out.stride(1) == 1 && out.size(0) == x.size(0),
+              "expected x [M, K] and out [M, N] with unit inner strides");
+  OPMUX_CHECK("linear", packed.scalar_type() == dt && out.scalar_type() == dt &&
+                            packed.is_contiguous() && packed.dim() == 4 &&
+                            packed.size(2) == kBlock &&
+                            packed.size(3) * packed.element_size() == kLine &&
+                            packed.size(0) * kBlock >= out.size(1) &&
+                            packed.size(1) * packed.size(3) >= x.size(1),
+              "expected a packed weight [N/8, K/C, 8, C] of x's dtype covering out and x");
+  OPMUX_CHECK("linear", !bias.has_value() || (bias->scalar_type() == dt &&
+                                              bias->is_contiguous() &&
+                                              bias->numel() == out.size(1)),
+              "expected bias [N] of x's dtype");
+  if (dt == at::kFloat) {
+    linear_blocked<float>(out, x, packed, bias);
+  } else {
+    linear_blocked<at::BFloat16>(out, x, packed, bias);
+  }
+}
+
+TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def("linear_blocked_out(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()",
+        cpu_kernel(&linear_blocked_out));
+}
+
+}  // namespace opmux_cpu
