@@ -26,8 +26,8 @@ module call, no dispatch):
 packing is laid out again at its next call.
 
 The two oneDNN ops are private torch ops, looked up once; where a torch build lacks them
-nothing is packed. The blocked kernel is looked up when a weight is packed (the CPU plugin
-loads it).
+nothing is packed. The blocked kernel is looked up when a weight is packed, after start-up
+(the CPU plugin loads it).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from opmux.core.registry import global_registry
 
 __all__ = ["PackedWeight", "can_pack", "copies_bytes"]
 
@@ -86,7 +88,9 @@ def _blocks(weight: Tensor) -> bool:
 
 
 def _blocked_kernel() -> Callable[..., None] | None:
-    """``torch.ops.opmux_cpu.linear_blocked_out`` when the CPU plugin's kernels are loaded."""
+    """``torch.ops.opmux_cpu.linear_blocked_out`` when the CPU plugin's kernels are loaded
+    (start-up, run here if no op call ran it yet, loads them)."""
+    global_registry().ensure_loaded()
     kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, "linear_blocked_out",
                                                  None)
     return kernel
