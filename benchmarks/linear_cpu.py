@@ -8,18 +8,28 @@ Llama of ``benchmarks/vllm_cpu.py`` (hidden 1024, 16/4 heads, intermediate 3072;
 fused, as opmux's layers hold them) at decode (1, 16, 64 rows) and prefill (512 rows), and a
 small model's (hidden 256) to show the fixed cost that the weight-size rule avoids.
 
-Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15]``.
+With ``--packed`` it compares instead the Engine's bfloat16 packed weights
+(``opmux.models``' ``PackedWeight``) at 1-16 rows: oneDNN's packed copy against the CPU
+plugin's blocked kernel (``csrc/cpu/linear.cpp``), which the Engine uses for one and two rows
+(ratio below 1.0: the blocked kernel is faster). It needs a CPU with native bfloat16 compute.
+
+Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
 from timing import interleaved_us
 
 from opmux.layers import _gemm
+from opmux.models._packed import PackedWeight
+
+PACKED_SHAPES = [  # (in, out): the linears and LM head of the 100M Llama of llamacpp_cpu.py
+    (768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]
 
 SHAPES = [  # (rows, in, out)
     *((m, k, n) for m in (1, 16, 64) for k, n in
@@ -33,7 +43,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--packed", action="store_true",
+                        help="bfloat16 packed weights: oneDNN against the blocked kernel")
     args = parser.parse_args()
+    if args.packed:
+        packed(args.threads, args.rounds)
+        return
     print(f"torch {torch.__version__}, oneDNN op {'found' if _gemm._ONEDNN else 'missing'}")
     print(f"{'threads':>7} {'rows':>5} {'in':>5} {'out':>5} {'F.linear us':>12} "
           f"{'dense_linear us':>16} {'path':>8} {'ratio':>6}")
@@ -49,6 +64,27 @@ def main() -> None:
                 path = "oneDNN" if _gemm.takes_onednn(x, w, None) else "F.linear"
             print(f"{threads:>7} {rows:>5} {k:>5} {n:>5} {t['F.linear']:>12.1f} "
                   f"{t['dense']:>16.1f} {path:>8} {t['dense'] / t['F.linear']:>6.2f}")
+
+
+def packed(threads_list: list[int], rounds: int) -> None:
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise SystemExit("--packed needs a CPU with native bfloat16 compute")
+    print(f"{'threads':>7} {'rows':>5} {'in':>5} {'out':>6} {'oneDNN us':>10} "
+          f"{'blocked us':>11} {'ratio':>6}")
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        for rows in (1, 2, 4, 16):
+            for k, n in PACKED_SHAPES:
+                w = torch.randn(n, k).to(torch.bfloat16)
+                x = torch.randn(rows, k).to(torch.bfloat16)
+                onednn, blocked = PackedWeight(w, None, blocked=False), PackedWeight(w, None)
+                with torch.inference_mode():
+                    calls = max(3, int(2e5 / (k * n / 1e3 + 1e2)))
+                    t = interleaved_us({"onednn": lambda x=x, p=onednn: p(x),
+                                        "blocked": lambda x=x, p=blocked: p(x)},
+                                       calls=calls, rounds=rounds, clock=time.thread_time)
+                print(f"{threads:>7} {rows:>5} {k:>5} {n:>6} {t['onednn']:>10.1f} "
+                      f"{t['blocked']:>11.1f} {t['blocked'] / t['onednn']:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ __all__ = ["PackedWeight", "can_pack", "copies_bytes"]
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
 _BLOCK, _LINE = 8, 64  # the blocked copy: rows per block, bytes per chunk (csrc/cpu/linear.cpp)
-_BLOCKED_ROWS = 2  # the most rows the blocked copy serves (benchmarks/llamacpp_cpu.py)
+_BLOCKED_ROWS = 2  # the most rows the blocked copy serves (benchmarks/linear_cpu.py --packed)
 
 
 def _find(name: str) -> Callable[..., Tensor] | None:
@@ -83,7 +83,7 @@ def _transposes(weight: Tensor) -> bool:
 
 def _blocks(weight: Tensor) -> bool:
     """A bfloat16 weight keeps a blocked copy for one or two rows, which oneDNN streams well
-    below the memory bandwidth (``benchmarks/llamacpp_cpu.py``)."""
+    below the memory bandwidth (``benchmarks/linear_cpu.py --packed``)."""
     return weight.dtype == torch.bfloat16
 
 
@@ -113,13 +113,16 @@ class PackedWeight:
     :param bias: ``[out]`` or ``None``.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, *, blocked: bool = True) -> None:
+        """:param blocked: serve one or two bfloat16 rows with the blocked kernel where it is
+            loaded (``False``: oneDNN for every row count, the baseline of
+            ``benchmarks/linear_cpu.py --packed``)."""
         self.weight, self.bias = weight, bias
         self._version = -1
         self._packed = self._transposed = weight
         self._row_packed = weight.dtype != torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
-        self._blocked_kernel = _blocked_kernel() if _blocks(weight) else None
+        self._blocked_kernel = _blocked_kernel() if blocked and _blocks(weight) else None
         self._blocked = weight
 
     def takes(self, x: Tensor) -> bool:
