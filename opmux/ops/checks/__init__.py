@@ -36,9 +36,13 @@ from opmux.ops.checks.activation import (
 )
 from opmux.ops.checks.attention import (
     check_concat_and_cache_mla,
+    check_concat_and_cache_mla_values,
     check_encoder_attention,
+    check_encoder_attention_values,
     check_mla_attention,
+    check_mla_attention_values,
     check_paged_attention,
+    check_paged_attention_values,
     check_paged_lens,
 )
 from opmux.ops.checks.cache import (
@@ -71,6 +75,7 @@ from opmux.ops.checks.moe import (
     check_grouped_topk,
     check_topk_softmax,
 )
+from opmux.ops.checks.predicates import static_check_passes, with_static_check
 from opmux.ops.checks.quant import (
     check_quant_fp8,
 )
@@ -98,7 +103,9 @@ from opmux.ops.checks.single_arguments import (
 )
 from opmux.ops.checks.ssd import (
     check_ssd_chunk_scan,
+    check_ssd_chunk_scan_values,
     check_ssd_state_update,
+    check_ssd_state_update_values,
 )
 from opmux.ops.checks.ssm import (
     ACTIVATIONS,
@@ -107,10 +114,18 @@ from opmux.ops.checks.ssm import (
     check_causal_conv1d_update,
     check_selective_scan,
     check_selective_state_update,
+    check_ssm_index_values,
 )
 from opmux.ops.checks.symbolic import has_data, is_concrete, require
 
 __all__ = [
+    "check_ssm_index_values",
+    "check_ssd_chunk_scan_values",
+    "check_ssd_state_update_values",
+    "check_concat_and_cache_mla_values",
+    "check_encoder_attention_values",
+    "check_mla_attention_values",
+    "check_paged_attention_values",
     "ACTIVATIONS",
     "FLOAT_DTYPES",
     "GATE_ACTIVATIONS",
@@ -179,5 +194,7 @@ __all__ = [
     "resolve_group_for",
     "rotary_heads",
     "shape_text",
+    "static_check_passes",
     "value_text",
+    "with_static_check",
 ]
