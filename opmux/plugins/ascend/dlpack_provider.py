@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from opmux.ops.checks import check_advance_step_flashattn, static_check_passes
+from opmux.ops.checks import (
+    check_advance_step_flashattn,
+    check_advance_step_flashattn_values,
+    static_check_passes,
+)
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:
@@ -111,12 +115,16 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     """The catalog op on torch tensors, computed by the MindSpore extension in place.
 
     :func:`advance_step_flashattn_supports` is its acceptance test; the extension checks
-    again, and reads the index values before it writes anything.
+    again. Index values are checked before anything is written: by the CPU kernel itself, and
+    here for device tensors (the AscendC kernel does not check them).
 
     :raises opmux.OpInputError: wrong dtype, shape or layout (nothing written), or a
-        ``seq_lens`` value outside the block table (detected by the kernel before writing).
+        ``seq_lens`` value outside the block table (detected before writing).
     :raises opmux.ProviderUnavailableError: MindSpore is not in PyNative mode.
     """
+    if not input_tokens.is_cpu:  # index values: the AscendC kernel does not check them
+        check_advance_step_flashattn_values(num_queries, block_size, seq_lens, block_tables,
+                                            provider=PROVIDER)
     fn = _custom_ops.kernel()
     if _sync_flag is not None and _barrier is not None:
         (get, set_, key), barrier = _sync_flag, _barrier
