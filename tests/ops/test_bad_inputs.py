@@ -4,7 +4,8 @@ Each row of :mod:`opmux.testing.bad_inputs` must raise :class:`opmux.OpInputErro
 ``.op``, ``.provider`` and ``.argument`` set and the one message format, when the provider's
 impl is called directly and when the op is called, and must leave every input unchanged.
 Providers: those registered and supported for the CPU here (``native``, ``cpp``, ...); in the
-triton lane also ``triton`` (interpreter), called directly.
+triton lane also ``triton`` (interpreter), called directly (native where its supports_args
+declines the row).
 """
 
 from __future__ import annotations
@@ -148,9 +149,14 @@ def test_bad_input_triton_direct(qualname: str, row: BadInput) -> None:
     from opmux.plugins.cuda.triton_ops import KERNELS
 
     name = qualname.split("::")[1]
-    fn = getattr(importlib.import_module(f"opmux.plugins.cuda.{KERNELS[name][0]}"), name)
+    module_name, supports_name = KERNELS[name]
+    module = importlib.import_module(f"opmux.plugins.cuda.{module_name}")
+    fn, provider = getattr(module, name), "triton"
+    if supports_name is not None and not getattr(module, supports_name)(*row.args, **row.kwargs):
+        # declined: the op runs native, whose check refuses the row
+        fn, provider = opmux.get_op(name).native, "native"
     before = _snapshot(row.args)
-    _expect_error(lambda: fn(*row.args, **row.kwargs), row, qualname, "triton")
+    _expect_error(lambda: fn(*row.args, **row.kwargs), row, qualname, provider)
     _assert_unchanged(row.args, before)
 
 

@@ -47,6 +47,7 @@ from opmux.ops.checks.attention import (
 )
 from opmux.ops.checks.cache import (
     check_advance_step_flashattn,
+    check_advance_step_flashattn_values,
     check_cache_pair,
     check_no_overlap,
     check_reshape_and_cache,
@@ -82,7 +83,9 @@ from opmux.ops.checks.quant import (
 from opmux.ops.checks.rotary import (
     check_apply_rotary_emb,
     check_dual_chunk_rotary_embedding,
+    check_dual_chunk_rotary_embedding_values,
     check_rotary_embedding,
+    check_rotary_embedding_values,
     rotary_heads,
 )
 from opmux.ops.checks.single_arguments import (
@@ -133,6 +136,7 @@ __all__ = [
     "INDEX_DTYPES",
     "PAD_SLOT",
     "check_advance_step_flashattn",
+    "check_advance_step_flashattn_values",
     "check_all_gather",
     "check_apply_rotary_emb",
     "check_bool",
@@ -144,6 +148,7 @@ __all__ = [
     "check_devices",
     "check_dtype",
     "check_dual_chunk_rotary_embedding",
+    "check_dual_chunk_rotary_embedding_values",
     "check_elementwise",
     "check_encoder_attention",
     "check_expert_ids",
@@ -172,6 +177,7 @@ __all__ = [
     "check_rms_norm",
     "check_rms_norm_gated",
     "check_rotary_embedding",
+    "check_rotary_embedding_values",
     "check_same_device",
     "check_selective_scan",
     "check_selective_state_update",
