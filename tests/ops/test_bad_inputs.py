@@ -4,7 +4,8 @@ Each row of :mod:`opmux.testing.bad_inputs` must raise :class:`opmux.OpInputErro
 ``.op``, ``.provider`` and ``.argument`` set and the one message format, when the provider's
 impl is called directly and when the op is called, and must leave every input unchanged.
 Providers: those registered and supported for the CPU here (``native``, ``cpp``, ...); in the
-triton lane also ``triton`` (interpreter), called directly.
+triton lane also ``triton`` (interpreter), called directly (native where its supports_args
+declines the row).
 """
 
 from __future__ import annotations
@@ -148,9 +149,14 @@ def test_bad_input_triton_direct(qualname: str, row: BadInput) -> None:
     from opmux.plugins.cuda.triton_ops import KERNELS
 
     name = qualname.split("::")[1]
-    fn = getattr(importlib.import_module(f"opmux.plugins.cuda.{KERNELS[name][0]}"), name)
+    module_name, supports_name = KERNELS[name]
+    module = importlib.import_module(f"opmux.plugins.cuda.{module_name}")
+    fn, provider = getattr(module, name), "triton"
+    if supports_name is not None and not getattr(module, supports_name)(*row.args, **row.kwargs):
+        # declined: the op runs native, whose check refuses the row
+        fn, provider = opmux.get_op(name).native, "native"
     before = _snapshot(row.args)
-    _expect_error(lambda: fn(*row.args, **row.kwargs), row, qualname, "triton")
+    _expect_error(lambda: fn(*row.args, **row.kwargs), row, qualname, provider)
     _assert_unchanged(row.args, before)
 
 
@@ -161,11 +167,12 @@ _CUDA_C_OPS = ("silu_and_mul", "rms_norm")
     pytest.param(name, row, id=f"{name}-cuda_c-{row.label}")
     for name in _CUDA_C_OPS for row in bad_inputs_for(name)])
 def test_bad_input_cuda_c_direct(name: str, row: BadInput) -> None:
-    """cuda_c runs the shared check before touching its kernels, so it refuses bad input
-    the same way on a machine without CUDA."""
+    """cuda_c's supports_args declines the row (here for the CPU tensors at least), so the op
+    runs native, whose check refuses it."""
     from opmux.plugins.cuda import cuda_c
 
-    fn = getattr(cuda_c, name)
+    assert not getattr(cuda_c, f"{name}_supports")(*row.args, **row.kwargs)
+    op = opmux.get_op(name)
     before = _snapshot(row.args)
-    _expect_error(lambda: fn(*row.args, **row.kwargs), row, f"opmux::{name}", "cuda_c")
+    _expect_error(lambda: op.native(*row.args, **row.kwargs), row, f"opmux::{name}", "native")
     _assert_unchanged(row.args, before)

@@ -34,6 +34,20 @@ def _impl(name: str, provider: str) -> Any:
     return op.impls[provider].fn
 
 
+def _as_op_runs(name: str, provider: str) -> Any:
+    """``provider``'s impl as the op runs it: a call its supports_args declines runs native,
+    whose check gives the error."""
+    op = opmux.get_op(name)
+    fn, supports = _impl(name, provider), op.impls[provider].supports_args
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if supports is None or supports(*args, **kwargs):
+            return fn(*args, **kwargs)
+        return op.native(*args, **kwargs)
+
+    return call
+
+
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
@@ -81,7 +95,8 @@ def test_prefill_then_decode_equals_longer_prefill(provider: str, dtype: torch.d
     steps each, against one prefill of all 10 and 7 tokens."""
     n, m = [7, 4], 3
     full = ssd_inputs(f"pd-{dtype}", [k + m for k in n], dtype=dtype)
-    scan, update = _impl("ssd_chunk_scan", provider), _impl("ssd_state_update", provider)
+    scan = _as_op_runs("ssd_chunk_scan", provider)
+    update = _as_op_runs("ssd_state_update", provider)
     x, dt, A, B, C, D, z, bias = (full[k] for k in ("x", "dt", "A", "B", "C", "D", "z",
                                                       "dt_bias"))
     idx, init = full["state_indices"], torch.tensor([True, False])
@@ -127,7 +142,8 @@ def test_chunked_prefill_continues(provider: str) -> None:
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_errors_write_nothing(provider: str) -> None:
     i = ssd_inputs("errors", [3, 2])
-    scan, update = _impl("ssd_chunk_scan", provider), _impl("ssd_state_update", provider)
+    scan = _as_op_runs("ssd_chunk_scan", provider)
+    update = _as_op_runs("ssd_state_update", provider)
     state = i["ssm_state"].clone()
     base = (i["x"], i["dt"], i["A"], i["B"], i["C"], state)
     with pytest.raises(OpInputError, match=rf"ssd_chunk_scan \(provider '{provider}'\): "

@@ -3,10 +3,11 @@
 ``silu_and_mul`` and ``rms_norm`` serve the catalog ops on the ``CPU`` key as provider
 ``example_vendor``; ``example_vendor::softcap`` is an op this plugin defines, with its own
 native reference and provider. Each provider computes in float32 and rounds once, as its
-native does. Each runs the catalog's own input check first (:mod:`opmux.ops.checks`, with
-its provider name and ``read_data=False``: shapes, dtypes and devices only), so it refuses
-exactly what the native reference refuses, with the same error; its ``supports_args``
-declines float64 to show how a provider leaves a call to the next one.
+native does. Each checks once: its ``supports_args`` is its whole acceptance test, on
+metadata only (the conditions of the catalog's static check, :mod:`opmux.ops.checks`, and
+its own: no float64, CPU tensors), so it never accepts what the native reference refuses; a
+call it declines runs the next provider, finally native, whose check gives the error. The
+impls then compute without checking again.
 """
 
 from __future__ import annotations
@@ -15,15 +16,12 @@ from typing import Any
 
 import torch
 
-from opmux.ops.checks import check_rms_norm, check_silu_and_mul
-
 PROVIDER = "example_vendor"
 NAMESPACE = "example_vendor"
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    check_silu_and_mul(x, provider=PROVIDER, read_data=False)
     d = x.shape[-1] // 2
     gate = x[..., :d].to(torch.float32, copy=True)  # a scratch copy: x is not ours to write
     torch.nn.functional.silu(gate, inplace=True)
@@ -31,17 +29,23 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_supports(x: torch.Tensor) -> bool:
-    return x.dtype in _FLOATS and x.shape[-1] % 2 == 0
+    # a CPU x[..., 2*d] of a float dtype other than float64
+    return (isinstance(x, torch.Tensor) and x.dtype in _FLOATS and x.is_cpu and x.dim() >= 1
+            and x.shape[-1] % 2 == 0)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    check_rms_norm(x, weight, eps, provider=PROVIDER, read_data=False)
     out = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps)
     return out.to(x.dtype)
 
 
 def rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
-    return x.dtype in _FLOATS and weight.dtype in _FLOATS
+    # a CPU x[..., d] and weight [d] of float dtypes other than float64, a real eps >= 0
+    # (NaN fails the comparison)
+    return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and x.dtype in _FLOATS and weight.dtype in _FLOATS and x.is_cpu and weight.is_cpu
+            and x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1]
+            and type(eps) in (float, int) and eps >= 0)
 
 
 def softcap_native(x: torch.Tensor, cap: float = 30.0) -> torch.Tensor:

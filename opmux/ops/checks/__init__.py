@@ -36,13 +36,18 @@ from opmux.ops.checks.activation import (
 )
 from opmux.ops.checks.attention import (
     check_concat_and_cache_mla,
+    check_concat_and_cache_mla_values,
     check_encoder_attention,
+    check_encoder_attention_values,
     check_mla_attention,
+    check_mla_attention_values,
     check_paged_attention,
+    check_paged_attention_values,
     check_paged_lens,
 )
 from opmux.ops.checks.cache import (
     check_advance_step_flashattn,
+    check_advance_step_flashattn_values,
     check_cache_pair,
     check_no_overlap,
     check_reshape_and_cache,
@@ -71,13 +76,16 @@ from opmux.ops.checks.moe import (
     check_grouped_topk,
     check_topk_softmax,
 )
+from opmux.ops.checks.predicates import static_check_passes, with_static_check
 from opmux.ops.checks.quant import (
     check_quant_fp8,
 )
 from opmux.ops.checks.rotary import (
     check_apply_rotary_emb,
     check_dual_chunk_rotary_embedding,
+    check_dual_chunk_rotary_embedding_values,
     check_rotary_embedding,
+    check_rotary_embedding_values,
     rotary_heads,
 )
 from opmux.ops.checks.single_arguments import (
@@ -98,7 +106,9 @@ from opmux.ops.checks.single_arguments import (
 )
 from opmux.ops.checks.ssd import (
     check_ssd_chunk_scan,
+    check_ssd_chunk_scan_values,
     check_ssd_state_update,
+    check_ssd_state_update_values,
 )
 from opmux.ops.checks.ssm import (
     ACTIVATIONS,
@@ -107,10 +117,18 @@ from opmux.ops.checks.ssm import (
     check_causal_conv1d_update,
     check_selective_scan,
     check_selective_state_update,
+    check_ssm_index_values,
 )
 from opmux.ops.checks.symbolic import has_data, is_concrete, require
 
 __all__ = [
+    "check_ssm_index_values",
+    "check_ssd_chunk_scan_values",
+    "check_ssd_state_update_values",
+    "check_concat_and_cache_mla_values",
+    "check_encoder_attention_values",
+    "check_mla_attention_values",
+    "check_paged_attention_values",
     "ACTIVATIONS",
     "FLOAT_DTYPES",
     "GATE_ACTIVATIONS",
@@ -118,6 +136,7 @@ __all__ = [
     "INDEX_DTYPES",
     "PAD_SLOT",
     "check_advance_step_flashattn",
+    "check_advance_step_flashattn_values",
     "check_all_gather",
     "check_apply_rotary_emb",
     "check_bool",
@@ -129,6 +148,7 @@ __all__ = [
     "check_devices",
     "check_dtype",
     "check_dual_chunk_rotary_embedding",
+    "check_dual_chunk_rotary_embedding_values",
     "check_elementwise",
     "check_encoder_attention",
     "check_expert_ids",
@@ -157,6 +177,7 @@ __all__ = [
     "check_rms_norm",
     "check_rms_norm_gated",
     "check_rotary_embedding",
+    "check_rotary_embedding_values",
     "check_same_device",
     "check_selective_scan",
     "check_selective_state_update",
@@ -179,5 +200,7 @@ __all__ = [
     "resolve_group_for",
     "rotary_heads",
     "shape_text",
+    "static_check_passes",
     "value_text",
+    "with_static_check",
 ]

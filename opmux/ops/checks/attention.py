@@ -30,9 +30,13 @@ from opmux.ops.checks.symbolic import has_data, require
 
 __all__ = [
     "check_concat_and_cache_mla",
+    "check_concat_and_cache_mla_values",
     "check_encoder_attention",
+    "check_encoder_attention_values",
     "check_mla_attention",
+    "check_mla_attention_values",
     "check_paged_attention",
+    "check_paged_attention_values",
     "check_paged_lens",
 ]
 
@@ -59,8 +63,19 @@ def check_paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
     args = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
             sliding_window, soft_cap)
     _static_paged_attention(op, provider, *args)
-    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
+    if read_data:
+        check_paged_attention_values(query, key_cache, block_tables, seq_lens,
+                                     query_start_loc, provider=provider)
+
+
+def check_paged_attention_values(query: Tensor, key_cache: Tensor, block_tables: Tensor,
+                                 seq_lens: Tensor, query_start_loc: Tensor, *,
+                                 provider: str = "native") -> None:
+    """The value checks of :func:`check_paged_attention` alone (its static checks passed);
+    nothing when the index tensors hold no data."""
+    if not has_data(block_tables, seq_lens, query_start_loc):
         return
+    op = "paged_attention"
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     num_tokens = query.shape[0]
@@ -204,10 +219,20 @@ def check_encoder_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
         raise input_error(op, provider, "max_seqlen", "None or an int >= 0", max_seqlen)
     if not scale > 0:
         raise input_error(op, provider, "scale", "a positive float", scale)
-    if not (read_data and has_data(cu_seqlens)):
+    if read_data:
+        check_encoder_attention_values(q, cu_seqlens, max_seqlen, provider=provider)
+
+
+def check_encoder_attention_values(q: Tensor, cu_seqlens: Tensor, max_seqlen: int | None, *,
+                                   provider: str = "native") -> None:
+    """The value checks of :func:`check_encoder_attention` alone (its static checks passed):
+    ``cu_seqlens`` runs from 0 to at most T without decreasing, and ``max_seqlen`` bounds the
+    sequence lengths; nothing when ``cu_seqlens`` holds no data."""
+    if not has_data(cu_seqlens):
         return
+    op = "encoder_attention"
     offsets = cu_seqlens.tolist()
-    _offsets(op, provider, "cu_seqlens", offsets, tokens)
+    _offsets(op, provider, "cu_seqlens", offsets, int(q.shape[0]))
     longest = max((b - a for a, b in itertools.pairwise(offsets)), default=0)
     if max_seqlen is not None and longest > max_seqlen:
         raise input_error(op, provider, "max_seqlen",
@@ -231,7 +256,7 @@ def check_concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
     if not cache.is_contiguous():
         raise input_error(op, provider, "kv_cache", "a contiguous tensor",
                           f"strides {list(cache.stride())}")
-    nb, bs, width = (int(s) for s in cache.shape)
+    width = int(cache.shape[2])
     kv_c = _tensor(op, provider, "kv_c", kv_c, 2, "[T, kv_lora_rank]")
     k_pe = _tensor(op, provider, "k_pe", k_pe, 2, "[T, rope_dim]")
     tokens = int(kv_c.shape[0])
@@ -252,7 +277,17 @@ def check_concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
     if slot_mapping.shape[0] != tokens:
         raise input_error(op, provider, "slot_mapping", f"shape [{tokens}] (one slot per "
                           "token)", f"shape {list(slot_mapping.shape)}")
-    if read_data and tokens > 0 and has_data(slot_mapping):
+    if read_data:
+        check_concat_and_cache_mla_values(kv_cache, slot_mapping, provider=provider)
+
+
+def check_concat_and_cache_mla_values(kv_cache: Tensor, slot_mapping: Tensor, *,
+                                      provider: str = "native") -> None:
+    """The value check of :func:`check_concat_and_cache_mla` alone (its static checks
+    passed): every slot is -1 or in the cache; nothing when ``slot_mapping`` holds no data."""
+    op = "concat_and_cache_mla"
+    nb, bs = int(kv_cache.shape[0]), int(kv_cache.shape[1])
+    if slot_mapping.numel() > 0 and has_data(slot_mapping):
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < -1 or hi >= nb * bs:
             raise input_error(op, provider, "slot_mapping",
@@ -271,10 +306,10 @@ def check_mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor,
     """
     op = "mla_attention"
     cache = _latent_cache(op, provider, kv_cache)
-    nb, bs, width = (int(s) for s in cache.shape)
+    width = int(cache.shape[2])
     q = _tensor(op, provider, "q", q, 3, "[T, H, qk_nope_head_dim + rope_dim]")
     _float(op, provider, "q", q, cache.dtype)
-    tokens, heads, qk_dim = (int(s) for s in q.shape)
+    _, heads, qk_dim = (int(s) for s in q.shape)
     if isinstance(qk_nope_head_dim, bool) or not 0 < qk_nope_head_dim < qk_dim:
         raise input_error(op, provider, "qk_nope_head_dim", f"an int in (0, {qk_dim}) (q's "
                           "head size is qk_nope_head_dim + rope_dim)", qk_nope_head_dim)
@@ -308,10 +343,21 @@ def check_mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor,
     if query_start_loc.shape[0] != num_seqs + 1:
         raise input_error(op, provider, "query_start_loc", f"shape [{num_seqs + 1}] (S + 1)",
                           f"shape {list(query_start_loc.shape)}")
-    if not (read_data and has_data(block_tables, seq_lens, query_start_loc)):
-        return lora, rope, v_dim
-    qsl = query_start_loc.tolist()
-    _offsets(op, provider, "query_start_loc", qsl, tokens)
-    lens = seq_lens.tolist()
-    check_paged_lens(op, provider, qsl, lens, block_tables, bs, nb)
+    if read_data:
+        check_mla_attention_values(q, kv_cache, block_tables, seq_lens, query_start_loc,
+                                   provider=provider)
     return lora, rope, v_dim
+
+
+def check_mla_attention_values(q: Tensor, kv_cache: Tensor, block_tables: Tensor,
+                               seq_lens: Tensor, query_start_loc: Tensor, *,
+                               provider: str = "native") -> None:
+    """The value checks of :func:`check_mla_attention` alone (its static checks passed), as
+    :func:`check_paged_attention_values`'; nothing when the index tensors hold no data."""
+    if not has_data(block_tables, seq_lens, query_start_loc):
+        return
+    op = "mla_attention"
+    qsl = query_start_loc.tolist()
+    _offsets(op, provider, "query_start_loc", qsl, int(q.shape[0]))
+    check_paged_lens(op, provider, qsl, seq_lens.tolist(), block_tables,
+                     int(kv_cache.shape[1]), int(kv_cache.shape[0]))

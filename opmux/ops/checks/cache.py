@@ -27,6 +27,7 @@ from opmux.ops.checks.symbolic import has_data, is_concrete, require
 
 __all__ = [
     "check_advance_step_flashattn",
+    "check_advance_step_flashattn_values",
     "check_cache_pair",
     "check_no_overlap",
     "check_reshape_and_cache",
@@ -214,8 +215,19 @@ def check_advance_step_flashattn(num_seqs: int, num_queries: int, block_size: in
     check_same_device(op, provider, input_tokens, sampled_token_ids=sampled,
                           input_positions=input_positions, seq_lens=seq_lens,
                           slot_mapping=slot_mapping, block_tables=block_tables)
-    if not (read_data and is_concrete(num_queries) and num_queries > 0
-            and has_data(seq_lens, block_tables)):
+    if read_data:
+        check_advance_step_flashattn_values(num_queries, block_size, seq_lens, block_tables,
+                                            provider=provider)
+
+
+def check_advance_step_flashattn_values(num_queries: int, block_size: int, seq_lens: Tensor,
+                                        block_tables: Tensor, *,
+                                        provider: str = "native") -> None:
+    """The value checks of :func:`check_advance_step_flashattn` alone (its static checks
+    passed): each next position fits the block table and its block id is not negative.
+    Nothing is read from tensors that hold no data."""
+    op = "advance_step_flashattn"
+    if not (is_concrete(num_queries) and num_queries > 0 and has_data(seq_lens, block_tables)):
         return
     lens = seq_lens[:num_queries]
     lo, hi = (int(v) for v in torch.aminmax(lens))

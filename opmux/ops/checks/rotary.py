@@ -32,7 +32,9 @@ from opmux.ops.checks.symbolic import has_data, require
 __all__ = [
     "check_apply_rotary_emb",
     "check_dual_chunk_rotary_embedding",
+    "check_dual_chunk_rotary_embedding_values",
     "check_rotary_embedding",
+    "check_rotary_embedding_values",
     "rotary_heads",
 ]
 
@@ -93,14 +95,23 @@ def check_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
     """
     _static_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
                              provider)
-    if read_data and positions.numel() > 0 and has_data(positions):
-        lo_t, hi_t = torch.aminmax(positions)
-        lo, hi = int(lo_t), int(hi_t)
-        max_pos = cos_sin_cache.shape[0]
-        if lo < 0 or hi >= max_pos:
-            raise input_error("rotary_embedding", provider, "positions",
-                                  f"values in [0, {max_pos}) (cos_sin_cache rows)",
-                              f"values in [{lo}, {hi}]")
+    if read_data:
+        check_rotary_embedding_values(positions, cos_sin_cache, provider=provider)
+
+
+def check_rotary_embedding_values(positions: Tensor, cos_sin_cache: Tensor, *,
+                                  provider: str = "native") -> None:
+    """The value check of :func:`check_rotary_embedding` alone (its static checks passed):
+    every position indexes ``cos_sin_cache``; nothing when ``positions`` holds no data."""
+    if positions.numel() == 0 or not has_data(positions):
+        return
+    lo_t, hi_t = torch.aminmax(positions)
+    lo, hi = int(lo_t), int(hi_t)
+    max_pos = cos_sin_cache.shape[0]
+    if lo < 0 or hi >= max_pos:
+        raise input_error("rotary_embedding", provider, "positions",
+                          f"values in [0, {max_pos}) (cos_sin_cache rows)",
+                          f"values in [{lo}, {hi}]")
 
 
 def _static_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor,
@@ -212,12 +223,25 @@ def check_dual_chunk_rotary_embedding(
     if offsets is not None:
         others["offsets"] = offsets
     check_same_device(op, provider, query, **others)
-    if read_data and tokens > 0 and has_data(positions) and (
-            offsets is None or has_data(offsets)):
-        pos = positions.long() if offsets is None else positions.long() + offsets.long()
-        lo, hi = int(pos.min()), int(pos.max())
-        max_pos = cos_sin_k_cache.shape[0]
-        if lo < 0 or hi >= max_pos:
-            what = "positions" if offsets is None else "positions + offsets"
-            raise input_error(op, provider, "positions", f"{what} in [0, {max_pos}) "
-                                  f"(cos_sin_k_cache rows)", f"values in [{lo}, {hi}]")
+    if read_data:
+        check_dual_chunk_rotary_embedding_values(positions, cos_sin_k_cache, offsets,
+                                                 provider=provider)
+
+
+def check_dual_chunk_rotary_embedding_values(positions: Tensor, cos_sin_k_cache: Tensor,
+                                             offsets: Tensor | None = None, *,
+                                             provider: str = "native") -> None:
+    """The value check of :func:`check_dual_chunk_rotary_embedding` alone (its static checks
+    passed): every position (plus its offset) indexes ``cos_sin_k_cache``; nothing when the
+    index tensors hold no data."""
+    if positions.shape[0] == 0 or not has_data(positions) or (
+            offsets is not None and not has_data(offsets)):
+        return
+    pos = positions.long() if offsets is None else positions.long() + offsets.long()
+    lo, hi = int(pos.min()), int(pos.max())
+    max_pos = cos_sin_k_cache.shape[0]
+    if lo < 0 or hi >= max_pos:
+        what = "positions" if offsets is None else "positions + offsets"
+        raise input_error("dual_chunk_rotary_embedding", provider, "positions",
+                          f"{what} in [0, {max_pos}) (cos_sin_k_cache rows)",
+                          f"values in [{lo}, {hi}]")

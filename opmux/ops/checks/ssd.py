@@ -16,7 +16,8 @@ from opmux.ops.checks.input_errors import input_error, shape_text
 from opmux.ops.checks.single_arguments import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 from opmux.ops.checks.symbolic import has_data
 
-__all__ = ["check_ssd_chunk_scan", "check_ssd_state_update"]
+__all__ = ["check_ssd_chunk_scan", "check_ssd_chunk_scan_values", "check_ssd_state_update",
+           "check_ssd_state_update_values"]
 
 
 def _floating(op: str, provider: str, name: str, t: Tensor, shape: tuple[int, ...],
@@ -104,8 +105,8 @@ def check_ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     """Validate ``ssd_chunk_scan``; with ``read_data``, also the index values (slots in
     range and distinct, ``query_start_loc`` from 0 to the token count, non-decreasing)."""
     op = "ssd_chunk_scan"
-    tokens, batch = _common(op, provider, x, dt, A, B, C, ssm_state, state_indices, D, z,
-                            dt_bias, dt_min, dt_max)
+    _, batch = _common(op, provider, x, dt, A, B, C, ssm_state, state_indices, D, z,
+                       dt_bias, dt_min, dt_max)
     qsl = check_tensor(op, provider, "query_start_loc", query_start_loc)
     if qsl.dtype not in INDEX_DTYPES or tuple(qsl.shape) != (batch + 1,):
         raise input_error(op, provider, "query_start_loc", f"an int32/int64 tensor "
@@ -118,9 +119,19 @@ def check_ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                               f"[{batch}]", f"{his.dtype} {shape_text(his)}")
     if chunk_size <= 0:
         raise input_error(op, provider, "chunk_size", "a positive int", chunk_size)
-    if not read_data or not has_data(qsl):
+    if read_data:
+        check_ssd_chunk_scan_values(x, ssm_state, state_indices, qsl, provider=provider)
+
+
+def check_ssd_chunk_scan_values(x: Tensor, ssm_state: Tensor, state_indices: Tensor,
+                                query_start_loc: Tensor, *, provider: str = "native") -> None:
+    """The value checks of :func:`check_ssd_chunk_scan` alone (its static checks passed);
+    nothing when ``query_start_loc`` holds no data."""
+    if not has_data(query_start_loc):
         return
-    bounds = qsl.tolist()
+    op = "ssd_chunk_scan"
+    tokens = x.shape[0]
+    bounds = query_start_loc.tolist()
     if bounds[0] != 0 or bounds[-1] != tokens or any(
             a > b for a, b in pairwise(bounds)):
         raise input_error(op, provider, "query_start_loc", f"non-decreasing offsets from 0 "
@@ -144,3 +155,10 @@ def check_ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tenso
                           "of x)", shape_text(state_indices))
     if read_data:
         _check_slots(op, provider, ssm_state, state_indices)
+
+
+def check_ssd_state_update_values(ssm_state: Tensor, state_indices: Tensor, *,
+                                  provider: str = "native") -> None:
+    """The value check of :func:`check_ssd_state_update` alone (its static checks passed):
+    the slots are in range and distinct."""
+    _check_slots("ssd_state_update", provider, ssm_state, state_indices)

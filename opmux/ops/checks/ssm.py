@@ -31,6 +31,7 @@ __all__ = [
     "check_causal_conv1d_update",
     "check_selective_scan",
     "check_selective_state_update",
+    "check_ssm_index_values",
 ]
 
 ACTIVATIONS: Final = (None, "silu", "swish")
@@ -78,13 +79,19 @@ def _starts(op: str, provider: str, qsl: Tensor | None, tokens: int, read_data: 
     if qsl.dtype not in INDEX_DTYPES or qsl.dim() != 1 or qsl.shape[0] < 1:
         raise input_error(op, provider, "query_start_loc", "an int32/int64 tensor [S+1]",
                           f"{qsl.dtype} {shape_text(qsl)}")
-    if read_data and has_data(qsl):
-        v = qsl.tolist()
-        if v[0] != 0 or v[-1] != tokens or any(b < a for a, b in itertools.pairwise(v)):
-            raise input_error(op, provider, "query_start_loc",
-                              f"non-decreasing offsets from 0 to {tokens} (the token count)",
-                              v if len(v) <= 16 else f"{v[:8]} ... {v[-4:]}")
+    if read_data:
+        _start_values(op, provider, qsl, tokens)
     return int(qsl.shape[0]) - 1
+
+
+def _start_values(op: str, provider: str, qsl: Tensor | None, tokens: int) -> None:
+    if qsl is None or not has_data(qsl):
+        return
+    v = qsl.tolist()
+    if v[0] != 0 or v[-1] != tokens or any(b < a for a, b in itertools.pairwise(v)):
+        raise input_error(op, provider, "query_start_loc",
+                          f"non-decreasing offsets from 0 to {tokens} (the token count)",
+                          v if len(v) <= 16 else f"{v[:8]} ... {v[-4:]}")
 
 
 def _rows(op: str, provider: str, name: str, t: Tensor, what: str) -> tuple[Tensor, int, int]:
@@ -246,3 +253,17 @@ def check_selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: T
     check_same_device(op, provider, x, dt=dt, A=A, B=B, C=C, ssm_states=ssm_states)
     _slots(op, provider, "state_batch_indices", state_batch_indices,
            int(ssm_states.shape[0]), read_data)
+
+
+def check_ssm_index_values(op: str, provider: str, states: Tensor, indices_name: str,
+                           indices: Tensor | None, query_start_loc: Tensor | None = None,
+                           tokens: int = 0) -> None:
+    """The value checks of a state-space op's check alone (its static checks passed):
+    ``query_start_loc`` (when given) runs from 0 to ``tokens`` without decreasing, and the
+    state indices are -1 (padding) or slots of ``states``; tensors that hold no data are
+    not read.
+
+    :param indices_name: the op's name for ``indices`` (``cache_indices``, ...).
+    """
+    _start_values(op, provider, query_start_loc, tokens)
+    _slots(op, provider, indices_name, indices, int(states.shape[0]), True)

@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from opmux.ops.checks import check_advance_step_flashattn
+from opmux.ops.checks import (
+    check_advance_step_flashattn,
+    check_advance_step_flashattn_values,
+    static_check_passes,
+)
 from opmux.plugins.ascend import _custom_ops
 
 if TYPE_CHECKING:
@@ -110,14 +114,17 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                            block_tables: Tensor) -> None:
     """The catalog op on torch tensors, computed by the MindSpore extension in place.
 
+    :func:`advance_step_flashattn_supports` is its acceptance test; the extension checks
+    again. Index values are checked before anything is written: by the CPU kernel itself, and
+    here for device tensors (the AscendC kernel does not check them).
+
     :raises opmux.OpInputError: wrong dtype, shape or layout (nothing written), or a
         ``seq_lens`` value outside the block table (detected before writing).
     :raises opmux.ProviderUnavailableError: MindSpore is not in PyNative mode.
     """
-    # the catalog's check first: the same errors as native, nothing written
-    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
-                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
-                                 block_tables, provider=PROVIDER)
+    if not input_tokens.is_cpu:  # index values: the AscendC kernel does not check them
+        check_advance_step_flashattn_values(num_queries, block_size, seq_lens, block_tables,
+                                            provider=PROVIDER)
     fn = _custom_ops.kernel()
     if _sync_flag is not None and _barrier is not None:
         (get, set_, key), barrier = _sync_flag, _barrier
@@ -144,7 +151,8 @@ def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size:
                                     input_tokens: Tensor, sampled_token_ids: Tensor,
                                     input_positions: Tensor, seq_lens: Tensor,
                                     slot_mapping: Tensor, block_tables: Tensor) -> bool:
-    """Dtypes and layouts the extension takes; anything else is left to the next provider.
+    """Dtypes and layouts the extension takes, and native's static check (metadata only):
+    anything else is left to the next provider, down to native, whose check gives the error.
 
     The kernel reads ``sampled_token_ids`` as consecutive elements and ``block_tables`` by
     rows of consecutive columns, and writes contiguous state vectors, so strided views of
@@ -160,7 +168,11 @@ def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size:
             and input_tokens.dtype == i64 and input_positions.dtype == i64
             and slot_mapping.dtype == i64 and sampled_token_ids.dtype == i64
             and seq_lens.dtype == torch.int32 and block_tables.dtype == torch.int32
-            and sampled_token_ids.is_contiguous() and block_tables.is_contiguous())
+            and sampled_token_ids.is_contiguous() and block_tables.is_contiguous()
+            and static_check_passes(check_advance_step_flashattn, num_seqs, num_queries,
+                                    block_size, input_tokens, sampled_token_ids,
+                                    input_positions, seq_lens, slot_mapping, block_tables,
+                                    provider=PROVIDER))
 
 
 def register(registry: "RegistryLike", dispatch_key: str = "CPU", *, lazy: bool = False

@@ -1,25 +1,35 @@
 """The ``cpp`` provider's impls of vLLM's other activation rows (``csrc/cpu/activation.cpp``).
 
-Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each impl allocates its output and calls the
-out-variant kernel; ``supports_args`` accepts CPU fp32/bf16/fp16 contiguous input (anything
-else falls through to native), and argument values native rejects are rejected here too
-(the impl runs native's checks first, so ``cpp`` never accepts what native refuses).
+Same contract as :mod:`opmux.plugins.cpu.cpp_ops`, checked once: each ``supports_args`` is
+the whole acceptance test on metadata (CPU fp32/bf16/fp16 contiguous input, native's static
+conditions on shapes and scalars), so ``cpp`` never accepts what native refuses and anything
+else runs native, whose check gives the error; each impl allocates its output and calls the
+out-variant kernel, whose own checks are the last guard.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
+import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from opmux.ops import checks
 from opmux.ops.activation import sparsity_std_multiplier
-from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
+from opmux.plugins.cpu._kernels import FLOATS, K, call
 from opmux.plugins.registration import OpTable, op_table, predicate
 
 
 def _ok(x: Tensor) -> bool:
-    return x.is_cpu and x.dtype in FLOATS and x.is_contiguous()
+    return isinstance(x, Tensor) and x.is_cpu and x.dtype in FLOATS and x.is_contiguous()
+
+
+def _gated_ok(x: Tensor) -> bool:
+    """A contiguous CPU ``x[..., 2*d]`` of a kernel dtype."""
+    return _ok(x) and x.dim() >= 1 and x.shape[-1] % 2 == 0
+
+
+def _finite(value: object) -> bool:
+    return type(value) in (float, int) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def _half(x: Tensor) -> Tensor:
@@ -27,17 +37,16 @@ def _half(x: Tensor) -> Tensor:
 
 
 def fatrelu_and_mul(x: Tensor, threshold: float = 0.0) -> Tensor:
-    checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     out = _half(x)
     call("fatrelu_and_mul", K.fatrelu_and_mul_out, out, x, threshold)
     return out
 
 
-fatrelu_and_mul_supports = predicate(fatrelu_and_mul, _ok)
+fatrelu_and_mul_supports = predicate(
+    fatrelu_and_mul, lambda x, threshold: _gated_ok(x) and _finite(threshold))
 
 
 def mul_and_silu(x: Tensor) -> Tensor:
-    checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     out = _half(x)
     call("mul_and_silu", K.mul_and_silu_out, out, x)
     return out
@@ -45,28 +54,31 @@ def mul_and_silu(x: Tensor) -> Tensor:
 
 def gelu_and_mul_sparse(x: Tensor, activation_sparsity: float,
                         approximate: str = "none") -> Tensor:
-    checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     out = _half(x)
     call("gelu_and_mul_sparse", K.gelu_and_mul_sparse_out, out, x,
          sparsity_std_multiplier(float(activation_sparsity)), approximate)
     return out
 
 
-gelu_and_mul_sparse_supports = predicate(gelu_and_mul_sparse, _ok)
+gelu_and_mul_sparse_supports = predicate(
+    gelu_and_mul_sparse,
+    lambda x, activation_sparsity, approximate:
+    _gated_ok(x) and _finite(activation_sparsity) and 0.0 < activation_sparsity < 1.0
+    and approximate in ("none", "tanh"))
 
 
 def swigluoai_and_mul(x: Tensor, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
-    checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     out = _half(x)
     call("swigluoai_and_mul", K.swigluoai_and_mul_out, out, x, alpha, limit)
     return out
 
 
-swigluoai_and_mul_supports = predicate(swigluoai_and_mul, _ok)
+swigluoai_and_mul_supports = predicate(
+    swigluoai_and_mul,
+    lambda x, alpha, limit: _gated_ok(x) and _finite(alpha) and _finite(limit) and limit >= 0)
 
 
 def _unary(op: str, kernel: Callable[..., None], x: Tensor) -> Tensor:
-    checks.check_elementwise(op, x, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call(op, kernel, out, x)
     return out
@@ -89,7 +101,6 @@ def relu2(x: Tensor) -> Tensor:
 
 
 def xielu(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float, eps: float) -> Tensor:
-    checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call("xielu", K.xielu_out, out, x, alpha_p, alpha_n, beta, eps)
     return out
@@ -104,18 +115,25 @@ def xielu_out_dtype(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> torch.dtype:
     return dtype
 
 
-def _xielu_params_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor) -> bool:
-    return (_ok(x) and alpha_p.dtype in FLOATS and alpha_n.dtype == alpha_p.dtype
+def _xielu_params_ok(x: Tensor, alpha_p: Tensor, alpha_n: Tensor, beta: float,
+                     eps: float) -> bool:
+    # one value each in alpha_p and alpha_n (shape [1] or []), finite beta and eps
+    return (_ok(x) and isinstance(alpha_p, Tensor) and isinstance(alpha_n, Tensor)
+            and alpha_p.dtype in FLOATS and alpha_n.dtype == alpha_p.dtype
+            and alpha_p.dim() <= 1 and alpha_p.numel() == 1
+            and alpha_n.dim() <= 1 and alpha_n.numel() == 1
             and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
             and alpha_p.is_cpu and alpha_n.is_cpu
-            and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype)
+            and xielu_out_dtype(x, alpha_p, alpha_n) == x.dtype
+            and _finite(beta) and _finite(eps))
 
 
 xielu_supports = predicate(xielu, _xielu_params_ok)
 
 
 # the ops without parameters take what their kernels take: a contiguous CPU float tensor
-mul_and_silu_supports = _ok
+# (x[..., 2*d] for the gated one)
+mul_and_silu_supports = _gated_ok
 gelu_new_supports = _ok
 gelu_fast_supports = _ok
 quick_gelu_supports = _ok

@@ -12,8 +12,10 @@
   vectorised softmax between the two passes.
 - ``concat_and_cache_mla``: row copies into the paged latent cache.
 
-The index values are validated with the catalog's checks (``provider="cpp"``) before any
-kernel runs, so a bad call writes nothing and raises the standard error.
+Each ``supports_args`` runs native's static check on metadata
+(:func:`opmux.ops.checks.with_static_check`) before its own conditions; each impl checks the
+index values with the catalog's value checks (``provider="cpp"``) before any kernel runs, so
+a bad call writes nothing and raises the standard error naming the argument.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
@@ -24,8 +26,12 @@ from torch import Tensor
 
 from opmux.ops.checks import (
     check_concat_and_cache_mla,
+    check_concat_and_cache_mla_values,
     check_encoder_attention,
+    check_encoder_attention_values,
     check_mla_attention,
+    check_mla_attention_values,
+    with_static_check,
 )
 from opmux.plugins.cpu._kernels import FLOATS, K, call
 from opmux.plugins.registration import OpTable, op_table
@@ -41,15 +47,16 @@ def _int32(t: Tensor) -> Tensor:
 
 def encoder_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                       max_seqlen: Optional[int], scale: float) -> Tensor:
-    check_encoder_attention(q, k, v, cu_seqlens, max_seqlen, scale, provider="cpp")
+    # the kernel checks the offsets too, not that max_seqlen bounds the lengths
+    check_encoder_attention_values(q, cu_seqlens, max_seqlen, provider="cpp")
     out = torch.empty(q.shape, dtype=q.dtype)
     call("encoder_attention", K.encoder_attention_out, out, q, k, v, _int32(cu_seqlens),
           scale)
     return out
 
 
-def encoder_attention_supports(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
-                               max_seqlen: Optional[int], scale: float) -> bool:
+def _encoder_attention_ok(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                         max_seqlen: Optional[int], scale: float) -> bool:
     return (q.is_cpu and q.dtype in FLOATS and q.dim() == 3 and k.dim() == 3 and v.dim() == 3
             and k.dtype == q.dtype and v.dtype == q.dtype and k.is_cpu and v.is_cpu
             and q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
@@ -58,12 +65,13 @@ def encoder_attention_supports(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tens
 
 def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
                          slot_mapping: Tensor) -> None:
-    check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, provider="cpp")
+    # the kernel checks the slots too; this names slot_mapping in the error
+    check_concat_and_cache_mla_values(kv_cache, slot_mapping, provider="cpp")
     call("concat_and_cache_mla", K.concat_and_cache_mla, kv_c, k_pe, kv_cache, slot_mapping)
 
 
-def concat_and_cache_mla_supports(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
-                                  slot_mapping: Tensor) -> bool:
+def _concat_and_cache_mla_ok(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
+                            slot_mapping: Tensor) -> bool:
     return (kv_cache.is_cpu and kv_cache.dtype in FLOATS and kv_c.dim() == 2
             and k_pe.dim() == 2 and kv_c.stride(1) == 1 and k_pe.stride(1) == 1
             and slot_mapping.is_contiguous())
@@ -72,11 +80,13 @@ def concat_and_cache_mla_supports(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor,
 def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
                   seq_lens: Tensor, query_start_loc: Tensor, scale: float,
                   qk_nope_head_dim: int) -> Tensor:
-    lora, _, v_dim = check_mla_attention(q, kv_cache, kv_b_weight, block_tables, seq_lens,
-                                         query_start_loc, scale, qk_nope_head_dim,
-                                         provider="cpp")
-    tokens, heads, _ = q.shape
+    # the kernel checks the offsets and lengths, not the block ids
+    check_mla_attention_values(q, kv_cache, block_tables, seq_lens, query_start_loc,
+                               provider="cpp")
+    tokens, heads, qk_dim = q.shape
     nope = qk_nope_head_dim
+    lora = kv_cache.shape[2] - (qk_dim - nope)
+    v_dim = kv_b_weight.shape[0] // heads - nope
     w = kv_b_weight.view(heads, nope + v_dim, lora).float()
     qh = q.transpose(0, 1).float()                                      # [H, T, nope + R]
     q_lat = torch.cat([torch.bmm(qh[..., :nope], w[:, :nope]), qh[..., nope:]], dim=-1)
@@ -88,12 +98,21 @@ def mla_attention(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables
     return out.transpose(0, 1).to(q.dtype).contiguous()
 
 
-def mla_attention_supports(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
-                           seq_lens: Tensor, query_start_loc: Tensor, scale: float,
-                           qk_nope_head_dim: int) -> bool:
+def _mla_attention_ok(q: Tensor, kv_cache: Tensor, kv_b_weight: Tensor, block_tables: Tensor,
+                      seq_lens: Tensor, query_start_loc: Tensor, scale: float,
+                      qk_nope_head_dim: int) -> bool:
     return (q.is_cpu and q.dtype in FLOATS and q.dim() == 3 and kv_cache.dim() == 3
             and kv_cache.dtype == q.dtype and kv_cache.is_contiguous()
             and kv_b_weight.dim() == 2 and kv_b_weight.is_contiguous())
+
+
+encoder_attention_supports = with_static_check(encoder_attention, check_encoder_attention,
+                                               "cpp", _encoder_attention_ok)
+concat_and_cache_mla_supports = with_static_check(concat_and_cache_mla,
+                                                  check_concat_and_cache_mla, "cpp",
+                                                  _concat_and_cache_mla_ok)
+mla_attention_supports = with_static_check(mla_attention, check_mla_attention, "cpp",
+                                           _mla_attention_ok)
 
 
 OPS: OpTable = op_table(

@@ -3,12 +3,12 @@
 Each ``supports_args`` predicate accepts what the kernel handles of the inputs native accepts
 (CPU tensors, fp32/bf16/fp16, the layouts it reads) and never raises; anything else falls
 through to the next provider in the priority list, finally native, whose check gives the
-error. Where the predicate covers every static condition of native's check (the norms, the
-gated activations, rotary, the KV write, paged attention, advance step), the impl calls its
-kernel directly: the predicate is the acceptance test, the kernel's own checks (index values
-included) the last guard, and a ``ValueError`` from them becomes the op's
-:class:`opmux.OpInputError`. The other impls still run the op's shared check
-(:mod:`opmux.ops.checks`, with ``provider='cpp'``) before their kernel.
+error. Every impl checks once: the predicate is the acceptance test (native's static
+conditions on metadata, written inline for the ops called per layer; ``quant_fp8``'s runs
+native's static check itself, :func:`opmux.ops.checks.with_static_check`), the impl calls
+its kernel directly, the kernel's own checks (index values included) are the last guard,
+and a ``ValueError`` from them becomes the op's :class:`opmux.OpInputError`. Index values a
+kernel does not read are checked in the impl, with a comment saying so.
 """
 
 # no ``from __future__ import annotations``: opmux infers torch schemas from these annotations
@@ -19,10 +19,12 @@ import torch
 from torch import Tensor
 
 from opmux.ops.checks import (
+    GATE_ACTIVATIONS,
+    check_dual_chunk_rotary_embedding,
     check_quant_fp8,
-    check_rms_norm_gated,
     check_slot_values,
     kernel_error,
+    with_static_check,
 )
 from opmux.ops.kv_formats import (
     HND,
@@ -432,10 +434,13 @@ def apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor, is_neox_style: bool = 
 
 
 def _apply_rotary_tensors_ok(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    return (cpu_float(x) and x.is_contiguous() and x.dim() >= 3
+    # native's static conditions as the kernel takes them: a contiguous CPU x[..., S, H, D]
+    # with an even D, cos and sin [S, D/2] of one kernel dtype with unit-stride rows
+    return (cpu_float(x) and x.is_contiguous() and x.dim() >= 3 and x.shape[-1] % 2 == 0
+            and isinstance(cos, Tensor) and isinstance(sin, Tensor)
             and cos.is_cpu and sin.is_cpu and cos.dtype in FLOATS and sin.dtype == cos.dtype
-            and cos.dim() == 2 and sin.dim() == 2 and cos.stride(1) == 1
-            and sin.stride(1) == 1)
+            and cos.shape == (x.shape[-3], x.shape[-1] // 2) and sin.shape == cos.shape
+            and cos.stride(1) == 1 and sin.stride(1) == 1)
 
 
 apply_rotary_emb_supports = predicate(apply_rotary_emb, _apply_rotary_tensors_ok)
@@ -472,8 +477,11 @@ def _dual_chunk_tensors_ok(positions: Tensor, query: Tensor, key: Tensor,
                     for c in caches))
 
 
-dual_chunk_rotary_embedding_supports = predicate(dual_chunk_rotary_embedding,
-                                                 _dual_chunk_tensors_ok)
+# a rarely used op with a long check: the predicate runs native's static check itself; the
+# kernel checks the positions against cos_sin_k_cache
+dual_chunk_rotary_embedding_supports = with_static_check(
+    dual_chunk_rotary_embedding, check_dual_chunk_rotary_embedding, PROVIDER,
+    predicate(dual_chunk_rotary_embedding, _dual_chunk_tensors_ok))
 
 
 # ------------------------------------------------------- gemma / gated norms, fp8 quant
@@ -487,18 +495,26 @@ gemma_fused_add_rms_norm_supports = _fused_add_supports(float32_weight=True)
 def rms_norm_gated(x: Tensor, weight: Tensor, z: Optional[Tensor] = None, eps: float = 1e-5,
                    group_size: Optional[int] = None, norm_before_gate: bool = False,
                    activation: str = "swish") -> Tensor:
-    check_rms_norm_gated(x, weight, z, eps, group_size, norm_before_gate, activation,
-                         provider=PROVIDER)
     out = torch.empty_like(x)
     call("rms_norm_gated", K.rms_norm_gated_out, out, x, weight, z, eps,
           -1 if group_size is None else group_size, norm_before_gate, activation == "sigmoid")
     return out
 
 
-def _gated_tensors_ok(x: Tensor, weight: Tensor, z: Optional[Tensor]) -> bool:
-    return (cpu_float(x) and x.is_contiguous() and weight.is_cpu and weight.is_contiguous()
-            and weight.dtype in (x.dtype, torch.float32)) and (
-        z is None or (z.dtype == x.dtype and z.is_cpu and z.is_contiguous()))
+def _gated_tensors_ok(x: Tensor, weight: Tensor, z: Optional[Tensor], eps: float,
+                      group_size: Optional[int], activation: str) -> bool:
+    # native's static conditions as the kernel takes them: a contiguous CPU x[..., d] of a
+    # kernel dtype, a contiguous weight [d] of its dtype or float32, z None or like x, a real
+    # eps >= 0, group_size None or a positive divisor of d, a known activation
+    if not (cpu_float(x) and x.dim() >= 1 and x.is_contiguous() and isinstance(weight, Tensor)
+            and weight.is_cpu and weight.is_contiguous() and weight.dim() == 1
+            and weight.dtype in (x.dtype, torch.float32) and weight.shape[0] == x.shape[-1]
+            and type(eps) in (float, int) and eps >= 0 and activation in GATE_ACTIVATIONS):
+        return False
+    return ((z is None or (isinstance(z, Tensor) and z.dtype == x.dtype and z.is_cpu
+                           and z.shape == x.shape and z.is_contiguous()))
+            and (group_size is None or (type(group_size) is int and group_size > 0
+                                        and x.shape[-1] % group_size == 0)))
 
 
 rms_norm_gated_supports = predicate(rms_norm_gated, _gated_tensors_ok)
@@ -507,7 +523,6 @@ rms_norm_gated_supports = predicate(rms_norm_gated, _gated_tensors_ok)
 def quant_fp8(x: Tensor, scale: Optional[Tensor] = None, per_token: bool = False,
               scale_ub: Optional[Tensor] = None, group_size: Optional[int] = None,
               use_ue8m0: bool = False) -> tuple[Tensor, Tensor]:
-    check_quant_fp8(x, scale, per_token, scale_ub, group_size, use_ue8m0, provider=PROVIDER)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn)
     try:
         if scale is not None:
@@ -531,7 +546,8 @@ def _quant_tensors_ok(x: Tensor, scale: Optional[Tensor], scale_ub: Optional[Ten
             and (scale_ub is None or scale_ub.is_cpu))
 
 
-quant_fp8_supports = predicate(quant_fp8, _quant_tensors_ok)
+quant_fp8_supports = with_static_check(quant_fp8, check_quant_fp8, PROVIDER,
+                                       predicate(quant_fp8, _quant_tensors_ok))
 
 
 OPS: OpTable = op_table(

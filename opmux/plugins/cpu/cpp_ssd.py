@@ -1,8 +1,10 @@
 """The ``cpp`` provider's Mamba-2 ops (``csrc/cpu/ssd.cpp``): ``ssd_chunk_scan`` and
 ``ssd_state_update``.
 
-Same contract as :mod:`opmux.plugins.cpu.cpp_ops`. Each impl runs native's checks first (so
-``cpp`` never accepts what native refuses, and nothing is written on bad input), hands the
+Same contract as :mod:`opmux.plugins.cpu.cpp_ops`. Each ``supports_args`` runs native's
+static check on metadata (:func:`opmux.ops.checks.with_static_check`), so ``cpp`` never
+accepts what native refuses; each impl checks the index values (slots in range and
+distinct, query offsets: native's value checks, before anything is written), hands the
 small per-head parameters (``A``, ``D``, ``dt_bias``) over as float32 and the index tensors as
 int64, and calls one kernel (the decode update is the scan with one token per slot).
 ``supports_args`` accepts CPU tensors of one float dtype for ``x``, ``dt``, ``B``, ``C``,
@@ -16,7 +18,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.ops.checks import (
+    check_ssd_chunk_scan,
+    check_ssd_chunk_scan_values,
+    check_ssd_state_update,
+    check_ssd_state_update_values,
+    with_static_check,
+)
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 from opmux.plugins.registration import OpTable, op_table, predicate
 
@@ -52,9 +60,8 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
                    z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                    dt_softplus: bool = False, dt_min: float = 0.0,
                    dt_max: Optional[float] = None, chunk_size: int = 256) -> Tensor:
-    check_ssd_chunk_scan(x, dt, A, B, C, ssm_state, state_indices, query_start_loc,
-                         has_initial_state, D, z, dt_bias, dt_softplus, dt_min, dt_max,
-                         chunk_size, provider=PROVIDER)
+    check_ssd_chunk_scan_values(x, ssm_state, state_indices, query_start_loc,
+                                provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     his = None if has_initial_state is None else has_initial_state.contiguous()
     call("ssd_chunk_scan", K.ssd_scan_out, out, ssm_state, x, dt, _f32(A), B, C, _d(D, x), z,
@@ -64,7 +71,8 @@ def ssd_chunk_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, ssm_s
     return out
 
 
-ssd_chunk_scan_supports = predicate(ssd_chunk_scan, _ok)
+ssd_chunk_scan_supports = with_static_check(ssd_chunk_scan, check_ssd_chunk_scan, PROVIDER,
+                                            predicate(ssd_chunk_scan, _ok))
 
 
 def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
@@ -72,8 +80,7 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                      z: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
                      dt_softplus: bool = False, dt_min: float = 0.0,
                      dt_max: Optional[float] = None) -> Tensor:
-    check_ssd_state_update(x, dt, A, B, C, ssm_state, state_indices, D, z, dt_bias,
-                           dt_softplus, dt_min, dt_max, provider=PROVIDER)
+    check_ssd_state_update_values(ssm_state, state_indices, provider=PROVIDER)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     call("ssd_state_update", K.ssd_scan_out, out, ssm_state, x, dt, _f32(A), B, C, _d(D, x), z,
          _f32(dt_bias), state_indices.to(torch.int64).contiguous(), None, None, dt_softplus, dt_min,
@@ -81,7 +88,8 @@ def ssd_state_update(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     return out
 
 
-ssd_state_update_supports = predicate(ssd_state_update, _ok)
+ssd_state_update_supports = with_static_check(ssd_state_update, check_ssd_state_update,
+                                              PROVIDER, predicate(ssd_state_update, _ok))
 
 
 OPS: OpTable = op_table(

@@ -1,7 +1,9 @@
 """The ``cpp`` provider's impls of the state-space ops (``csrc/cpu/ssm.cpp``).
 
-Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each impl runs the native checks (named
-``cpp``), allocates its output and calls the out-variant kernel. Strided inputs are made
+Same contract as :mod:`opmux.plugins.cpu.cpp_ops`: each ``supports_args`` runs native's
+static check on metadata (:func:`opmux.ops.checks.with_static_check`) before its own
+conditions; each impl checks the index values (query offsets, state slots: native's value
+checks), allocates its output and calls the out-variant kernel. Strided inputs are made
 contiguous first (a copy only when needed); ``A``, ``D`` and the time-step bias are handed
 over in fp32, as the reference computes with them. ``supports_args`` accepts CPU tensors whose
 activations share one of fp32/bf16/fp16, states in fp32 or that dtype, convolution widths up
@@ -19,6 +21,8 @@ from opmux.ops.checks import (
     check_causal_conv1d_update,
     check_selective_scan,
     check_selective_state_update,
+    check_ssm_index_values,
+    with_static_check,
 )
 from opmux.plugins.cpu._kernels import FLOATS, PROVIDER, K, call
 from opmux.plugins.registration import OpTable, op_table, predicate
@@ -67,8 +71,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
                   cache_indices: Optional[Tensor] = None,
                   has_initial_state: Optional[Tensor] = None,
                   activation: Optional[str] = "silu") -> Tensor:
-    check_causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                        has_initial_state, activation, provider=PROVIDER)
+    check_ssm_index_values("causal_conv1d", PROVIDER, conv_states, "cache_indices",
+                           cache_indices, query_start_loc, x.shape[0])
     if query_start_loc is None:  # one sequence
         query_start_loc = torch.tensor([0, x.shape[0]], dtype=torch.int64)
     out = torch.empty(x.shape, dtype=x.dtype)
@@ -81,8 +85,8 @@ def causal_conv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor], conv_states
 def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor,
                          bias: Optional[Tensor] = None, activation: Optional[str] = None,
                          conv_state_indices: Optional[Tensor] = None) -> Tensor:
-    check_causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
-                               provider=PROVIDER)
+    check_ssm_index_values("causal_conv1d_update", PROVIDER, conv_state, "conv_state_indices",
+                           conv_state_indices)
     out = torch.empty(x.shape, dtype=x.dtype)
     call("causal_conv1d_update", K.causal_conv1d_out, out, x.contiguous(), weight.contiguous(),
          _c(bias), conv_state, None, _c(conv_state_indices), None, activation is not None)
@@ -96,8 +100,8 @@ def selective_scan(u: Tensor, ssm_states: Tensor, delta: Tensor, A: Tensor, B: T
                    query_start_loc: Optional[Tensor] = None,
                    cache_indices: Optional[Tensor] = None,
                    has_initial_state: Optional[Tensor] = None) -> Tensor:
-    check_selective_scan(u, ssm_states, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                         query_start_loc, cache_indices, has_initial_state, provider=PROVIDER)
+    check_ssm_index_values("selective_scan", PROVIDER, ssm_states, "cache_indices",
+                           cache_indices, query_start_loc, u.shape[0])
     if query_start_loc is None:  # one sequence
         query_start_loc = torch.tensor([0, u.shape[0]], dtype=torch.int64)
     out = torch.empty(u.shape, dtype=u.dtype)
@@ -112,8 +116,8 @@ def selective_state_update(ssm_states: Tensor, x: Tensor, dt: Tensor, A: Tensor,
                            C: Tensor, D: Optional[Tensor] = None, z: Optional[Tensor] = None,
                            dt_bias: Optional[Tensor] = None, dt_softplus: bool = False,
                            state_batch_indices: Optional[Tensor] = None) -> Tensor:
-    check_selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                 state_batch_indices, provider=PROVIDER)
+    check_ssm_index_values("selective_state_update", PROVIDER, ssm_states,
+                           "state_batch_indices", state_batch_indices)
     out = torch.empty(x.shape, dtype=x.dtype)
     call("selective_state_update", K.selective_scan_out, out, x.contiguous(), ssm_states,
          dt.contiguous(), _f32(A), B.contiguous(), C.contiguous(), _f32(D), _c(z), _f32(dt_bias),
@@ -135,23 +139,29 @@ def _scan_ok(u: Tensor, states: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: 
             and _state_ok(u, states) and _index_ok(*index) and _slots_ok(slots))
 
 
-causal_conv1d_supports = predicate(
-    causal_conv1d,
-    lambda x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state:
-    _conv_ok(x, weight, bias, conv_states, cache_indices, query_start_loc, has_initial_state))
-causal_conv1d_update_supports = predicate(
-    causal_conv1d_update,
-    lambda x, conv_state, weight, bias, conv_state_indices:
-    _conv_ok(x, weight, bias, conv_state, conv_state_indices))
-selective_scan_supports = predicate(
-    selective_scan,
-    lambda u, ssm_states, delta, A, B, C, z, query_start_loc, cache_indices, has_initial_state:
-    _scan_ok(u, ssm_states, delta, A, B, C, z, cache_indices, query_start_loc, has_initial_state))
-selective_state_update_supports = predicate(
-    selective_state_update,
-    lambda ssm_states, x, dt, A, B, C, z, state_batch_indices:
-    _scan_ok(x, ssm_states, dt, A, B, C, z, state_batch_indices))
-
+causal_conv1d_supports = with_static_check(
+    causal_conv1d, check_causal_conv1d, PROVIDER, predicate(
+        causal_conv1d,
+        lambda x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state:
+        _conv_ok(x, weight, bias, conv_states, cache_indices, query_start_loc,
+                 has_initial_state)))
+causal_conv1d_update_supports = with_static_check(
+    causal_conv1d_update, check_causal_conv1d_update, PROVIDER, predicate(
+        causal_conv1d_update,
+        lambda x, conv_state, weight, bias, conv_state_indices:
+        _conv_ok(x, weight, bias, conv_state, conv_state_indices)))
+selective_scan_supports = with_static_check(
+    selective_scan, check_selective_scan, PROVIDER, predicate(
+        selective_scan,
+        lambda u, ssm_states, delta, A, B, C, z, query_start_loc, cache_indices,
+        has_initial_state:
+        _scan_ok(u, ssm_states, delta, A, B, C, z, cache_indices, query_start_loc,
+                 has_initial_state)))
+selective_state_update_supports = with_static_check(
+    selective_state_update, check_selective_state_update, PROVIDER, predicate(
+        selective_state_update,
+        lambda ssm_states, x, dt, A, B, C, z, state_batch_indices:
+        _scan_ok(x, ssm_states, dt, A, B, C, z, state_batch_indices)))
 
 OPS: OpTable = op_table(
     (causal_conv1d, causal_conv1d_supports),

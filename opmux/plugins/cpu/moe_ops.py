@@ -41,10 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from opmux.core.errors import OpInputError
 from opmux.ops.checks import check_expert_ids, check_fused_moe_args
 from opmux.plugins.registration import OpTable, RegistryLike, register_table
 
-__all__ = ["OPS", "PROVIDER", "fused_moe_grouped", "register"]
+__all__ = ["OPS", "PROVIDER", "fused_moe_args_ok", "fused_moe_grouped", "register"]
 
 PROVIDER = "grouped"
 """Provider name of the grouped implementation."""
@@ -117,14 +118,15 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
     refuses for weights that require grad, so it runs without building a graph (the op has
     no backward registered either way).
     """
-    tokens, hidden, experts, _ = check_fused_moe_args(
-        PROVIDER, hidden_states, w1, w2, topk_weights, topk_ids)
+    tokens, hidden = hidden_states.shape
+    experts = w1.shape[0]
     dtype = hidden_states.dtype
     top_k = topk_ids.shape[1]
     if tokens == 0 or top_k == 0:
         return torch.zeros(tokens, hidden, dtype=dtype, device=hidden_states.device)
     sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)
     lo, hi = sorted_ids[[0, -1]].tolist()  # one sync for both extremes
+    # the ids are data, which the predicate does not read
     check_expert_ids(PROVIDER, lo, hi, experts)
     counts = torch.bincount(sorted_ids, minlength=experts).tolist()
 
@@ -156,7 +158,18 @@ def fused_moe_grouped(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weight
     return out if dtype == torch.float32 else out.to(dtype)
 
 
-OPS: OpTable = {"fused_moe": (fused_moe_grouped, None)}
+def fused_moe_args_ok(hidden_states: Tensor, w1: Tensor, w2: Tensor, topk_weights: Tensor,
+                      topk_ids: Tensor) -> bool:
+    """Whether ``fused_moe``'s arguments pass native's static check (shapes, dtypes, devices;
+    no data read): the acceptance test of the CPU providers of ``fused_moe``."""
+    try:
+        check_fused_moe_args(PROVIDER, hidden_states, w1, w2, topk_weights, topk_ids)
+    except OpInputError:
+        return False
+    return True
+
+
+OPS: OpTable = {"fused_moe": (fused_moe_grouped, fused_moe_args_ok)}
 """Op name -> (impl, supports_args) of the ``grouped`` provider."""
 
 

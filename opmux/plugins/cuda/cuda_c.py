@@ -9,9 +9,12 @@ when the provider is registered on a machine with a CUDA build of torch, nvcc an
 GPU; anywhere else the provider is registered as unsupported with the reason (for example
 ``torch is a CPU build (torch.version.cuda is None)``), which ``opmux info`` shows.
 
-The impls below carry the catalog's exact signatures; argument checks that must happen
-before anything is written (``advance_step_flashattn``, ``reshape_and_cache``) run in Python
-and raise :class:`~opmux.core.errors.OpInputError`, the rest is checked in C++.
+The impls below carry the catalog's exact signatures and check once: each ``supports_args``
+is the whole acceptance test on metadata (CUDA tensors and native's static conditions;
+``reshape_and_cache`` and ``advance_step_flashattn`` run native's static check itself,
+:func:`opmux.ops.checks.with_static_check`), so a call it declines runs native, whose check
+gives the error; the impls call their kernels, whose C++ checks are the last guard. Index
+values are not read (on CUDA that would cost a device sync).
 """
 
 import shutil
@@ -23,12 +26,10 @@ from torch import Tensor
 
 from opmux.core.errors import BuildError
 from opmux.ops.checks import (
+    check_advance_step_flashattn,
     check_reshape_and_cache,
-    check_rms_norm,
-    check_silu_and_mul,
-    checked_advance_step,
+    with_static_check,
 )
-from opmux.ops.kv_formats import require_kv_cache_format
 from opmux.plugins.registration import OpTable, op_table, register_table
 
 if TYPE_CHECKING:
@@ -159,7 +160,6 @@ def build(verbose: bool = False) -> str:
 def silu_and_mul(x: Tensor) -> Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` (CUDA C++; strided inputs are read through a
     contiguous copy)."""
-    check_silu_and_mul(x, provider=PROVIDER)
     out: Tensor = torch.ops.opmux_cuda.silu_and_mul(x)
     return out
 
@@ -167,7 +167,6 @@ def silu_and_mul(x: Tensor) -> Tensor:
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """RMS norm in fp32, returned in ``x.dtype`` (CUDA C++; strided inputs are read through
     a contiguous copy)."""
-    check_rms_norm(x, weight, eps, provider=PROVIDER)
     out: Tensor = torch.ops.opmux_cuda.rms_norm(x, weight, eps)
     return out
 
@@ -175,38 +174,40 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                       slot_mapping: Tensor, kv_cache_format: str = "canonical") -> None:
     """Scatter key/value rows into the paged caches; slot -1 skips (CUDA C++)."""
-    require_kv_cache_format("reshape_and_cache", kv_cache_format, PROVIDER)
-    # the catalog's check; index values only where reading them costs no device sync
-    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, provider=PROVIDER,
-                            read_data=getattr(key, "is_cpu", False))
     torch.ops.opmux_cuda.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
-advance_step_flashattn = checked_advance_step(
-    PROVIDER, lambda *args: torch.ops.opmux_cuda.advance_step_flashattn(*args))
+def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
+                           input_tokens: Tensor, sampled_token_ids: Tensor,
+                           input_positions: Tensor, seq_lens: Tensor, slot_mapping: Tensor,
+                           block_tables: Tensor) -> None:
+    torch.ops.opmux_cuda.advance_step_flashattn(
+        num_seqs, num_queries, block_size, input_tokens, sampled_token_ids, input_positions,
+        seq_lens, slot_mapping, block_tables)
 
 
 def silu_and_mul_supports(x: Tensor) -> bool:
-    return (isinstance(x, Tensor) and x.dtype in _FLOATS and x.dim() >= 1
+    return (isinstance(x, Tensor) and x.dtype in _FLOATS and x.is_cuda and x.dim() >= 1
             and x.shape[-1] % 2 == 0)
 
 
 def rms_norm_supports(x: Tensor, weight: Tensor, eps: float = 1e-6) -> bool:
+    # native's static conditions: x[..., d] and weight [d] floating on one device, a real
+    # eps >= 0 (NaN fails the comparison)
     return (isinstance(x, Tensor) and isinstance(weight, Tensor) and x.dtype in _FLOATS
-            and weight.dtype in _FLOATS and x.dim() >= 1 and weight.dim() == 1
-            and weight.shape[0] == x.shape[-1])
+            and weight.dtype in _FLOATS and x.is_cuda and weight.device == x.device
+            and x.dim() >= 1 and weight.dim() == 1 and weight.shape[0] == x.shape[-1]
+            and type(eps) in (float, int) and eps >= 0)
 
 
-def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
+def _reshape_and_cache_layout(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
                                slot_mapping: Tensor, kv_cache_format: str = "canonical") -> bool:
     # the kernel writes rows of Hkv*D contiguous elements inside each cache block, at one
     # block stride shared by both caches (so K and V may be two views of one buffer, as
     # kv[:, 0] and kv[:, 1]); other layouts run on the next provider
-    tensors = (key, value, key_cache, value_cache, slot_mapping)
-    if (kv_cache_format != "canonical" or not all(isinstance(t, Tensor) for t in tensors)
-            or key_cache.dim() != 4):
+    if kv_cache_format != "canonical" or key_cache.dim() != 4:
         return False
-    return (slot_mapping.dtype == torch.int64 and key.dtype in _FLOATS
+    return (key_cache.is_cuda and slot_mapping.dtype == torch.int64 and key.dtype in _FLOATS
             and key_cache.dtype in _FLOATS and key.dim() == 3 and key_cache.dim() == 4
             and value.dtype == key.dtype and value_cache.dtype == key_cache.dtype
             and key_cache.stride(3) == 1 and key_cache.stride(2) == key_cache.shape[3]
@@ -214,17 +215,24 @@ def reshape_and_cache_supports(key: Tensor, value: Tensor, key_cache: Tensor, va
             and value_cache.stride() == key_cache.stride())
 
 
-def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size: int,
-                                    input_tokens: Tensor, sampled_token_ids: Tensor,
-                                    input_positions: Tensor, seq_lens: Tensor,
-                                    slot_mapping: Tensor, block_tables: Tensor) -> bool:
+def _advance_step_layout(num_seqs: int, num_queries: int, block_size: int,
+                         input_tokens: Tensor, sampled_token_ids: Tensor,
+                         input_positions: Tensor, seq_lens: Tensor,
+                         slot_mapping: Tensor, block_tables: Tensor) -> bool:
     # the kernel reads sampled ids through their row stride and block tables by rows with
     # contiguous columns, and writes contiguous state vectors; other layouts run on the
     # next provider
     state = (input_tokens, input_positions, seq_lens, slot_mapping)
-    return (all(isinstance(t, Tensor) and t.is_contiguous() for t in state)
-            and isinstance(block_tables, Tensor) and block_tables.dim() == 2
+    return (input_tokens.is_cuda and all(t.is_contiguous() for t in state)
             and block_tables.stride(1) == 1)
+
+
+# native's static check first (the tensors' types, shapes, dtypes and devices), then the
+# layouts the kernels take
+reshape_and_cache_supports = with_static_check(reshape_and_cache, check_reshape_and_cache,
+                                               PROVIDER, _reshape_and_cache_layout)
+advance_step_flashattn_supports = with_static_check(
+    advance_step_flashattn, check_advance_step_flashattn, PROVIDER, _advance_step_layout)
 
 
 _IMPLS: OpTable = op_table(

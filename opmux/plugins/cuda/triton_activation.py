@@ -11,7 +11,12 @@ vLLM's other activation rows: the gated ops (``fatrelu_and_mul``, ``mul_and_silu
 32768 wide). Math in fp32, one rounding at the store; ``gelu_and_mul_sparse`` also rounds its
 statistics to ``x.dtype`` where the PyTorch reference does, and ``xielu`` rounds its softplus
 terms to the parameters' dtype. Inputs of any layout are accepted: they are made row-contiguous
-first (a copy only when needed)."""
+first (a copy only when needed).
+
+Checked once: each ``supports_args`` is the whole acceptance test on metadata (native's static
+conditions, written inline for the one-tensor and gated ops, native's static check itself for
+the ops with scalar parameters), so a call it declines runs native, whose check gives the
+error; the impls launch their kernels directly."""
 
 from collections.abc import Callable
 
@@ -95,19 +100,18 @@ def _launch(x: torch.Tensor, act: int) -> torch.Tensor:
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :d]) * x[..., d:]`` (Triton)."""
-    checks.check_silu_and_mul(x, provider=PROVIDER)
     return _launch(x, _ACT_SILU)
 
 
 def silu_and_mul_supports(x: torch.Tensor) -> bool:
-    """Float dtypes (not float64) and an even last dimension."""
+    """Float dtypes (not float64) and an even last dimension (native's conditions, and the
+    kernel's dtypes)."""
     return (isinstance(x, torch.Tensor) and x.dtype in DTYPES and x.dim() >= 1
             and x.shape[-1] % 2 == 0)
 
 
 def gelu_and_mul(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``gelu(x[..., :d], approximate) * x[..., d:]`` (Triton)."""
-    checks.check_gelu_and_mul(x, approximate, provider=PROVIDER)
     return _launch(x, _ACT_GELU if approximate == "none" else _ACT_GELU_TANH)
 
 
@@ -269,50 +273,50 @@ def _unary(x: torch.Tensor, act: int, alpha_p: torch.Tensor | None = None,
     return out
 
 
-def mul_and_silu_supports(x: torch.Tensor) -> bool:
-    """Float dtypes (fp32/fp16/bf16)."""
-    return x.dtype in DTYPES
+def _float(x: torch.Tensor) -> bool:
+    """A tensor of a kernel dtype (fp32/fp16/bf16): what native's one-tensor ops require of
+    ``x``, narrowed to the kernels' dtypes."""
+    return isinstance(x, torch.Tensor) and x.dtype in DTYPES
 
 
-# the one-tensor activations take what mul_and_silu takes
-gelu_new_supports = gelu_fast_supports = quick_gelu_supports = relu2_supports = (
-    mul_and_silu_supports)
+mul_and_silu_supports = silu_and_mul_supports
+gelu_new_supports = gelu_fast_supports = quick_gelu_supports = relu2_supports = _float
 
 
 def fatrelu_and_mul(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
     """``threshold(x[..., :d], threshold, 0) * x[..., d:]`` (Triton)."""
-    checks.check_fatrelu_and_mul(x, threshold, provider=PROVIDER)
     return _gated(x, _FATRELU, threshold)
 
 
 def fatrelu_and_mul_supports(x: torch.Tensor, threshold: float = 0.0) -> bool:
-    """Float dtypes."""
-    return mul_and_silu_supports(x)
+    """Native's static check; float dtypes."""
+    return (checks.static_check_passes(checks.check_fatrelu_and_mul, x, threshold,
+                                       provider=PROVIDER)
+            and x.dtype in DTYPES)
 
 
 def mul_and_silu(x: torch.Tensor) -> torch.Tensor:
     """``x[..., :d] * silu(x[..., d:])`` (Triton)."""
-    checks.check_gated("mul_and_silu", x, provider=PROVIDER)
     return _gated(x, _MUL_SILU)
 
 
 def swigluoai_and_mul(x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0
                       ) -> torch.Tensor:
     """gpt-oss's clamped SwiGLU on interleaved gate/up (Triton)."""
-    checks.check_swigluoai_and_mul(x, alpha, limit, provider=PROVIDER)
     return _gated(x, _SWIGLUOAI, alpha, limit)
 
 
 def swigluoai_and_mul_supports(x: torch.Tensor, alpha: float = 1.702,
                                limit: float = 7.0) -> bool:
-    """Float dtypes."""
-    return mul_and_silu_supports(x)
+    """Native's static check; float dtypes."""
+    return (checks.static_check_passes(checks.check_swigluoai_and_mul, x, alpha, limit,
+                                       provider=PROVIDER)
+            and x.dtype in DTYPES)
 
 
 def gelu_and_mul_sparse(x: torch.Tensor, activation_sparsity: float,
                         approximate: str = "none") -> torch.Tensor:
     """Gemma-3n's sparse GeGLU (Triton), one program per row."""
-    checks.check_gelu_and_mul_sparse(x, activation_sparsity, approximate, provider=PROVIDER)
     d = x.shape[-1] // 2
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
@@ -327,15 +331,17 @@ def gelu_and_mul_sparse(x: torch.Tensor, activation_sparsity: float,
 
 def gelu_and_mul_sparse_supports(x: torch.Tensor, activation_sparsity: float,
                                  approximate: str = "none") -> bool:
-    """Float dtypes and a gate of at most 32768 values (one row per program)."""
-    return mul_and_silu_supports(x) and x.dim() >= 1 and x.shape[-1] // 2 <= _MAX_SPARSE_D
+    """Native's static check; float dtypes and a gate of at most 32768 values (one row per
+    program)."""
+    return (checks.static_check_passes(checks.check_gelu_and_mul_sparse, x,
+                                       activation_sparsity, approximate, provider=PROVIDER)
+            and x.dtype in DTYPES and x.shape[-1] // 2 <= _MAX_SPARSE_D)
 
 
 def _elementwise(op: str, act: int, doc: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The impl of elementwise activation ``op``: native's check, then kernel ``act``."""
+    """The impl of elementwise activation ``op``: kernel ``act``."""
 
     def impl(x: torch.Tensor) -> torch.Tensor:
-        checks.check_elementwise(op, x, provider=PROVIDER)
         return _unary(x, act)
 
     impl.__name__ = impl.__qualname__ = op
@@ -358,20 +364,22 @@ relu2 = _elementwise("relu2", _RELU2, "``relu(x)^2`` (Triton).")
 def xielu(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor, beta: float,
           eps: float) -> torch.Tensor:
     """xIELU with the layer's raw parameters (Triton)."""
-    checks.check_xielu(x, alpha_p, alpha_n, beta, eps, provider=PROVIDER)
     return _unary(x, _XIELU, alpha_p, alpha_n, beta, eps)
 
 
 def xielu_supports(x: torch.Tensor, alpha_p: torch.Tensor, alpha_n: torch.Tensor,
                    beta: float, eps: float) -> bool:
-    """Float dtypes, parameters of one dtype on ``x``'s device, and a result in ``x.dtype``
-    and shape (shape-[1] parameters promote the reference's result and broadcast a 0-d
-    ``x`` to [1])."""
+    """Native's static check; float dtypes, parameters of one dtype, and a result in
+    ``x.dtype`` and shape (shape-[1] parameters promote the reference's result and broadcast
+    a 0-d ``x`` to [1])."""
+    if not checks.static_check_passes(checks.check_xielu, x, alpha_p, alpha_n, beta, eps,
+                                      provider=PROVIDER):
+        return False
     dtype = x.dtype
     for t in (alpha_p, alpha_n):
         if t.dim() > 0:
             dtype = torch.promote_types(dtype, t.dtype)
-    return (mul_and_silu_supports(x) and alpha_p.dtype in DTYPES and alpha_n.dtype == alpha_p.dtype
+    return (x.dtype in DTYPES and alpha_p.dtype in DTYPES and alpha_n.dtype == alpha_p.dtype
             and x.dim() >= max(alpha_p.dim(), alpha_n.dim())
             and alpha_p.device == x.device and alpha_n.device == x.device
             and dtype == x.dtype)

@@ -23,6 +23,11 @@ never reaches it.
   walks the visible latent rows through the block table in tiles of ``BLOCK_N`` (scores from
   the latent and rope parts, online softmax, the weighted latent sum).
 - ``concat_and_cache_mla``: one program per token writes ``cat(kv_c, k_pe)`` into its slot.
+
+Checked once: each ``supports_args`` runs native's static check (metadata only) before its own
+conditions, so a call it declines runs native, whose check gives the error. The kernels do not
+check indices; the impls check their values (native's value checks) only for CPU tensors (the
+interpreter): on a GPU that would cost a device sync per call.
 """
 
 from typing import Optional
@@ -33,26 +38,27 @@ import triton.language as tl
 
 from opmux.ops.checks import (
     check_concat_and_cache_mla,
+    check_concat_and_cache_mla_values,
     check_encoder_attention,
+    check_encoder_attention_values,
     check_mla_attention,
+    check_mla_attention_values,
     check_paged_attention,
+    check_paged_attention_values,
+    static_check_passes,
 )
-from opmux.ops.kv_formats import require_kv_cache_format
 from opmux.plugins.cuda.triton_runtime import (
     DTYPES,
     interpreting,
     next_pow2,
     one_config_when_interpreting,
 )
-from opmux.plugins.cuda.validation import check
 
 __all__ = [
     "concat_and_cache_mla", "concat_and_cache_mla_supports", "encoder_attention",
     "encoder_attention_supports", "mla_attention", "mla_attention_supports", "paged_attention",
     "paged_attention_supports",
 ]
-
-_INDEX = (torch.int32, torch.int64)
 
 _CONFIGS = one_config_when_interpreting(
     [
@@ -209,18 +215,6 @@ def _paged_attention_kernel(  # type: ignore[no-untyped-def]
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _validate(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-              block_tables: torch.Tensor, seq_lens: torch.Tensor,
-              query_start_loc: torch.Tensor, scale: float, sliding_window: Optional[int],
-              soft_cap: Optional[float]) -> None:
-    # the catalog's checks; index values are read only where that costs no device sync
-    check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                          query_start_loc, scale, sliding_window, soft_cap, provider="triton",
-                          read_data=getattr(query, "is_cpu", False))
-    check(query.dtype in DTYPES, "paged_attention", "query", "float32/float16/bfloat16",
-          query.dtype)
-
-
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float,
@@ -228,9 +222,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     soft_cap: Optional[float] = None,
                     kv_cache_format: str = "canonical") -> torch.Tensor:
     """Ragged paged attention over a block-table KV cache (decode and prefill; Triton)."""
-    require_kv_cache_format("paged_attention", kv_cache_format, "triton")
-    _validate(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-              sliding_window, soft_cap)
+    if query.is_cpu:  # index values: the kernel does not check them
+        check_paged_attention_values(query, key_cache, block_tables, seq_lens, query_start_loc,
+                                     provider="triton")
     tokens, heads, d = query.shape
     hkv = key_cache.shape[2]
     num_seqs = block_tables.shape[0]
@@ -267,17 +261,13 @@ def paged_attention_supports(query: torch.Tensor, key_cache: torch.Tensor,
                              sliding_window: Optional[int] = None,
                              soft_cap: Optional[float] = None,
                              kv_cache_format: str = "canonical") -> bool:
-    """Float query with caches of the same dtype and the catalog's 3-D/4-D layouts (any
-    strides: the kernel addresses query, caches and output through them), canonical format."""
-    tensors = (query, key_cache, value_cache, block_tables, seq_lens, query_start_loc)
+    """The canonical format, native's static check, a float query (any strides: the kernel
+    addresses query, caches and output through them)."""
     return (kv_cache_format == "canonical"
-            and all(isinstance(t, torch.Tensor) for t in tensors) and query.dtype in DTYPES
-            and key_cache.dtype == query.dtype
-            and value_cache.dtype == query.dtype and query.dim() == 3 and key_cache.dim() == 4
-            and key_cache.shape[3] == query.shape[2] and key_cache.shape[2] > 0
-            and query.shape[1] % key_cache.shape[2] == 0
-            and block_tables.dtype in _INDEX and seq_lens.dtype in _INDEX
-            and query_start_loc.dtype in _INDEX)
+            and static_check_passes(check_paged_attention, query, key_cache, value_cache,
+                                    block_tables, seq_lens, query_start_loc, scale,
+                                    sliding_window, soft_cap, provider="triton")
+            and query.dtype in DTYPES)
 
 
 _FP32_DOT_BF16 = interpreting()
@@ -344,8 +334,8 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cu_seqlens: torch.Tensor, max_seqlen: Optional[int],
                       scale: float) -> torch.Tensor:
     """Packed non-causal attention (Triton)."""
-    check_encoder_attention(q, k, v, cu_seqlens, max_seqlen, scale, provider="triton",
-                            read_data=q.device.type == "cpu")
+    if q.is_cpu:  # offset values: the kernel does not check them
+        check_encoder_attention_values(q, cu_seqlens, max_seqlen, provider="triton")
     tokens, heads, d = q.shape
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     num_seqs = cu_seqlens.shape[0] - 1
@@ -371,9 +361,10 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def encoder_attention_supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                cu_seqlens: torch.Tensor, max_seqlen: Optional[int],
                                scale: float) -> bool:
-    """Float q/k/v of one dtype, 3-D; int32/int64 offsets."""
-    return (q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
-            and q.dim() == 3 and k.dim() == 3 and v.dim() == 3 and cu_seqlens.dtype in _INDEX)
+    """Native's static check; float q/k/v of one dtype."""
+    return (static_check_passes(check_encoder_attention, q, k, v, cu_seqlens, max_seqlen, scale,
+                                provider="triton")
+            and q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype)
 
 
 # ------------------------------------------------------------------------------- MLA cache
@@ -397,8 +388,8 @@ def _concat_kernel(  # type: ignore[no-untyped-def]
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
                          slot_mapping: torch.Tensor) -> None:
     """Write latent rows into the paged latent cache (Triton)."""
-    check_concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, provider="triton",
-                               read_data=kv_cache.device.type == "cpu")
+    if kv_cache.is_cpu:  # slot values: the kernel does not check them
+        check_concat_and_cache_mla_values(kv_cache, slot_mapping, provider="triton")
     tokens, lora = kv_c.shape
     rope = k_pe.shape[1]
     if tokens == 0:
@@ -412,10 +403,11 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
 
 def concat_and_cache_mla_supports(kv_c: torch.Tensor, k_pe: torch.Tensor,
                                   kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
-    """Float tensors of one dtype, 2-D rows, a 3-D cache."""
-    return (kv_cache.dtype in DTYPES and kv_c.dtype == kv_cache.dtype
-            and k_pe.dtype == kv_cache.dtype and kv_c.dim() == 2 and k_pe.dim() == 2
-            and kv_cache.dim() == 3)
+    """Native's static check; float tensors of one dtype."""
+    return (static_check_passes(check_concat_and_cache_mla, kv_c, k_pe, kv_cache, slot_mapping,
+                                provider="triton")
+            and kv_cache.dtype in DTYPES and kv_c.dtype == kv_cache.dtype
+            and k_pe.dtype == kv_cache.dtype)
 
 
 # --------------------------------------------------------------------------- MLA attention
@@ -477,12 +469,14 @@ def mla_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight: torch.Te
                   query_start_loc: torch.Tensor, scale: float,
                   qk_nope_head_dim: int) -> torch.Tensor:
     """Multi-head latent attention over the paged latent cache, absorbed form (Triton)."""
-    lora, rope, v_dim = check_mla_attention(q, kv_cache, kv_b_weight, block_tables, seq_lens,
-                                            query_start_loc, scale, qk_nope_head_dim,
-                                            provider="triton",
-                                            read_data=q.device.type == "cpu")
-    tokens, heads, _ = q.shape
+    if q.is_cpu:  # index values: the kernel does not check them
+        check_mla_attention_values(q, kv_cache, block_tables, seq_lens, query_start_loc,
+                                   provider="triton")
+    tokens, heads, qk_dim = q.shape
     nope = qk_nope_head_dim
+    rope = qk_dim - nope
+    lora = kv_cache.shape[2] - rope
+    v_dim = kv_b_weight.shape[0] // heads - nope
     num_seqs = block_tables.shape[0]
     w = kv_b_weight.reshape(heads, nope + v_dim, lora).float()
     qh = q.transpose(0, 1).float()
@@ -505,7 +499,9 @@ def mla_attention_supports(q: torch.Tensor, kv_cache: torch.Tensor, kv_b_weight:
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            query_start_loc: torch.Tensor, scale: float,
                            qk_nope_head_dim: int) -> bool:
-    """Float tensors of one dtype, a 3-D cache, int32/int64 index tensors."""
-    return (q.dtype in DTYPES and kv_cache.dtype == q.dtype and kv_b_weight.dtype == q.dtype
-            and q.dim() == 3 and kv_cache.dim() == 3 and block_tables.dtype in _INDEX
-            and seq_lens.dtype in _INDEX and query_start_loc.dtype in _INDEX)
+    """Native's static check; float tensors of one dtype."""
+    return (static_check_passes(check_mla_attention, q, kv_cache, kv_b_weight, block_tables,
+                                seq_lens, query_start_loc, scale, qk_nope_head_dim,
+                                provider="triton")
+            and q.dtype in DTYPES and kv_cache.dtype == q.dtype
+            and kv_b_weight.dtype == q.dtype)

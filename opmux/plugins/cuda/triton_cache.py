@@ -1,10 +1,12 @@
 """Triton kernels for the KV-cache bookkeeping ops ``reshape_and_cache`` and
 ``advance_step_flashattn``.
 
-Both mutate their arguments in place and run the catalog's check (provider ``triton``)
-before the launch, so a bad call writes nothing and they reject exactly what native rejects.
-Index values (slot and block ranges) are read only for CPU tensors (the interpreter): on a
-GPU that read would cost a device sync per call. Every tensor is addressed through its
+Both mutate their arguments in place. Checked once: each ``supports_args`` runs native's static
+check (metadata only) before its own conditions, so the provider never accepts what native
+refuses and a call it declines runs native, whose check gives the error. The kernels do not
+check indices: the impls check their values (slot and block ranges, native's value checks)
+before the launch, so a bad call writes nothing, but only for CPU tensors (the interpreter):
+on a GPU that read would cost a device sync per call. Every tensor is addressed through its
 strides (strided caches and slot mappings, 1-d or strided sampled ids, strided block tables).
 """
 
@@ -12,12 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops.checks import check_advance_step_flashattn, check_reshape_and_cache
-from opmux.ops.kv_formats import require_kv_cache_format
+from opmux.ops.checks import (
+    check_advance_step_flashattn,
+    check_advance_step_flashattn_values,
+    check_reshape_and_cache,
+    check_slot_values,
+    static_check_passes,
+)
 from opmux.plugins.cuda.triton_runtime import DTYPES, next_pow2
 
 __all__ = [
     "advance_step_flashattn",
+    "advance_step_flashattn_supports",
     "reshape_and_cache",
     "reshape_and_cache_supports",
 ]
@@ -53,9 +61,9 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                       value_cache: torch.Tensor, slot_mapping: torch.Tensor,
                       kv_cache_format: str = "canonical") -> None:
     """Write ``key[t]``/``value[t]`` to cache slot ``slot_mapping[t]``; slot -1 skips (Triton)."""
-    require_kv_cache_format("reshape_and_cache", kv_cache_format, "triton")
-    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                            provider="triton", read_data=getattr(key, "is_cpu", False))
+    if key.is_cpu:  # slot values: the kernel does not check them
+        check_slot_values("reshape_and_cache", "triton", slot_mapping,
+                          key_cache.shape[0] * key_cache.shape[1])
     tokens, hkv, d = key.shape
     if tokens == 0 or hkv == 0 or d == 0:
         return
@@ -72,15 +80,12 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 def reshape_and_cache_supports(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, slot_mapping: torch.Tensor,
                                kv_cache_format: str = "canonical") -> bool:
-    """The canonical format: float tensors, 3-D key/value, 4-D caches, an int64 slot mapping
-    (any strides)."""
-    return (kv_cache_format == "canonical" and isinstance(key, torch.Tensor)
-            and isinstance(value, torch.Tensor)
-            and isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)
-            and isinstance(slot_mapping, torch.Tensor) and key.dtype in DTYPES
-            and value.dtype in DTYPES and key_cache.dtype in DTYPES
-            and value_cache.dtype in DTYPES and key.dim() == 3 and key_cache.dim() == 4
-            and slot_mapping.dtype == torch.int64)
+    """The canonical format, native's static check, float tensors (any strides)."""
+    return (kv_cache_format == "canonical"
+            and static_check_passes(check_reshape_and_cache, key, value, key_cache, value_cache,
+                                    slot_mapping, provider="triton")
+            and key.dtype in DTYPES and value.dtype in DTYPES and key_cache.dtype in DTYPES
+            and value_cache.dtype in DTYPES)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -119,10 +124,9 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     Every tensor is read and written through its strides (strided state vectors, 1-d or
     strided sampled ids, strided block tables).
     """
-    check_advance_step_flashattn(num_seqs, num_queries, block_size, input_tokens,
-                                 sampled_token_ids, input_positions, seq_lens, slot_mapping,
-                                 block_tables, provider="triton",
-                                 read_data=getattr(input_tokens, "is_cpu", False))
+    if input_tokens.is_cpu:  # index values: the kernel does not check them
+        check_advance_step_flashattn_values(num_queries, block_size, seq_lens, block_tables,
+                                            provider="triton")
     if num_seqs == 0:
         return
     block = min(next_pow2(num_seqs), 1024)
@@ -133,3 +137,14 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
         block_tables.stride(1), num_seqs, num_queries, block_size,
         BLOCK=block, num_warps=4,
     )
+
+
+def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size: int,
+                                    input_tokens: torch.Tensor, sampled_token_ids: torch.Tensor,
+                                    input_positions: torch.Tensor, seq_lens: torch.Tensor,
+                                    slot_mapping: torch.Tensor, block_tables: torch.Tensor
+                                    ) -> bool:
+    """Native's static check: the kernel takes every layout native takes."""
+    return static_check_passes(check_advance_step_flashattn, num_seqs, num_queries, block_size,
+                               input_tokens, sampled_token_ids, input_positions, seq_lens,
+                               slot_mapping, block_tables, provider="triton")

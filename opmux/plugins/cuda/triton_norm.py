@@ -10,9 +10,13 @@ does.
 (per row and group for the gated norm), looping over the row in chunks of at most
 ``_MAX_BLOCK``: a pass for the sum of squares, a pass for the output. Math in fp32, one rounding
 to ``x.dtype``. The Gemma residual variant recomputes the fp32 sum in the second pass, so the
-output normalises the unrounded sum exactly as the native reference does. Arguments are
-validated with the native checks (a provider never accepts what native rejects); inputs whose
-rows are not unit-stride are copied to contiguous rows first."""
+output normalises the unrounded sum exactly as the native reference does. Inputs whose rows are
+not unit-stride are copied to contiguous rows first.
+
+Checked once: each ``supports_args`` is the whole acceptance test on metadata (native's static
+conditions inline for ``rms_norm`` and ``fused_add_rms_norm``, native's static check itself
+for the others), so the provider never accepts what native refuses and a call it declines
+runs native, whose check gives the error; the impls launch their kernels directly."""
 
 from typing import Optional
 
@@ -21,11 +25,10 @@ import triton
 import triton.language as tl
 
 from opmux.ops.checks import (
-    check_fused_add_rms_norm,
     check_gemma_fused_add_rms_norm,
     check_gemma_rms_norm,
-    check_rms_norm,
     check_rms_norm_gated,
+    static_check_passes,
 )
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
@@ -113,7 +116,6 @@ def _launch(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor,
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x * rsqrt(mean(x**2, -1) + eps) * weight`` in fp32, returned in ``x.dtype`` (Triton)."""
-    check_rms_norm(x, weight, eps, provider=PROVIDER)
     d = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
@@ -123,16 +125,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 
 def rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
-    """Float ``x`` and ``weight``, ``weight`` of shape ``(x.shape[-1],)``."""
+    """Float ``x`` and ``weight`` on one device, ``weight`` of shape ``(x.shape[-1],)``, a
+    real ``eps >= 0`` (native's static conditions, and the kernel's dtypes)."""
     return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
             and x.dtype in DTYPES and weight.dtype in DTYPES and x.dim() >= 1
-            and weight.dim() == 1 and weight.shape[0] == x.shape[-1])
+            and weight.dim() == 1 and weight.shape[0] == x.shape[-1]
+            and weight.device == x.device
+            and type(eps) in (float, int) and eps >= 0)  # NaN fails the comparison
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """``r = x + residual; (rms_norm(r, weight, eps), r)`` as new tensors (Triton)."""
-    check_fused_add_rms_norm(x, residual, weight, eps, provider=PROVIDER)
     d = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -145,9 +149,11 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 def fused_add_rms_norm_supports(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                                 eps: float = 1e-6) -> bool:
-    """As :func:`rms_norm_supports`, plus ``residual`` matching ``x`` in shape and dtype."""
+    """As :func:`rms_norm_supports`, plus ``residual`` matching ``x`` in shape, dtype and
+    device."""
     return (rms_norm_supports(x, weight, eps) and isinstance(residual, torch.Tensor)
-            and residual.shape == x.shape and residual.dtype == x.dtype)
+            and residual.shape == x.shape and residual.dtype == x.dtype
+            and residual.device == x.device)
 
 
 _MAX_BLOCK = 8192
@@ -237,7 +243,6 @@ def _warps(block: int) -> int:
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x * rsqrt(mean(x**2) + eps) * (1 + weight)`` in fp32 (Triton)."""
-    check_gemma_rms_norm(x, weight, eps, provider=PROVIDER)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     d = x.shape[-1]
     if x.numel() == 0:
@@ -251,14 +256,14 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> 
 
 
 def gemma_rms_norm_supports(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> bool:
-    """Float32/16/bf16 ``x`` and ``weight``."""
-    return x.dtype in DTYPES and weight.dtype in DTYPES
+    """Native's static check; float32/16/bf16 ``x`` and ``weight``."""
+    return (static_check_passes(check_gemma_rms_norm, x, weight, eps, provider=PROVIDER)
+            and x.dtype in DTYPES and weight.dtype in DTYPES)
 
 
 def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                              eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual`` in fp32; ``(gemma_rms_norm(s), s rounded)`` (Triton)."""
-    check_gemma_fused_add_rms_norm(x, residual, weight, eps, provider=PROVIDER)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     d = x.shape[-1]
@@ -274,16 +279,16 @@ def gemma_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: to
 
 def gemma_fused_add_rms_norm_supports(x: torch.Tensor, residual: torch.Tensor,
                                       weight: torch.Tensor, eps: float = 1e-6) -> bool:
-    """As :func:`gemma_rms_norm_supports`."""
-    return x.dtype in DTYPES and weight.dtype in DTYPES
+    """Native's static check; float32/16/bf16 ``x`` and ``weight``."""
+    return (static_check_passes(check_gemma_fused_add_rms_norm, x, residual, weight, eps,
+                                provider=PROVIDER)
+            and x.dtype in DTYPES and weight.dtype in DTYPES)
 
 
 def rms_norm_gated(x: torch.Tensor, weight: torch.Tensor, z: Optional[torch.Tensor] = None,
                    eps: float = 1e-5, group_size: Optional[int] = None,
                    norm_before_gate: bool = False, activation: str = "swish") -> torch.Tensor:
     """Gated, grouped RMS norm in fp32 (Triton); see the catalog op for the semantics."""
-    check_rms_norm_gated(x, weight, z, eps, group_size, norm_before_gate, activation,
-                         provider=PROVIDER)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     d = x.shape[-1]
     if x.numel() == 0:
@@ -303,6 +308,8 @@ def rms_norm_gated_supports(x: torch.Tensor, weight: torch.Tensor,
                             z: Optional[torch.Tensor] = None, eps: float = 1e-5,
                             group_size: Optional[int] = None, norm_before_gate: bool = False,
                             activation: str = "swish") -> bool:
-    """Float32/16/bf16 ``x``, ``weight`` and ``z``."""
-    return (x.dtype in DTYPES and weight.dtype in DTYPES
+    """Native's static check; float32/16/bf16 ``x``, ``weight`` and ``z``."""
+    return (static_check_passes(check_rms_norm_gated, x, weight, z, eps, group_size,
+                                norm_before_gate, activation, provider=PROVIDER)
+            and x.dtype in DTYPES and weight.dtype in DTYPES
             and (z is None or z.dtype in DTYPES))

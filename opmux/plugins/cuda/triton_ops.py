@@ -28,7 +28,7 @@ KERNELS: Final[dict[str, tuple[str, str | None]]] = {
     "rotary_embedding": ("triton_rope", "rotary_embedding_supports"),
     "reshape_and_cache": ("triton_cache", "reshape_and_cache_supports"),
     "paged_attention": ("triton_attention", "paged_attention_supports"),
-    "advance_step_flashattn": ("triton_cache", None),
+    "advance_step_flashattn": ("triton_cache", "advance_step_flashattn_supports"),
     "fatrelu_and_mul": ("triton_activation", "fatrelu_and_mul_supports"),
     "mul_and_silu": ("triton_activation", "mul_and_silu_supports"),
     "gelu_and_mul_sparse": ("triton_activation", "gelu_and_mul_sparse_supports"),

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops.checks import check_quant_fp8
+from opmux.ops.checks import check_quant_fp8, static_check_passes
 from opmux.ops.quant import FP8_MAX, FP8_MIN_SCALE
 from opmux.plugins.cuda import triton_runtime
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, interpreting, next_pow2
@@ -135,7 +135,6 @@ def quant_fp8(x: torch.Tensor, scale: Optional[torch.Tensor] = None, per_token: 
               scale_ub: Optional[torch.Tensor] = None, group_size: Optional[int] = None,
               use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 quantisation (Triton); see the catalog op ``quant_fp8`` for the modes."""
-    check_quant_fp8(x, scale, per_token, scale_ub, group_size, use_ue8m0, provider=PROVIDER)
     n = x.shape[-1]
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     rows = x.numel() // n if n else 0
@@ -184,8 +183,12 @@ def quant_fp8(x: torch.Tensor, scale: Optional[torch.Tensor] = None, per_token: 
 def quant_fp8_supports(x: torch.Tensor, scale: Optional[torch.Tensor] = None,
                        per_token: bool = False, scale_ub: Optional[torch.Tensor] = None,
                        group_size: Optional[int] = None, use_ue8m0: bool = False) -> bool:
-    """Float32/16/bf16 ``x``, on a GPU that has fp8 e4m3 (not NVIDIA below sm_89)."""
-    if x.dtype not in DTYPES:
+    """Native's static check (the provider's whole acceptance test: the impl launches its
+    kernels directly); float32/16/bf16 ``x``, on a GPU that has fp8 e4m3 (not NVIDIA below
+    sm_89)."""
+    if not (static_check_passes(check_quant_fp8, x, scale, per_token, scale_ub, group_size,
+                                use_ue8m0, provider=PROVIDER)
+            and x.dtype in DTYPES):
         return False
     capability = triton_runtime.cuda_capability(x)
     return capability is None or capability >= _FP8_CAPABILITY

@@ -17,8 +17,10 @@ dtype first, as the native reference does. ``dual_chunk_rotary_embedding``: prog
 j)`` handles token ``t``, query version ``v`` and a block of heads; a second launch rotates the
 key.
 
-Arguments are validated with the catalog's checks (provider ``triton``); position ranges
-are read only from CPU tensors (the interpreter): on a GPU that would cost a sync per call.
+Checked once: each ``supports_args`` runs native's static check (metadata only) before its own
+conditions, so a call it declines runs native, whose check gives the error. The kernels do not
+check positions; the impls check their range (native's value checks) only for CPU tensors (the
+interpreter): on a GPU that would cost a sync per call.
 """
 
 from typing import Optional
@@ -30,7 +32,10 @@ import triton.language as tl
 from opmux.ops.checks import (
     check_apply_rotary_emb,
     check_dual_chunk_rotary_embedding,
+    check_dual_chunk_rotary_embedding_values,
     check_rotary_embedding,
+    check_rotary_embedding_values,
+    static_check_passes,
 )
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
@@ -114,9 +119,8 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
     ``[*P, H, D]``; positions are read contiguously (a strided or stride-0 view is copied),
     query/key rows through their token stride.
     """
-    check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, is_neox,
-                           provider=PROVIDER,
-                           read_data=not getattr(query, "is_cuda", False))
+    if not query.is_cuda:  # position values: the kernel does not check them
+        check_rotary_embedding_values(positions, cos_sin_cache, provider=PROVIDER)
     flat = positions.reshape(-1)
     if flat.stride(0) != 1:
         flat = flat.contiguous()
@@ -148,9 +152,10 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 def rotary_embedding_supports(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                               cos_sin_cache: torch.Tensor, head_size: int,
                               is_neox: bool = True) -> bool:
-    """Float query/key of one dtype, integer positions, an even ``rot <= head_size``."""
-    return (isinstance(positions, torch.Tensor) and isinstance(query, torch.Tensor)
-            and isinstance(key, torch.Tensor) and isinstance(cos_sin_cache, torch.Tensor)
+    """Native's static check; float query/key of one dtype, integer positions, an even
+    ``rot <= head_size``."""
+    return (static_check_passes(check_rotary_embedding, positions, query, key, cos_sin_cache,
+                                head_size, is_neox, provider=PROVIDER)
             and query.dtype in DTYPES and key.dtype == query.dtype
             and cos_sin_cache.dtype in DTYPES and cos_sin_cache.dim() == 2
             and positions.dtype in (torch.int64, torch.int32)
@@ -188,8 +193,6 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      is_neox_style: bool = True, enable_fp32_compute: bool = False
                      ) -> torch.Tensor:
     """Rotate every head of ``x[(B,) S, H, D]`` by ``cos``/``sin`` ``[S, D/2]`` (Triton)."""
-    check_apply_rotary_emb(x, cos, sin, is_neox_style, enable_fp32_compute, provider=PROVIDER,
-                           read_data=False)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     x4 = x if x.dim() == 4 else x.unsqueeze(0)
     batch, seq_len, num_heads, head_size = x4.shape
@@ -208,8 +211,11 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def apply_rotary_emb_supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                               is_neox_style: bool = True,
                               enable_fp32_compute: bool = False) -> bool:
-    """``x`` 3-d or 4-d in float32/float16/bfloat16 (any strides), floating tables."""
-    return (x.dtype in DTYPES and x.dim() in (3, 4) and cos.dtype in DTYPES
+    """Native's static check; ``x`` 3-d or 4-d in float32/float16/bfloat16 (any strides),
+    floating tables."""
+    return (static_check_passes(check_apply_rotary_emb, x, cos, sin, is_neox_style,
+                                enable_fp32_compute, provider=PROVIDER)
+            and x.dtype in DTYPES and x.dim() in (3, 4) and cos.dtype in DTYPES
             and sin.dtype in DTYPES and cos.dim() == 2 and sin.dim() == 2)
 
 
@@ -288,11 +294,9 @@ def dual_chunk_rotary_embedding(
         cos_sin_q_inter_cache: torch.Tensor, head_size: int, is_neox_style: bool = True,
         offsets: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Dual-chunk rotary embedding: ``(query_out [T, 5*H*D], key_out [T, Hkv*D])`` (Triton)."""
-    caches = (cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache, cos_sin_qc_no_clamp_cache,
-              cos_sin_q_inter_cache)
-    check_dual_chunk_rotary_embedding(positions, query, key, *caches, head_size,
-                                      is_neox_style, offsets, provider=PROVIDER,
-                                      read_data=positions.device.type == "cpu")
+    if positions.is_cpu:  # position values: the kernels do not check them
+        check_dual_chunk_rotary_embedding_values(positions, cos_sin_k_cache, offsets,
+                                                 provider=PROVIDER)
     tokens = positions.shape[0]
     q_out = torch.empty((tokens, 5 * query.shape[1]), dtype=query.dtype, device=query.device)
     k_out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
@@ -323,8 +327,11 @@ def dual_chunk_rotary_embedding_supports(
         cos_sin_k_cache: torch.Tensor, cos_sin_qc_no_clamp_cache: torch.Tensor,
         cos_sin_q_inter_cache: torch.Tensor, head_size: int, is_neox_style: bool = True,
         offsets: Optional[torch.Tensor] = None) -> bool:
-    """Query/key of one float dtype (any strides); contiguous caches of that dtype."""
+    """Native's static check; query/key of one float dtype (any strides); contiguous caches
+    of that dtype."""
     caches = (cos_sin_q_cache, cos_sin_qc_cache, cos_sin_k_cache, cos_sin_qc_no_clamp_cache,
               cos_sin_q_inter_cache)
-    return (query.dtype in DTYPES and key.dtype == query.dtype
+    return (static_check_passes(check_dual_chunk_rotary_embedding, positions, query, key,
+                                *caches, head_size, is_neox_style, offsets, provider=PROVIDER)
+            and query.dtype in DTYPES and key.dtype == query.dtype
             and all(c.dtype == query.dtype and c.is_contiguous() for c in caches))

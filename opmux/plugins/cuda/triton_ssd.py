@@ -8,8 +8,12 @@ the same kernel with one token per sequence. Inputs are read through their strid
 small per-head parameters (``A``, ``D``, ``dt_bias``) are handed over as float32.
 
 This is the recurrent form (work linear in tokens, no intra-chunk matmuls); ``chunk_size``
-only affects the native reference's rounding. Index values are validated only for CPU
-tensors (the interpreter): on a GPU that would cost a sync per call.
+only affects the native reference's rounding.
+
+Checked once: each ``supports_args`` runs native's static check (metadata only) before its own
+conditions, so a call it declines runs native, whose check gives the error. The kernel does
+not check indices; the impls check their values only for CPU tensors (the interpreter): on a
+GPU that would cost a sync per call.
 """
 
 from typing import Optional
@@ -18,7 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from opmux.ops.checks import check_ssd_chunk_scan, check_ssd_state_update
+from opmux.ops.checks import (
+    check_ssd_chunk_scan,
+    check_ssd_chunk_scan_values,
+    check_ssd_state_update,
+    check_ssd_state_update_values,
+    static_check_passes,
+)
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
@@ -135,9 +145,9 @@ def ssd_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
                    dt_min: float = 0.0, dt_max: Optional[float] = None,
                    chunk_size: int = 256) -> torch.Tensor:
     """Mamba-2 scan over packed sequences (Triton); see :func:`opmux.ops.ssd_chunk_scan`."""
-    check_ssd_chunk_scan(x, dt, A, B, C, ssm_state, state_indices, query_start_loc,
-                         has_initial_state, D, z, dt_bias, dt_softplus, dt_min, dt_max,
-                         chunk_size, provider=PROVIDER, read_data=x.is_cpu)
+    if x.is_cpu:  # index values: the kernel does not check them
+        check_ssd_chunk_scan_values(x, ssm_state, state_indices, query_start_loc,
+                                    provider=PROVIDER)
     return _launch(x, dt, A, B, C, ssm_state, state_indices, query_start_loc,
                    has_initial_state, D, z, dt_bias, dt_softplus, dt_min, dt_max)
 
@@ -150,8 +160,11 @@ def ssd_chunk_scan_supports(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                             dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
                             dt_min: float = 0.0, dt_max: Optional[float] = None,
                             chunk_size: int = 256) -> bool:
-    """float32/float16/bfloat16 ``x`` and state (any strides)."""
-    return x.dtype in DTYPES and ssm_state.dtype in DTYPES
+    """Native's static check; float32/float16/bfloat16 ``x`` and state (any strides)."""
+    return (static_check_passes(check_ssd_chunk_scan, x, dt, A, B, C, ssm_state, state_indices,
+                                query_start_loc, has_initial_state, D, z, dt_bias, dt_softplus,
+                                dt_min, dt_max, chunk_size, provider=PROVIDER)
+            and x.dtype in DTYPES and ssm_state.dtype in DTYPES)
 
 
 def ssd_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -160,8 +173,8 @@ def ssd_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torc
                      dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
                      dt_min: float = 0.0, dt_max: Optional[float] = None) -> torch.Tensor:
     """One Mamba-2 decode step (Triton); see :func:`opmux.ops.ssd_state_update`."""
-    check_ssd_state_update(x, dt, A, B, C, ssm_state, state_indices, D, z, dt_bias,
-                           dt_softplus, dt_min, dt_max, provider=PROVIDER, read_data=x.is_cpu)
+    if x.is_cpu:  # index values: the kernel does not check them
+        check_ssd_state_update_values(ssm_state, state_indices, provider=PROVIDER)
     return _launch(x, dt, A, B, C, ssm_state, state_indices, None, None, D, z, dt_bias,
                    dt_softplus, dt_min, dt_max)
 
@@ -173,5 +186,8 @@ def ssd_state_update_supports(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
                               dt_bias: Optional[torch.Tensor] = None,
                               dt_softplus: bool = False, dt_min: float = 0.0,
                               dt_max: Optional[float] = None) -> bool:
-    """float32/float16/bfloat16 ``x`` and state (any strides)."""
-    return x.dtype in DTYPES and ssm_state.dtype in DTYPES
+    """Native's static check; float32/float16/bfloat16 ``x`` and state (any strides)."""
+    return (static_check_passes(check_ssd_state_update, x, dt, A, B, C, ssm_state,
+                                state_indices, D, z, dt_bias, dt_softplus, dt_min, dt_max,
+                                provider=PROVIDER)
+            and x.dtype in DTYPES and ssm_state.dtype in DTYPES)

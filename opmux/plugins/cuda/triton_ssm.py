@@ -7,9 +7,12 @@ same kernels with one row per sequence starting from its slot's state (``HAS_QSL
 The convolution re-reads its ``width`` inputs per token instead of keeping a rolling window
 (Triton has no register arrays); its final state is written in increasing position order,
 which reads every old state value before it is overwritten. Strided inputs are made
-contiguous first; ``A``, ``D`` and the time-step bias are handed over in fp32. The index
-tensors are validated by value as native does (a device sync): a bad slot never reaches the
-kernel.
+contiguous first; ``A``, ``D`` and the time-step bias are handed over in fp32.
+
+Checked once: each ``supports_args`` runs native's static check (metadata only) before its own
+conditions, so a call it declines runs native, whose check gives the error. The kernels do not
+check indices, so each impl checks the index values as native does (a device sync): a bad
+slot never reaches the kernel.
 """
 
 from typing import Optional
@@ -23,6 +26,8 @@ from opmux.ops.checks import (
     check_causal_conv1d_update,
     check_selective_scan,
     check_selective_state_update,
+    check_ssm_index_values,
+    static_check_passes,
 )
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
@@ -188,8 +193,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
                   has_initial_state: Optional[torch.Tensor] = None,
                   activation: Optional[str] = "silu") -> torch.Tensor:
     """Packed-prefill causal convolution (Triton)."""
-    check_causal_conv1d(x, weight, bias, conv_states, query_start_loc, cache_indices,
-                        has_initial_state, activation, provider=PROVIDER)
+    # index values: the kernel does not check them
+    check_ssm_index_values("causal_conv1d", PROVIDER, conv_states, "cache_indices",
+                           cache_indices, query_start_loc, x.shape[0])
     if query_start_loc is None:
         query_start_loc = torch.tensor([0, x.shape[0]], dtype=torch.int64, device=x.device)
     return _conv(x, weight, bias, conv_states, query_start_loc, cache_indices,
@@ -208,16 +214,20 @@ def causal_conv1d_supports(x: torch.Tensor, weight: torch.Tensor, bias: Optional
                            cache_indices: Optional[torch.Tensor] = None,
                            has_initial_state: Optional[torch.Tensor] = None,
                            activation: Optional[str] = "silu") -> bool:
-    """fp32/bf16/fp16 tensors and a contiguous state cache."""
-    return _conv_ok(x, weight, bias, conv_states)
+    """Native's static check; fp32/bf16/fp16 tensors and a contiguous state cache."""
+    return (static_check_passes(check_causal_conv1d, x, weight, bias, conv_states,
+                                query_start_loc, cache_indices, has_initial_state, activation,
+                                provider=PROVIDER)
+            and _conv_ok(x, weight, bias, conv_states))
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
                          bias: Optional[torch.Tensor] = None, activation: Optional[str] = None,
                          conv_state_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One decode step of the causal convolution (Triton)."""
-    check_causal_conv1d_update(x, conv_state, weight, bias, activation, conv_state_indices,
-                               provider=PROVIDER)
+    # index values: the kernel does not check them
+    check_ssm_index_values("causal_conv1d_update", PROVIDER, conv_state, "conv_state_indices",
+                           conv_state_indices)
     return _conv(x, weight, bias, conv_state, None, conv_state_indices, None,
                  activation is not None, x.shape[0])
 
@@ -226,8 +236,10 @@ def causal_conv1d_update_supports(x: torch.Tensor, conv_state: torch.Tensor,
                                   weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                                   activation: Optional[str] = None,
                                   conv_state_indices: Optional[torch.Tensor] = None) -> bool:
-    """fp32/bf16/fp16 tensors and a contiguous state cache."""
-    return _conv_ok(x, weight, bias, conv_state)
+    """Native's static check; fp32/bf16/fp16 tensors and a contiguous state cache."""
+    return (static_check_passes(check_causal_conv1d_update, x, conv_state, weight, bias,
+                                activation, conv_state_indices, provider=PROVIDER)
+            and _conv_ok(x, weight, bias, conv_state))
 
 
 def _scan(u: torch.Tensor, states: torch.Tensor, delta: torch.Tensor, A: torch.Tensor,
@@ -263,8 +275,9 @@ def selective_scan(u: torch.Tensor, ssm_states: torch.Tensor, delta: torch.Tenso
                    cache_indices: Optional[torch.Tensor] = None,
                    has_initial_state: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Packed-prefill Mamba-1 selective scan (Triton)."""
-    check_selective_scan(u, ssm_states, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                         query_start_loc, cache_indices, has_initial_state, provider=PROVIDER)
+    # index values: the kernel does not check them
+    check_ssm_index_values("selective_scan", PROVIDER, ssm_states, "cache_indices",
+                           cache_indices, query_start_loc, u.shape[0])
     if query_start_loc is None:
         query_start_loc = torch.tensor([0, u.shape[0]], dtype=torch.int64, device=u.device)
     return _scan(u, ssm_states, delta, A, B, C, D, z, delta_bias, delta_softplus,
@@ -287,8 +300,12 @@ def selective_scan_supports(u: torch.Tensor, ssm_states: torch.Tensor, delta: to
                             query_start_loc: Optional[torch.Tensor] = None,
                             cache_indices: Optional[torch.Tensor] = None,
                             has_initial_state: Optional[torch.Tensor] = None) -> bool:
-    """fp32/bf16/fp16 tensors, a contiguous state cache, ``dstate <= 256``."""
-    return _scan_ok(u, ssm_states, A, delta, B, C, z)
+    """Native's static check; fp32/bf16/fp16 tensors, a contiguous state cache,
+    ``dstate <= 256``."""
+    return (static_check_passes(check_selective_scan, u, ssm_states, delta, A, B, C, D, z,
+                                delta_bias, delta_softplus, query_start_loc, cache_indices,
+                                has_initial_state, provider=PROVIDER)
+            and _scan_ok(u, ssm_states, A, delta, B, C, z))
 
 
 def selective_state_update(ssm_states: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
@@ -297,8 +314,9 @@ def selective_state_update(ssm_states: torch.Tensor, x: torch.Tensor, dt: torch.
                            dt_bias: Optional[torch.Tensor] = None, dt_softplus: bool = False,
                            state_batch_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One decode step of the Mamba-1 scan (Triton)."""
-    check_selective_state_update(ssm_states, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                 state_batch_indices, provider=PROVIDER)
+    # index values: the kernel does not check them
+    check_ssm_index_values("selective_state_update", PROVIDER, ssm_states,
+                           "state_batch_indices", state_batch_indices)
     return _scan(x, ssm_states, dt, A, B, C, D, z, dt_bias, dt_softplus, None,
                  state_batch_indices, None, x.shape[0])
 
@@ -310,5 +328,9 @@ def selective_state_update_supports(ssm_states: torch.Tensor, x: torch.Tensor,
                                     dt_bias: Optional[torch.Tensor] = None,
                                     dt_softplus: bool = False,
                                     state_batch_indices: Optional[torch.Tensor] = None) -> bool:
-    """fp32/bf16/fp16 tensors, a contiguous state cache, ``dstate <= 256``."""
-    return _scan_ok(x, ssm_states, A, dt, B, C, z)
+    """Native's static check; fp32/bf16/fp16 tensors, a contiguous state cache,
+    ``dstate <= 256``."""
+    return (static_check_passes(check_selective_state_update, ssm_states, x, dt, A, B, C, D,
+                                z, dt_bias, dt_softplus, state_batch_indices,
+                                provider=PROVIDER)
+            and _scan_ok(x, ssm_states, A, dt, B, C, z))

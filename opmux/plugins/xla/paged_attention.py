@@ -73,26 +73,33 @@ _DEFAULTS: Final = static_paged_attention.__defaults__ or ()
 _FEWEST: Final = _COUNT - len(_DEFAULTS)
 
 
-def _entry(name: str, provider: str, body: Callable[[PagedArgs], Tensor],
-           doc: str) -> Callable[..., Tensor]:
-    """A function with :func:`static_paged_attention`'s signature (the op's schema) that
-    validates its arguments as ``provider`` and returns ``body(args)``.
+def _full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> PagedArgs:
+    """The op's arguments in schema order, defaults filled in.
 
     The dispatcher passes the arguments positionally, leaving out trailing ones equal to
     their defaults (filled in from the signature's defaults); calls with keywords are bound
     to the signature first.
     """
+    if kwargs or len(args) != _COUNT:
+        if not kwargs and _FEWEST <= len(args) < _COUNT:
+            args += _DEFAULTS[len(args) - _COUNT:]
+        else:
+            bound = _SIGNATURE.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args
+    return cast(PagedArgs, args)
+
+
+def _entry(name: str, body: Callable[[PagedArgs], Tensor], doc: str,
+           checked_as: str | None = None) -> Callable[..., Tensor]:
+    """A function with :func:`static_paged_attention`'s signature (the op's schema) that
+    returns ``body(args)``, after :func:`check_inputs` under the name ``checked_as`` when
+    given (native and the fake; a provider's :func:`_accepts` is its check)."""
 
     def entry(*args: Any, **kwargs: Any) -> Tensor:
-        if kwargs or len(args) != _COUNT:
-            if not kwargs and _FEWEST <= len(args) < _COUNT:
-                args += _DEFAULTS[len(args) - _COUNT:]
-            else:
-                bound = _SIGNATURE.bind(*args, **kwargs)
-                bound.apply_defaults()
-                args = bound.args
-        full = cast(PagedArgs, args)
-        check_inputs(provider, full)
+        full = _full(args, kwargs)
+        if checked_as is not None:
+            check_inputs(checked_as, full)
         return body(full)
 
     entry.__name__ = entry.__qualname__ = name
@@ -102,11 +109,28 @@ def _entry(name: str, provider: str, body: Callable[[PagedArgs], Tensor],
     return entry
 
 
+def _accepts(provider: str) -> Callable[..., bool]:
+    """The ``supports_args`` of a provider: whether :func:`check_inputs` passes (shapes and
+    dtypes only). A call it declines runs native, whose check gives the error."""
+
+    def supports(*args: Any, **kwargs: Any) -> bool:
+        try:
+            check_inputs(provider, _full(args, kwargs))
+        except OpInputError:
+            return False
+        return True
+
+    supports.__name__ = supports.__qualname__ = f"{provider}_supports"
+    supports.__signature__ = _SIGNATURE.replace(  # type: ignore[attr-defined]
+        return_annotation=bool)
+    return supports
+
+
 def _static(args: PagedArgs) -> Tensor:
     return static_paged_attention(*args)
 
 
-xla_gpu_paged_attention = _entry("xla_gpu_paged_attention", "native", _static, """\
+xla_gpu_paged_attention = _entry("xla_gpu_paged_attention", _static, """\
 Paged attention over a fused ``[2, num_blocks, block_size, Hkv, D]`` KV cache.
 
 Sequence ``i < num_seqs`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]``
@@ -128,7 +152,7 @@ sliding_window``). Rows of ``block_tables``/``context_lens``/``query_start_loc``
 :param soft_cap: scores become ``soft_cap * tanh(s / soft_cap)``.
 :returns: ``[T, H, D]`` in ``query.dtype``.
 :raises OpInputError: on a wrong rank, dtype or size (checked from shapes only).
-""")
+""", "native")
 
 
 def paged_attention_op() -> Op:
@@ -139,9 +163,9 @@ def paged_attention_op() -> Op:
 
 
 # ---------------------------------------------------------------------------- providers
-# Each provider has the native signature (built by ``_entry``) and validates its arguments
-# under its own name before running.
-static_xla = _entry("static_xla", "static_xla", _static, """\
+# Each provider has the native signature (built by ``_entry``); its ``supports_args``
+# (``_accepts``) is its whole check of shapes and dtypes.
+static_xla = _entry("static_xla", _static, """\
 XLA provider: the static-shape code; traced lazily, one graph per shape bucket.""")
 
 
@@ -169,7 +193,7 @@ def _catalog_cuda(args: PagedArgs) -> Tensor:
     return static_paged_attention(*args)
 
 
-catalog_cuda = _entry("catalog_cuda", "catalog_cuda", _catalog_cuda, """\
+catalog_cuda = _entry("catalog_cuda", _catalog_cuda, """\
 CUDA provider: the catalog's ``triton`` provider after a sync-free layout change.
 
 Padding sequences become empty (``q_len = kv_len = 0``), block ids are clamped into
@@ -210,15 +234,15 @@ def _catalog_cpu(args: PagedArgs) -> Tensor:
     return result
 
 
-catalog_cpu = _entry("catalog_cpu", "catalog_cpu", _catalog_cpu, """\
+catalog_cpu = _entry("catalog_cpu", _catalog_cpu, """\
 CPU provider: the catalog ``paged_attention`` (``cpp`` when built, else native).
 
 The live part of the batch is sliced out (reading ``num_seqs`` and the row count is
 free on CPU), block ids are clamped into the cache, and padding rows come back zero.""")
 
-fake_paged_attention = _entry("fake_paged_attention", "fake",
+fake_paged_attention = _entry("fake_paged_attention",
                               lambda args: args[0].new_empty(args[0].shape), """\
-Fake (meta) kernel: validates shapes and returns an empty ``[T, H, D]``.""")
+Fake (meta) kernel: validates shapes and returns an empty ``[T, H, D]``.""", "fake")
 
 
 def _catalog() -> Op:
@@ -271,6 +295,7 @@ def register(registry: RegistryLike, dispatch_key: str | None = None) -> list[st
     # registration order is the priority: each provider serves its own key
     for name, key, supported, reason, fn in table:
         if name not in op.impls and dispatch_key in (None, key):
-            op.register_impl(name, dispatch_key=key, supported=supported, reason=reason)(fn)
+            op.register_impl(name, dispatch_key=key, supported=supported, reason=reason,
+                             supports_args=_accepts(name))(fn)
             done.append(f"{QUALNAME}:{name}")
     return done

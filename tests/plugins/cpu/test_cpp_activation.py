@@ -60,16 +60,19 @@ def test_kernels_check_their_outputs(k: Any) -> None:
         torch.ops.opmux_cpu.relu2_out(torch.empty(16, 4), x.t())
 
 
-def test_impls_reject_what_native_rejects(k: Any) -> None:
+def test_predicates_decline_what_native_rejects() -> None:
+    # the predicate declines; through the op, native says why
     x = torch.randn(3, 10)
-    with pytest.raises(opmux.OpInputError, match=r"provider 'cpp'.*'activation_sparsity'"):
-        k.gelu_and_mul_sparse(x, 0.0, "none")
-    with pytest.raises(opmux.OpInputError, match=r"swigluoai_and_mul.*'limit'"):
-        k.swigluoai_and_mul(x, 1.702, -1.0)
-    with pytest.raises(opmux.OpInputError, match=r"fatrelu_and_mul.*'x'.*even"):
-        k.fatrelu_and_mul(x[:, :9], 0.0)
-    with pytest.raises(opmux.OpInputError, match=r"gelu_new.*'x'.*floating"):
-        k.gelu_new(torch.ones(3, dtype=torch.int32))
+    for name, args, match in (
+            ("gelu_and_mul_sparse", (x, 0.0, "none"), r"'activation_sparsity'"),
+            ("swigluoai_and_mul", (x, 1.702, -1.0), r"'limit'"),
+            ("fatrelu_and_mul", (x[:, :9], 0.0), r"'x'.*even"),
+            ("gelu_new", (torch.ones(3, dtype=torch.int32),), r"'x'.*floating")):
+        op = opmux.get_op(name)
+        assert not op.impls["cpp"].supports_args(*args)
+        with op.set_priority(["cpp", "native"]), pytest.raises(
+                opmux.OpInputError, match=rf"{name} \(provider 'native'\).*{match}"):
+            op(*args)
 
 
 def test_fatrelu_ties_and_nan(k: Any) -> None:

@@ -80,9 +80,11 @@ def test_provider_rejects_what_native_rejects(cpp: Any) -> None:
     with pytest.raises(OpInputError, match=r"opmux::gemma_rms_norm \(provider 'native'\): "
                        r"argument 'eps' expected a non-negative float"):
         opmux.ops.gemma_rms_norm(torch.randn(2, 8), torch.randn(8), -1.0)
-    with pytest.raises(OpInputError, match=r"quant_fp8 \(provider 'cpp'\): argument "
+    args = (torch.randn(2, 8), None, False, torch.tensor([1.0]))
+    assert not cpp.quant_fp8_supports(*args)
+    with pytest.raises(OpInputError, match=r"quant_fp8 \(provider 'native'\): argument "
                        r"'scale_ub' expected None unless per_token"):
-        cpp.quant_fp8(torch.randn(2, 8), None, False, torch.tensor([1.0]))
+        opmux.ops.quant_fp8(*args)
 
 
 def test_kernel_checks_raise_before_writing(cpp: Any) -> None:

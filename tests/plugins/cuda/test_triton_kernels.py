@@ -23,6 +23,14 @@ def native(name: str) -> Callable[..., Any]:
     return fn
 
 
+def declined(supports: Callable[..., bool], name: str, match: str, *args: Any,
+             **kwargs: Any) -> None:
+    """``supports`` declines the call, so the op runs native, whose check refuses it."""
+    assert not supports(*args, **kwargs)
+    with pytest.raises(OpInputError, match=rf"{name} \(provider 'native'\).*" + match):
+        native(name)(*args, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def k() -> Any:
     """The Triton kernel modules (imported after conftest switched the interpreter on)."""
@@ -62,11 +70,15 @@ def test_gelu_and_mul(k: Any, device: torch.device, dtype: torch.dtype, approxim
 def test_activation_non_contiguous_and_errors(k: Any, device: torch.device) -> None:
     x = torch.randn(2 * 16, 8, device=device).t()  # last dim strided
     close(k.act.silu_and_mul(x), native("silu_and_mul")(x), torch.float32)
-    with pytest.raises(OpInputError, match=r"gelu_and_mul \(provider 'triton'\).*approximate"):
-        k.act.gelu_and_mul(x, "erf")
+    # declined by the predicate; native's check gives the error
+    assert not k.act.gelu_and_mul_supports(x, "erf")
+    with pytest.raises(OpInputError, match=r"gelu_and_mul \(provider 'native'\).*approximate"):
+        native("gelu_and_mul")(x, "erf")
+    odd = torch.randn(2, 5, device=device)
+    assert not k.act.silu_and_mul_supports(odd)
     with pytest.raises(OpInputError,
-                       match=r"silu_and_mul \(provider 'triton'\).*even last dimension"):
-        k.act.silu_and_mul(torch.randn(2, 5, device=device))
+                       match=r"silu_and_mul \(provider 'native'\).*even last dimension"):
+        native("silu_and_mul")(odd)
     assert not k.act.silu_and_mul_supports(torch.randn(2, 4, dtype=torch.float64))
 
 
@@ -106,10 +118,17 @@ def test_norm_edges_and_errors(k: Any, device: torch.device) -> None:
     w = torch.randn(3, device=device)
     close(k.norm.rms_norm(x, w), native("rms_norm")(x, w), torch.float32)
     assert k.norm.rms_norm(torch.empty(0, 3, device=device), w).shape == (0, 3)
-    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'triton'\): argument 'weight'"):
-        k.norm.rms_norm(torch.randn(2, 4, device=device), w)
+    # declined by the predicates; native's check gives the error
+    wide = torch.randn(2, 4, device=device)
+    assert not k.norm.rms_norm_supports(wide, w)
+    with pytest.raises(OpInputError, match=r"rms_norm \(provider 'native'\): argument 'weight'"):
+        native("rms_norm")(wide, w)
+    residual = torch.randn(8, 4, device=device)
+    assert not k.norm.fused_add_rms_norm_supports(x, residual, w)
     with pytest.raises(OpInputError, match="residual"):
-        k.norm.fused_add_rms_norm(x, torch.randn(8, 4, device=device), w)
+        native("fused_add_rms_norm")(x, residual, w)
+    assert not k.norm.rms_norm_supports(x, w, -1.0)
+    assert not k.norm.rms_norm_supports(x, w, float("nan"))
 
 
 # ---------------------------------------------------------------------------------- rotary
@@ -145,8 +164,12 @@ def test_rotary_3d_and_errors(k: Any, device: torch.device) -> None:
     assert got[0].shape == q.shape and got[1].shape == kk.shape
     close(got[0], want[0], torch.float32)
     close(got[1], want[1], torch.float32)
-    with pytest.raises(OpInputError, match="cos_sin_cache"):
-        k.rope.rotary_embedding(positions, q, kk, make_cos_sin_cache(8, 32), 24, True)
+    declined(k.rope.rotary_embedding_supports, "rotary_embedding", "cos_sin_cache", positions,
+             q, kk, make_cos_sin_cache(8, 32, device=device), 24, True)
+    if device.type == "cpu":  # positions are data, read where that costs no device sync
+        with pytest.raises(OpInputError, match=r"rotary_embedding \(provider 'triton'\): "
+                                               r"argument 'positions' expected values in \[0, 8\)"):
+            k.rope.rotary_embedding(positions + 5, q, kk, cache, 24, True)
 
 
 # ------------------------------------------------------------------------------ kv caches
@@ -162,9 +185,8 @@ def test_reshape_and_cache(k: Any, device: torch.device, dtype: torch.dtype) -> 
     native("reshape_and_cache")(key, value, want_k, want_v, slots)
     k.cache.reshape_and_cache(key, value, kc, vc, slots)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
-    with pytest.raises(OpInputError, match=r"'slot_mapping' expected dtype int64"):
-        k.cache.reshape_and_cache(key, value, kc, vc, slots.to(torch.int32))  # as native
-    assert not k.cache.reshape_and_cache_supports(key, value, kc, vc, slots.to(torch.int32))
+    declined(k.cache.reshape_and_cache_supports, "reshape_and_cache",
+             r"'slot_mapping' expected dtype int64", key, value, kc, vc, slots.to(torch.int32))
     assert torch.equal(kc, want_k)
     empty = key[:0]
     k.cache.reshape_and_cache(empty, empty, kc, vc, slots[:0])
@@ -175,11 +197,17 @@ def test_reshape_and_cache_errors_write_nothing(k: Any, device: torch.device) ->
     key = torch.randn(3, 2, 8, device=device)
     kc = torch.zeros(2, 4, 2, 8, device=device)
     vc = torch.zeros_like(kc)
-    with pytest.raises(OpInputError, match=r"reshape_and_cache \(provider 'triton'\).*slot_map"):
-        k.cache.reshape_and_cache(key, key, kc, vc, torch.zeros(2, dtype=torch.int64))
+    declined(k.cache.reshape_and_cache_supports, "reshape_and_cache", "slot_map", key, key,
+             kc, vc, torch.zeros(2, dtype=torch.int64, device=device))
     wrong = torch.zeros(2, 4, 3, 8, device=device)
-    with pytest.raises(OpInputError, match=r"'key' expected \[T, 3, 8\] \(the cache's Hkv"):
-        k.cache.reshape_and_cache(key, key, wrong, wrong, torch.zeros(3, device=device).long())
+    declined(k.cache.reshape_and_cache_supports, "reshape_and_cache",
+             r"'key' expected \[T, 3, 8\] \(the cache's Hkv", key, key, wrong, wrong,
+             torch.zeros(3, device=device).long())
+    if device.type == "cpu":  # slot values are data: triton reads them where that is free
+        with pytest.raises(OpInputError, match=r"reshape_and_cache \(provider 'triton'\): "
+                                               r"argument 'slot_mapping' expected -1"):
+            k.cache.reshape_and_cache(key, key, kc, vc,
+                                      torch.tensor([0, 8, -1], device=device))
     assert not kc.any() and not vc.any()
 
 
@@ -239,16 +267,18 @@ def test_advance_step_writes_through_strided_state(k: Any, device: torch.device)
 def test_advance_step_errors_write_nothing(k: Any, device: torch.device) -> None:
     s = _step_state(device, [6, 8], [[0], [1]], [1, 2])
     before = {name: t.clone() for name, t in s.items()}
+    supports = k.cache.advance_step_flashattn_supports
     bad = dict(s, seq_lens=s["seq_lens"].long())
-    with pytest.raises(OpInputError, match=r"advance_step_flashattn \(provider 'triton'\).*"
-                                           r"seq_lens.*int32"):
-        k.cache.advance_step_flashattn(2, 2, 16, **bad)
-    with pytest.raises(OpInputError, match=r"'input_tokens' expected shape \[3\] \(num_seqs\)"):
-        k.cache.advance_step_flashattn(3, 2, 16, **s)
-    with pytest.raises(OpInputError, match=r"'slot_mapping' expected a tensor whose elements "
-                                           r"do not overlap"):
-        k.cache.advance_step_flashattn(
-            2, 2, 16, **dict(s, slot_mapping=torch.zeros(1, dtype=torch.int64).expand(2)))
+    declined(supports, "advance_step_flashattn", r"seq_lens.*int32", 2, 2, 16, **bad)
+    declined(supports, "advance_step_flashattn",
+             r"'input_tokens' expected shape \[3\] \(num_seqs\)", 3, 2, 16, **s)
+    declined(supports, "advance_step_flashattn",
+             r"'slot_mapping' expected a tensor whose elements do not overlap", 2, 2, 16,
+             **dict(s, slot_mapping=torch.zeros(1, dtype=torch.int64).expand(2)))
+    if device.type == "cpu":  # index values are data: triton reads them where that is free
+        with pytest.raises(OpInputError, match=r"advance_step_flashattn \(provider 'triton'\)"
+                                               r": argument 'seq_lens' expected values"):
+            k.cache.advance_step_flashattn(2, 2, 4, **s)
     for name in s:
         assert torch.equal(s[name], before[name]), name
 
@@ -330,7 +360,7 @@ def test_paged_attention_errors(k: Any, device: torch.device) -> None:
     case = paged_case([1], [3], 4, 2, 16, 4, torch.float32, device)
     with pytest.raises(OpInputError, match=r"paged_attention \(provider 'triton'\).*seq_lens"):
         k.attn.paged_attention(**dict(case, seq_lens=case["seq_lens"] * 0), scale=1.0)
-    with pytest.raises(OpInputError, match="sliding_window"):
-        k.attn.paged_attention(**case, scale=1.0, sliding_window=0)
-    with pytest.raises(OpInputError, match="query"):
-        k.attn.paged_attention(**dict(case, query=case["query"][:, :3]), scale=1.0)
+    declined(k.attn.paged_attention_supports, "paged_attention", "sliding_window", **case,
+             scale=1.0, sliding_window=0)
+    declined(k.attn.paged_attention_supports, "paged_attention", "query",
+             **dict(case, query=case["query"][:, :3]), scale=1.0)

@@ -55,13 +55,19 @@ def test_strided_inputs_and_dispatch(ops: dict[str, opmux.Op], device: torch.dev
 def test_errors_match_native(ops: dict[str, opmux.Op], device: torch.device) -> None:
     from opmux.plugins.cuda import triton_norm, triton_quant
 
+    # triton's supports_args declines what native refuses; the op runs native, whose check
+    # gives the error
     x = torch.randn(4, 8, device=device)
-    with pytest.raises(opmux.OpInputError, match=r"opmux::rms_norm_gated \(provider 'triton'\): "
+    gated = (x, torch.ones(8, device=device), None, 1e-5, 3)
+    assert not triton_norm.rms_norm_gated_supports(*gated)
+    with pytest.raises(opmux.OpInputError, match=r"opmux::rms_norm_gated \(provider 'native'\): "
                        r"argument 'group_size' expected"):
-        triton_norm.rms_norm_gated(x, torch.ones(8, device=device), None, 1e-5, 3)
-    with pytest.raises(opmux.OpInputError, match=r"opmux::quant_fp8 \(provider 'triton'\): "
+        ops["rms_norm_gated"](*gated)
+    quant = (x, None, False, None, None, True)
+    assert not triton_quant.quant_fp8_supports(*quant)
+    with pytest.raises(opmux.OpInputError, match=r"opmux::quant_fp8 \(provider 'native'\): "
                        r"argument 'use_ue8m0' expected False without group_size"):
-        triton_quant.quant_fp8(x, None, False, None, None, True)
+        ops["quant_fp8"](*quant)
 
 
 def test_quant_fp8_declines_on_gpus_without_fp8(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,14 +27,19 @@ def test_errors(k: Any, device: torch.device) -> None:
     caches = make_dual_chunk_caches(24, 8, 64, 32, device=device)
     q, kk = torch.randn(3, 64, device=device), torch.randn(3, 32, device=device)
     pos = torch.tensor([1, 2, 3], device=device)
-    with pytest.raises(OpInputError, match=r"provider 'triton'.*'key' expected query's dtype"):
-        k.dual_chunk_rotary_embedding(pos, q, kk.half(), *caches, 32)
-    if device.type == "cpu":  # ranges are read where that costs no device sync
+    # static errors: triton declines, native's check says why
+    dual = (pos, q, kk.half(), *caches, 32)
+    assert not k.dual_chunk_rotary_embedding_supports(*dual)
+    with pytest.raises(OpInputError, match=r"provider 'native'.*'key' expected query's dtype"):
+        opmux.ops.dual_chunk_rotary_embedding.native(*dual)
+    if device.type == "cpu":  # ranges are data, read where that costs no device sync
         with pytest.raises(OpInputError, match=r"provider 'triton'.*\[0, 64\)"):
             k.dual_chunk_rotary_embedding(pos + 61, q, kk, *caches, 32)
     x = torch.randn(4, 2, 16, device=device)
-    with pytest.raises(OpInputError, match=r"provider 'triton'.*'cos' expected shape \[4, 8\]"):
-        k.apply_rotary_emb(x, torch.randn(3, 8, device=device), torch.randn(4, 8, device=device))
+    rot = (x, torch.randn(3, 8, device=device), torch.randn(4, 8, device=device))
+    assert not k.apply_rotary_emb_supports(*rot)
+    with pytest.raises(OpInputError, match=r"provider 'native'.*'cos' expected shape \[4, 8\]"):
+        opmux.ops.apply_rotary_emb.native(*rot)
 
 
 @pytest.fixture

@@ -48,9 +48,11 @@ def test_scan_then_decode_matches_sequential(k: Any, device: torch.device) -> No
 def test_errors(k: Any, device: torch.device) -> None:
     i = {n: t.to(device) for n, t in ssd_inputs("triton-errors", [2, 2]).items()}
     base = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["ssm_state"])
-    with pytest.raises(OpInputError, match=r"provider 'triton'.*'C' expected shape"):
-        k.ssd_chunk_scan(*base[:4], i["C"][:, :1], i["ssm_state"], i["state_indices"],
-                         i["query_start_loc"])
+    # a shape error: triton declines, native's check says why
+    bad = (*base[:4], i["C"][:, :1], i["ssm_state"], i["state_indices"], i["query_start_loc"])
+    assert not k.ssd_chunk_scan_supports(*bad)
+    with pytest.raises(OpInputError, match=r"provider 'native'.*'C' expected shape"):
+        opmux.ops.ssd_chunk_scan.native(*bad)
     if device.type == "cpu":  # index values are read where that costs no device sync
         with pytest.raises(OpInputError, match=r"provider 'triton'.*values in \[0, 4\)"):
             k.ssd_chunk_scan(*base, torch.tensor([0, 9]), i["query_start_loc"])

@@ -10,6 +10,7 @@ import pytest
 import torch
 from cuda_refs import close
 
+import opmux.ops
 from opmux.core.errors import OpInputError
 from opmux.testing.ssm_cases import make_scan_inputs
 from opmux.testing.ssm_reference import sequential_causal_conv1d, sequential_selective_scan
@@ -65,8 +66,11 @@ def test_errors(k: Any, device: torch.device) -> None:
     x, w = torch.randn(4, 8, device=device), torch.randn(8, 4, device=device)
     states = torch.randn(2, 8, 3, device=device)
     before = states.clone()
-    with pytest.raises(OpInputError, match=r"provider 'triton'.*'weight' expected \[8, width\]"):
-        k.causal_conv1d(x, w[:4], None, states)
+    # a shape error: triton declines, native's check says why
+    assert not k.causal_conv1d_supports(x, w[:4], None, states)
+    with pytest.raises(OpInputError, match=r"provider 'native'.*'weight' expected \[8, width\]"):
+        opmux.ops.causal_conv1d.native(x, w[:4], None, states)
+    # index values are data: triton checks them before the kernel runs
     with pytest.raises(OpInputError, match=r"provider 'triton'.*'conv_state_indices' expected "
                                            r"-1 \(padding\)"):
         k.causal_conv1d_update(x[:2], states, w, None, None,
