@@ -346,7 +346,7 @@ class Op:
         if provider in self._impls:
             raise RegistrationError(
                 f"op {self.qualname!r}: provider {provider!r} is already registered"
-                f"{runtime().plugins.clash(self, provider)} (for key "
+                f"{runtime().plugins.journal.clash(self, provider)} (for key "
                 f"{self._impls[provider].dispatch_key}); unregister it first or choose "
                 f"another name",
                 op=self.qualname, provider=provider,
@@ -365,7 +365,7 @@ class Op:
             if provider in self._impls:  # lost a race with another registration
                 raise RegistrationError(
                     f"op {self.qualname!r}: provider {provider!r} is already registered"
-                    f"{runtime().plugins.clash(self, provider)}",
+                    f"{runtime().plugins.journal.clash(self, provider)}",
                     op=self.qualname, provider=provider,
                 )
             native = trace.wrap(self.qualname, NATIVE, self.native)  # itself unless traced
@@ -375,7 +375,7 @@ class Op:
                                      self._registry.loaded_flag, self._registry.ensure_loaded)
                 self._registry.library(self.namespace).impl(self.name, kernel, impl.dispatch_key)
             self._impls[provider] = impl
-            runtime().plugins.record_impl(self, provider)
+            runtime().plugins.journal.record_impl(self, provider)
             self.priorities.rebuild()
 
     def unregister_impl(self, provider: str) -> None:

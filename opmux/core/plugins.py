@@ -45,6 +45,7 @@ from opmux.core import config, tuned
 from opmux.core._dist import dist_label
 from opmux.core.config import ENV_PLUGINS, ENV_STRICT_PLUGINS
 from opmux.core.errors import PluginLoadError, UnknownOpError
+from opmux.core.plugin_journal import PluginJournal
 from opmux.core.priority import NATIVE
 from opmux.core.state import runtime
 
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLUGIN_GROUP", "PluginRecord", "PluginState", "activate", "apply_priorities",
            "check_strict", "discover", "discovered_platforms", "hookimpl", "hookspec",
-           "plugin_report", "rollback_journal"]
+           "plugin_report"]
 
 PROJECT: Final = "opmux"
 PLUGIN_GROUP: Final = "opmux.plugins"
@@ -164,83 +165,19 @@ class PluginState:
         self.records: dict[str, PluginRecord] = {}
         self.modules: dict[str, ModuleType] = {}
         self.platforms: dict[str, list[type[Platform]]] = {}
-        #: what each activated plugin registered: ``(providers, ops)`` for rollback
-        self.journals: dict[str, tuple[list[tuple[Op, str]], list[Op]]] = {}
         #: each loaded plugin's default-priority answers: ``{plugin: {qualname: [...]}}``
         self.answers: dict[str, dict[str, list[str]]] = {}
         #: each record's distribution, read into ``PluginRecord.dist`` when first reported
         self.dists: dict[str, Any] = {}
         self.discovered = False
         self.activated = False
-        #: the journal of the plugin whose ``opmux_register`` runs now: its registry, its
-        #: name, the ``(op, provider)`` pairs and the ops it registered there
-        self.journal: tuple[OpRegistry, str, list[tuple[Op, str]], list[Op]] | None = None
-        #: the plugin that registered each ``(op qualname, provider)`` pair
-        self.owners: dict[tuple[str, str], str] = {}
-
-    def record_impl(self, op: Op, provider: str) -> None:
-        """Note a provider registration in the open journal (if ``op`` is of its registry)."""
-        journal = self.journal
-        if journal is not None and op.registry is journal[0]:
-            journal[2].append((op, provider))
-            self.owners[(op.qualname, provider)] = journal[1]
-
-    def record_op(self, op: Op) -> None:
-        """Note an op definition in the open journal (if ``op`` is of its registry)."""
-        journal = self.journal
-        if journal is not None and op.registry is journal[0]:
-            journal[3].append(op)
-
-    def clash(self, op: Op, provider: str) -> str:
-        """The words that say who holds ``provider`` of ``op`` and who asks for it again:
-        ``" by plugin 'a'; plugin 'b' cannot register it too"`` (empty when unknown)."""
-        holder = self.owners.get((op.qualname, provider))
-        journal = self.journal
-        asking = journal[1] if journal is not None and op.registry is journal[0] else None
-        if holder is None and asking is None:
-            return ""
-        held = f" by plugin {holder!r}" if holder is not None else " outside any plugin"
-        asked = (f"; plugin {asking!r} cannot register it too (rename its provider, or "
-                 f"uninstall one of the two)") if asking is not None else ""
-        return held + asked
+        #: what each plugin registered (rolled back when it fails, or by the reset)
+        self.journal = PluginJournal()
 
 
 def plugin_state() -> PluginState:
     """This process's plugin state (a field of the runtime object)."""
     return runtime().plugins
-
-
-def _begin_journal(state: PluginState, registry: OpRegistry, name: str) -> None:
-    """Start recording what plugin ``name`` registers in ``registry``."""
-    state.journal = (registry, name, [], [])
-
-
-def _end_journal(state: PluginState, *, rollback: bool
-                 ) -> tuple[list[tuple[Op, str]], list[Op]]:
-    """Stop recording; return (and with ``rollback``, undo) what was registered."""
-    journal, state.journal = state.journal, None
-    if journal is None:
-        return [], []
-    if rollback:
-        rollback_journal(state, journal[2], journal[3])
-    return journal[2], journal[3]
-
-
-def rollback_journal(state: PluginState, providers: list[tuple[Op, str]], ops: list[Op], *,
-                     forget_ops: bool = True) -> None:
-    """Unregister journaled providers and (``forget_ops``) forget journaled ops.
-
-    torch cannot undefine one op of a shared library: a forgotten op stays defined in
-    torch with its native kernel only (calling it runs native), but it leaves the
-    registry, so ``get_op`` no longer finds it.
-    """
-    for op, provider in reversed(providers):
-        if op.has_provider(provider):
-            op.unregister_impl(provider)
-        state.owners.pop((op.qualname, provider), None)
-    if forget_ops:
-        for op in ops:
-            op.registry.forget_op(op)
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -295,9 +232,9 @@ def _fail(state: PluginState, rec: PluginRecord, reason: str, exc: BaseException
     module = state.modules.pop(rec.name, None)
     state.platforms.pop(rec.name, None)
     state.answers.pop(rec.name, None)
-    journal = state.journals.pop(rec.name, None)
+    journal = state.journal.kept.pop(rec.name, None)
     if journal is not None and registry is not None:
-        rollback_journal(state, *journal)
+        state.journal.rollback(*journal)
     if module is not None and state.pm.is_registered(module):
         state.pm.unregister(module)
 
@@ -405,8 +342,8 @@ def _call_one(state: PluginState, hook: str, name: str, journal: OpRegistry | No
             if not _blame_wrapper(state, hook, name, exc, journal):
                 raise
             if journal is not None:  # the retry starts from nothing registered
-                _end_journal(state, rollback=True)
-                _begin_journal(state, journal, name)
+                state.journal.end(rollback=True)
+                state.journal.begin(journal, name)
             continue
         return results[0] if results else None
 
@@ -478,16 +415,16 @@ def activate(state: PluginState, registry: OpRegistry, platform: Platform) -> No
         rec = state.records[name]
         if rec.status == "failed":
             continue  # blamed for another plugin's failure as a hook wrapper
-        _begin_journal(state, registry, name)
+        state.journal.begin(registry, name)
         try:
             _call_one(state, "opmux_register", name, registry, registry=registry,
                       platform=platform)
         except Exception as exc:
-            _end_journal(state, rollback=True)
+            state.journal.end(rollback=True)
             _fail(state, rec, f"opmux_register raised {type(exc).__name__}: {exc}", exc)
             continue
-        journal = _end_journal(state, rollback=False)
-        state.journals[name] = journal
+        journal = state.journal.end(rollback=False)
+        state.journal.kept[name] = journal
         rec.providers = [f"{op.qualname}:{provider}" for op, provider in journal[0]]
         rec.status = "loaded"
     ops = registry.list_ops()

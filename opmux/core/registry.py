@@ -117,7 +117,7 @@ class OpRegistry:
             # registered fake) or Op.register_meta (the Meta kernel only) replaces it.
             lib.impl(op_name, op.meta_kernel(), "Meta")
             self._ops[qualname] = op
-            runtime().plugins.record_op(op)
+            runtime().plugins.journal.record_op(op)
             return op
 
     def check_undefined(self, namespace: str, op_name: str) -> None:

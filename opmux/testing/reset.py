@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from opmux._runtime import new_runtime
-from opmux.core import forward_context, plugins, runners, state, switches, trace
+from opmux.core import forward_context, runners, state, switches, trace
 
 __all__ = ["reset_for_tests"]
 
@@ -27,8 +27,8 @@ def reset_for_tests() -> None:
     old = state.runtime()
     registry = old.registry
     with old.plugins.lock:  # the plugins' registrations, undone
-        for providers, ops in old.plugins.journals.values():
-            plugins.rollback_journal(old.plugins, providers, ops, forget_ops=False)
+        for providers, ops in old.plugins.journal.kept.values():
+            old.plugins.journal.rollback(providers, ops, forget_ops=False)
         for op in registry.known_ops():
             op.priorities.reset()
         registry.unload()
