@@ -8,10 +8,11 @@ Llama of ``benchmarks/vllm_cpu.py`` (hidden 1024, 16/4 heads, intermediate 3072;
 fused, as opmux's layers hold them) at decode (1, 16, 64 rows) and prefill (512 rows), and a
 small model's (hidden 256) to show the fixed cost that the weight-size rule avoids.
 
-With ``--packed`` it compares instead the Engine's bfloat16 packed weights
-(``opmux.models``' ``PackedWeight``) at 1-16 rows: oneDNN's packed copy against the CPU
-plugin's blocked kernel (``csrc/cpu/linear.cpp``), which the Engine uses for one and two rows
-(ratio below 1.0: the blocked kernel is faster). It needs a CPU with native bfloat16 compute.
+With ``--packed`` it compares instead the Engine's packed weights (``opmux.models``'
+``PackedWeight``) at 1-16 rows, float32 and (on CPUs with native bfloat16 compute) bfloat16:
+the oneDNN routes against the CPU plugin's blocked kernel (``csrc/cpu/linear.cpp``), which
+the Engine uses for one and two rows (ratio below 1.0: the blocked kernel is faster). Run it
+with ``--threads 1 2``: the blocked kernel's lead grows with the second thread.
 
 Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed]``.
 """
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--packed", action="store_true",
-                        help="bfloat16 packed weights: oneDNN against the blocked kernel")
+                        help="the Engine's packed weights: oneDNN against the blocked kernel")
     args = parser.parse_args()
     if args.packed:
         packed(args.threads, args.rounds)
@@ -67,24 +68,28 @@ def main() -> None:
 
 
 def packed(threads_list: list[int], rounds: int) -> None:
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        raise SystemExit("--packed needs a CPU with native bfloat16 compute")
-    print(f"{'threads':>7} {'rows':>5} {'in':>5} {'out':>6} {'oneDNN us':>10} "
+    dtypes = [torch.float32]
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        dtypes.append(torch.bfloat16)
+    print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'in':>5} {'out':>6} {'oneDNN us':>10} "
           f"{'blocked us':>11} {'ratio':>6}")
-    for threads in threads_list:
-        torch.set_num_threads(threads)
-        for rows in (1, 2, 4, 16):
-            for k, n in PACKED_SHAPES:
-                w = torch.randn(n, k).to(torch.bfloat16)
-                x = torch.randn(rows, k).to(torch.bfloat16)
-                onednn, blocked = PackedWeight(w, None, blocked=False), PackedWeight(w, None)
-                with torch.inference_mode():
-                    calls = max(3, int(2e5 / (k * n / 1e3 + 1e2)))
-                    t = interleaved_us({"onednn": lambda x=x, p=onednn: p(x),
-                                        "blocked": lambda x=x, p=blocked: p(x)},
-                                       calls=calls, rounds=rounds, clock=time.thread_time)
-                print(f"{threads:>7} {rows:>5} {k:>5} {n:>6} {t['onednn']:>10.1f} "
-                      f"{t['blocked']:>11.1f} {t['blocked'] / t['onednn']:>6.2f}")
+    for dtype in dtypes:
+        for threads in threads_list:
+            torch.set_num_threads(threads)
+            # wall time: with two threads the work is not all on the calling thread
+            clock = time.thread_time if threads == 1 else time.perf_counter
+            for rows in (1, 2, 4, 16):
+                for k, n in PACKED_SHAPES:
+                    w, x = torch.randn(n, k).to(dtype), torch.randn(rows, k).to(dtype)
+                    onednn, blocked = PackedWeight(w, None, blocked=False), PackedWeight(w, None)
+                    with torch.inference_mode():
+                        calls = max(3, int(2e5 / (k * n / 1e3 + 1e2)))
+                        t = interleaved_us({"onednn": lambda x=x, p=onednn: p(x),
+                                            "blocked": lambda x=x, p=blocked: p(x)},
+                                           calls=calls, rounds=rounds, clock=clock)
+                    print(f"{str(dtype)[6:]:>8} {threads:>7} {rows:>5} {k:>5} {n:>6} "
+                          f"{t['onednn']:>10.1f} {t['blocked']:>11.1f} "
+                          f"{t['blocked'] / t['onednn']:>6.2f}")
 
 
 if __name__ == "__main__":

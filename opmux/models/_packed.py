@@ -8,18 +8,17 @@ it. :class:`PackedWeight` keeps such copies beside a layer's weight, which stays
 loading and every other path, and the engine's decoder calls it instead of the layer (no
 module call, no dispatch):
 
-- bfloat16 (CPUs with native bfloat16 compute, ``torch.ops.mkldnn._is_mkldnn_bf16_supported``):
-  three rows or more go through the packed copy, which reads half of float32's bytes and
-  accumulates in float32; one or two rows go through the ``cpp`` kernels'
-  ``linear_blocked_out`` (``csrc/cpu/linear.cpp``) on a copy laid out in blocks of 8 rows by
-  one cache line, which each thread streams as one contiguous run, where the CPU plugin's
-  kernels are loaded (oneDNN's packed copy otherwise);
-- float32, two rows or more (a batched decode step, a prefill): the packed copy;
-- float32, a single row (batch-1 decode, bound by how fast the weight streams from memory):
-  a weight with at least as many outputs as inputs keeps a transposed ``[in, out]`` copy and
-  goes through ``torch.mm(x, Wᵀ)`` (MKL's matrix-vector kernel on a contiguous column
-  stream); a narrower one goes through oneDNN on the plain weight when it has at least 2**20
-  elements (below that oneDNN's fixed cost per call loses) and ``F.linear`` otherwise.
+- one or two rows (a decode step at batch 1 or 2, bound by how fast the weight streams from
+  memory): the ``cpp`` kernels' ``linear_blocked_out`` (``csrc/cpu/linear.cpp``) on a copy
+  laid out in blocks of 8 rows by one cache line, which each thread streams as one contiguous
+  run; it scales with the threads where MKL's and oneDNN's matrix-vector routes do not
+  (``benchmarks/linear_cpu.py --packed``);
+- more rows (a batched decode step, a prefill), and one or two rows where the CPU plugin's
+  kernels are not loaded: oneDNN's packed copy, except a single float32 row, which goes
+  through oneDNN on the plain weight when it has at least 2**20 elements (below that oneDNN's
+  fixed cost per call loses) and ``F.linear`` otherwise;
+- bfloat16 is packed only on CPUs with native bfloat16 compute
+  (``torch.ops.mkldnn._is_mkldnn_bf16_supported``); every product accumulates in float32.
 
 ``benchmarks/decode_profile.py`` times the engine with and without these paths and
 ``benchmarks/llamacpp_cpu.py`` the engine against llama.cpp. A weight changed in place after
@@ -71,20 +70,8 @@ def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
 
 
 def copies_bytes(weight: Tensor) -> int:
-    """The bytes :class:`PackedWeight` adds for ``weight`` (its packed and transposed
-    copies)."""
-    copies = 2 if _transposes(weight) or _blocks(weight) else 1
-    return copies * weight.numel() * weight.element_size()
-
-
-def _transposes(weight: Tensor) -> bool:
-    return weight.dtype == torch.float32 and weight.shape[0] >= weight.shape[1]
-
-
-def _blocks(weight: Tensor) -> bool:
-    """A bfloat16 weight keeps a blocked copy for one or two rows, which oneDNN streams well
-    below the memory bandwidth (``benchmarks/linear_cpu.py --packed``)."""
-    return weight.dtype == torch.bfloat16
+    """The bytes :class:`PackedWeight` adds for ``weight`` (its packed and blocked copies)."""
+    return 2 * weight.numel() * weight.element_size()
 
 
 def _blocked_kernel() -> Callable[..., None] | None:
@@ -114,16 +101,14 @@ class PackedWeight:
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, *, blocked: bool = True) -> None:
-        """:param blocked: serve one or two bfloat16 rows with the blocked kernel where it is
-            loaded (``False``: oneDNN for every row count, the baseline of
-            ``benchmarks/linear_cpu.py --packed``)."""
+        """:param blocked: serve one or two rows with the blocked kernel where it is loaded
+            (``False``: oneDNN, the baseline of ``benchmarks/linear_cpu.py --packed``)."""
         self.weight, self.bias = weight, bias
         self._version = -1
-        self._packed = self._transposed = weight
-        self._row_packed = weight.dtype != torch.float32
+        self._packed = self._blocked = weight
+        self._row_plain = weight.dtype == torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
-        self._blocked_kernel = _blocked_kernel() if blocked and _blocks(weight) else None
-        self._blocked = weight
+        self._blocked_kernel = _blocked_kernel() if blocked else None
 
     def takes(self, x: Tensor) -> bool:
         """Whether :meth:`__call__` serves ``x``: rows of CPU input in the weight's dtype,
@@ -136,8 +121,6 @@ class PackedWeight:
         w = self.weight
         if w._version != self._version:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
-            if _transposes(w):
-                self._transposed = w.detach().t().contiguous()
             if self._blocked_kernel is not None:
                 self._blocked = _block_layout(w.detach())
             self._version = w._version
@@ -146,11 +129,7 @@ class PackedWeight:
             out = x.new_empty((x.shape[0], w.shape[0]))
             blocked(out, x, self._blocked, self.bias)
             return out
-        if x.shape[0] == 1 and not self._row_packed:
-            if self._transposed is not w:
-                if self.bias is None:
-                    return torch.mm(x, self._transposed)
-                return torch.addmm(self.bias, x, self._transposed)
+        if x.shape[0] == 1 and self._row_plain:
             if self._row_onednn:
                 return _LINEAR(x, w, self.bias, "none", [], "")
             return F.linear(x, w, self.bias)

@@ -242,7 +242,8 @@ def test_packed_weights_give_the_layers_tokens_and_follow_weight_changes(ckpt: P
     fast, slow = Engine(packed, block_size=4), Engine(plain, block_size=4, pack_weights=False)
     before = fast.generate(PROMPTS, 6).outputs
     assert before == slow.generate(PROMPTS, 6).outputs
-    assert fast.generate(PROMPTS[:1], 6).outputs == slow.generate(PROMPTS[:1], 6).outputs
+    for rows in (1, 2):  # the blocked kernel's row counts
+        assert fast.generate(PROMPTS[:rows], 6).outputs == slow.generate(PROMPTS[:rows], 6).outputs
     with torch.no_grad():  # in place, after the copies were made: they must be made again
         for model in (packed, plain):
             model.lm_head.weight.mul_(-1.0)
@@ -259,27 +260,31 @@ def test_bfloat16_weights_are_packed_where_the_cpu_computes_in_bfloat16(ckpt: Pa
     assert (packed.pack_weights() > 0) == bool(native_bf16)
     plain = load_model(ckpt, torch.bfloat16)
     fast, slow = Engine(packed, block_size=4), Engine(plain, block_size=4, pack_weights=False)
-    assert fast.generate(PROMPTS, 6).outputs == slow.generate(PROMPTS, 6).outputs
-    assert fast.generate(PROMPTS[:1], 6).outputs == slow.generate(PROMPTS[:1], 6).outputs
+    for rows in (1, 2, len(PROMPTS)):
+        assert fast.generate(PROMPTS[:rows], 6).outputs == slow.generate(PROMPTS[:rows], 6).outputs
 
 
 _BLOCKED_RUN = """
 import sys
 import torch
 from opmux.models import Engine, load_model
-engine = Engine(load_model(sys.argv[1], torch.bfloat16), block_size=4)
+engine = Engine(load_model(sys.argv[1], getattr(torch, sys.argv[2])), block_size=4)
 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
     engine.generate([[3, 7, 9, 1]], 3)
 print(sorted({e.name for e in prof.events() if e.name.startswith("opmux_cpu::linear")}))
 """
 
 
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                    reason="the blocked bfloat16 linears serve CPUs that compute in bfloat16")
-def test_a_fresh_process_decodes_bfloat16_rows_through_the_blocked_kernel(ckpt: Path) -> None:
+@pytest.mark.parametrize("dtype", [
+    "float32",
+    pytest.param("bfloat16", marks=pytest.mark.skipif(
+        not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        reason="bfloat16 weights are packed on CPUs that compute in bfloat16"))])
+def test_a_fresh_process_decodes_single_rows_through_the_blocked_kernel(ckpt: Path,
+                                                                       dtype: str) -> None:
     """The Engine is the first thing the process runs: packing starts opmux up, so the
     decode steps' linears reach the CPU plugin's blocked kernel (the profiler shows it)."""
-    run = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, str(ckpt)], capture_output=True,
-                         text=True, timeout=600, check=False)
+    run = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, str(ckpt), dtype],
+                         capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "['opmux_cpu::linear_blocked_out']"
