@@ -26,9 +26,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from timing import require_cpu_plugin
 from torch.profiler import ProfilerActivity, profile, schedule
 
-import opmux
 from opmux.models import Engine, load_model
 from opmux.models.synthetic import LLAMA_100M, LlamaShape, write_random_llama
 from opmux.testing.vllm_generate import token_prompts
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="ops listed (the rest summed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    opmux.load_plugins()
+    require_cpu_plugin()
     shape = _SHAPES[args.size]
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="opmux-profile-") as tmp:

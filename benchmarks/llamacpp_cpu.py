@@ -51,8 +51,8 @@ import llama_cpp as lc
 import numpy as np
 import torch
 from safetensors.torch import load_file
+from timing import require_cpu_plugin
 
-import opmux
 from opmux.models import Engine, load_model
 from opmux.models.synthetic import LLAMA_100M, LlamaShape, write_random_llama
 from opmux.testing.vllm_generate import token_prompts
@@ -254,7 +254,7 @@ def main() -> None:
         parser.error("--clock thread needs --threads 1 (other threads' work is not counted)")
     import transformers
 
-    opmux.load_plugins()
+    require_cpu_plugin()
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     roofs = {}
     for t in args.threads:

@@ -75,6 +75,21 @@ def interleaved_ms(fns: Mapping[str, Callable[[], Any]], iters: int) -> dict[str
             for name, v in samples(fns, rounds=iters).items()}
 
 
+def require_cpu_plugin() -> None:
+    """Load opmux's plugins and stop unless the built-in ``cpu`` plugin is loaded: without it
+    (opmux on ``PYTHONPATH`` but not installed, so no entry points) every op runs native and
+    an Engine figure would say nothing about opmux's kernels."""
+    import opmux
+
+    opmux.load_plugins()
+    cpu = [r for r in opmux.plugin_report() if r.name == "cpu"]
+    if not cpu:
+        raise SystemExit("opmux's cpu plugin was not found: install opmux into this "
+                         "environment (pip install -e .) so its entry points are found")
+    if cpu[0].status != "loaded":
+        raise SystemExit(f"opmux's cpu plugin is {cpu[0].status}: {cpu[0].reason}")
+
+
 def copy_gbps() -> float:
     src = torch.randn(32 * 1024 * 1024)  # 128 MiB
     dst = torch.empty_like(src)
