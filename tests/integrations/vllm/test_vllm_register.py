@@ -1,7 +1,7 @@
 """register() of the vLLM plugin where vLLM is absent, switched off or of another version.
 
 These run in the core lane (no vLLM installed); the vllm lane runs the rest of
-tests/integrations.
+tests/integrations/vllm.
 """
 
 from __future__ import annotations
