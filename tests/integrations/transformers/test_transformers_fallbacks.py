@@ -3,7 +3,7 @@ transformers and the opmux attention path is not taken (core lane)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,18 +13,15 @@ from _transformers_models import PROMPTS, build
 pytest.importorskip("transformers")
 
 from opmux.integrations import transformers as otf
-from opmux.integrations.transformers import _attention
+
+Calls = list[dict[str, Any]]
 
 
 @pytest.fixture
-def opmux_attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the calls that take opmux's (non-paged) attention paths."""
-    calls: list[int] = []
-    for name in ("_dense_attention", "_masked_attention"):
-        original = getattr(_attention, name)
-        monkeypatch.setattr(_attention, name,
-                            lambda *args, _f=original: calls.append(1) or _f(*args))
-    return calls
+def opmux_attention_calls(op_calls: Callable[[str], Calls]) -> Calls:
+    """The test's calls of ``paged_attention``: one per attention call that takes opmux's
+    attention (outside continuous batching)."""
+    return op_calls("paged_attention")
 
 
 def _enabled(arch: str) -> Iterator[Any]:
@@ -55,7 +52,7 @@ def _left_padded() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "mixtral"])
-def test_autograd_runs_transformers_code(arch: str, opmux_attention_calls: list[int]) -> None:
+def test_autograd_runs_transformers_code(arch: str, opmux_attention_calls: Calls) -> None:
     for model in _enabled(arch):
         ids = torch.tensor(PROMPTS[1:])
         want = model(ids).logits
@@ -68,7 +65,7 @@ def test_autograd_runs_transformers_code(arch: str, opmux_attention_calls: list[
 
 
 def test_attention_weights_requested_fall_back(gemma2: Any,
-                                               opmux_attention_calls: list[int]) -> None:
+                                               opmux_attention_calls: Calls) -> None:
     ids = torch.tensor(PROMPTS[:1])
     with torch.no_grad():
         want = gemma2(ids, output_attentions=True)
@@ -80,7 +77,7 @@ def test_attention_weights_requested_fall_back(gemma2: Any,
         torch.testing.assert_close(a, b)
 
 
-def test_static_cache_runs_opmux_attention(llama: Any, opmux_attention_calls: list[int]) -> None:
+def test_static_cache_runs_opmux_attention(llama: Any, opmux_attention_calls: Calls) -> None:
     ids = torch.tensor(PROMPTS[:1])
     want = llama.generate(ids, max_new_tokens=5, do_sample=False, cache_implementation="static")
     otf.enable(llama)
@@ -103,7 +100,7 @@ def test_norm_with_another_weight_dtype_runs_transformers_code(llama: Any) -> No
 
 
 def test_model_set_to_opmux_by_hand_runs_opmux_attention(
-        opmux_attention_calls: list[int]) -> None:
+        opmux_attention_calls: Calls) -> None:
     """``attn_implementation="opmux"`` on a model that is not enabled: sdpa's masks, opmux's
     attention (equal to sdpa within float32 rounding)."""
     model = build("llama")
@@ -129,7 +126,7 @@ def test_paged_variant_outside_continuous_batching_is_an_error(llama: Any) -> No
 
 
 def test_cached_continuation_with_several_new_tokens(llama: Any,
-                                                     opmux_attention_calls: list[int]) -> None:
+                                                     opmux_attention_calls: Calls) -> None:
     """A multi-token step on a filled cache (kv longer than q, where sdpa's own causal flag
     would align the mask wrongly) runs opmux's rule and matches transformers."""
     from transformers import DynamicCache
@@ -154,52 +151,90 @@ def _neox(rows: int, tokens: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]
     return emb.cos(), emb.sin()
 
 
-@pytest.mark.parametrize(("rows", "batch"), [(1, 1), (1, 3), (3, 3)])
-@pytest.mark.parametrize("tokens", [1, 5])
-def test_rotary_op_inputs_rotate_like_transformers(rows: int, batch: int, tokens: int) -> None:
-    """The cos_sin_cache and positions built from the model's cos/sin (one row per step or
-    per sequence) rotate query and key exactly as transformers' apply_rotary_pos_emb."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    from opmux.integrations.transformers import _layers
-
-    heads, dim = 4, 8
-    cos, sin = _neox(rows, tokens, dim)
-    query = torch.randn(batch, tokens, heads, dim)
-    key = torch.randn(batch, tokens, 2, dim)
-    rotated = _layers._rotate(query, key, cos, sin)
-    assert rotated is not None
-    want_q, want_k = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
-    torch.testing.assert_close(rotated[0], want_q.transpose(1, 2), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(rotated[1], want_k.transpose(1, 2), rtol=1e-6, atol=1e-6)
-    # every layer of the step reuses the first layer's inputs
-    first = _layers._rope_inputs(cos, sin, batch)
-    again = _layers._rope_inputs(cos, sin, batch)
-    assert first[0] is again[0] and first[1] is again[1]
-
-
-def test_rotary_inputs_that_are_not_neox_rows_take_transformers_code() -> None:
-    """cos/sin whose halves differ (in cos or only in sin) are no cos_sin_cache rows: the
-    layer then runs transformers' own rotation."""
-    from opmux.integrations.transformers import _layers
-
-    query, key = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 2, 8)
-    cos, sin = _neox(1, 3, 8)
-    for bad_cos, bad_sin in ((torch.rand(1, 3, 8), sin), (cos, torch.rand(1, 3, 8))):
-        assert _layers._rope_inputs(bad_cos, bad_sin, 1) == (None, None)
-        assert _layers._rotate(query, key, bad_cos, bad_sin) is None
-    assert _layers._rope_inputs(cos[..., :7], sin[..., :7], 1) == (None, None)  # odd D
-    assert _layers._rope_inputs(cos, sin, 2)[0] is not None  # one row serves a batch
-    assert _layers._rope_inputs(cos.expand(3, -1, -1), sin.expand(3, -1, -1), 2) == (None, None)
-
-
-def test_linear_layers_run_dense_linear(monkeypatch: pytest.MonkeyPatch, llama: Any) -> None:
-    """Every plain nn.Linear runs opmux.layers.dense_linear after enable (oneDNN for large
-    float32 weights at a few rows with several threads); a subclass of nn.Linear (quantized,
-    LoRA) keeps its class; disable restores nn.Linear."""
+def _llama(head_dim: int = 8) -> Any:
+    """A random two-layer Llama (4 query heads, 2 key/value heads) of ``head_dim``; an odd
+    one (which transformers' config refuses) is set on the first layer's attention only."""
+    import transformers as tr
     from torch import nn
 
-    from opmux.integrations.transformers import _layers
+    torch.manual_seed(0)
+    config = tr.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=head_dim + head_dim % 2)
+    model = tr.LlamaForCausalLM(config).eval()
+    if head_dim % 2:
+        attn = model.model.layers[0].self_attn
+        attn.head_dim, attn.scaling = head_dim, head_dim ** -0.5
+        for name, heads in (("q_proj", 4), ("k_proj", 2), ("v_proj", 2)):
+            setattr(attn, name, nn.Linear(32, heads * head_dim, bias=False))
+        attn.o_proj = nn.Linear(4 * head_dim, 32, bias=False)
+    return model
+
+
+def _attend(model: Any, layer: int, hidden: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> torch.Tensor:
+    """The output of layer ``layer``'s attention module given the position embeddings."""
+    with torch.no_grad():
+        out, _ = model.model.layers[layer].self_attn(hidden, position_embeddings=(cos, sin),
+                                                     attention_mask=None)
+    return out  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("rows", "batch"), [(1, 1), (1, 3), (3, 3)])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_rotary_op_rotates_like_transformers(op_calls: Callable[[str], Calls], rows: int,
+                                             batch: int, tokens: int) -> None:
+    """The attention rotates query and key with rotary_embedding, from a cos_sin_cache and
+    positions built from the model's own cos/sin (one row per step or per sequence), as
+    transformers' apply_rotary_pos_emb does; every layer of the step reuses the first
+    layer's inputs."""
+    model = _llama()
+    cos, sin = _neox(rows, tokens, 8)
+    hidden = torch.randn(batch, tokens, model.config.hidden_size)
+    want = [_attend(model, layer, hidden, cos, sin) for layer in (0, 1)]
+    otf.enable(model)
+    calls = op_calls("rotary_embedding")
+    for layer in (0, 1):
+        torch.testing.assert_close(_attend(model, layer, hidden, cos, sin), want[layer],
+                                   rtol=1e-5, atol=1e-5)
+    first, again = calls
+    assert first["is_neox"] and first["cos_sin_cache"].shape == (rows * tokens, 8)
+    assert again["cos_sin_cache"] is first["cos_sin_cache"]
+    assert again["positions"] is first["positions"]
+
+
+def test_rotary_inputs_that_are_not_neox_rows_take_transformers_code(
+        op_calls: Callable[[str], Calls]) -> None:
+    """cos/sin whose halves differ (in cos or only in sin) are no cos_sin_cache rows, nor are
+    those of an odd head size: the attention then runs transformers' own rotation."""
+    calls = op_calls("rotary_embedding")
+    cos, sin = _neox(1, 3, 8)
+    for head_dim, bad_cos, bad_sin in ((8, torch.rand(1, 3, 8), sin),
+                                       (8, cos, torch.rand(1, 3, 8)),
+                                       (7, cos[..., :7], sin[..., :7])):
+        model = _llama(head_dim)
+        hidden = torch.randn(1, 3, model.config.hidden_size)
+        want = _attend(model, 0, hidden, bad_cos, bad_sin)
+        otf.enable(model)
+        torch.testing.assert_close(_attend(model, 0, hidden, bad_cos, bad_sin), want,
+                                   rtol=1e-5, atol=1e-5)
+    assert calls == []
+    # rows of another batch size than the hidden states': an error as in transformers
+    model = _llama()
+    hidden = torch.randn(2, 3, model.config.hidden_size)
+    wide_cos, wide_sin = cos.expand(3, -1, -1), sin.expand(3, -1, -1)
+    with pytest.raises(RuntimeError) as plain:
+        _attend(model, 0, hidden, wide_cos, wide_sin)
+    otf.enable(model)
+    with pytest.raises(RuntimeError) as enabled:
+        _attend(model, 0, hidden, wide_cos, wide_sin)
+    assert str(enabled.value) == str(plain.value)
+
+
+def test_linear_layers_run_dense_linear(llama: Any) -> None:
+    """Every plain nn.Linear becomes an OpmuxLinear (opmux.layers.dense_linear) after enable;
+    a subclass of nn.Linear (quantized, LoRA) keeps its class; disable restores nn.Linear."""
+    from torch import nn
 
     class Custom(nn.Linear):
         pass
@@ -207,17 +242,34 @@ def test_linear_layers_run_dense_linear(monkeypatch: pytest.MonkeyPatch, llama: 
     llama.lm_head.__class__ = Custom
     otf.enable(llama)
     linears = [m for m in llama.modules() if isinstance(m, nn.Linear)]
-    assert {type(m) for m in linears} == {_layers.OpmuxLinear, Custom}
-    calls: list[int] = []
-    real = _layers.dense_linear
-    monkeypatch.setattr(_layers, "dense_linear", lambda *a: calls.append(1) or real(*a))
+    assert {type(m).__name__ for m in linears} == {"OpmuxLinear", "Custom"}
     proj = llama.model.layers[0].self_attn.q_proj
     x = torch.randn(3, proj.in_features)
     with torch.no_grad():
         torch.testing.assert_close(proj(x), nn.functional.linear(x, proj.weight, proj.bias),
                                    rtol=0, atol=0)  # a small weight: F.linear itself
-        llama(torch.tensor(PROMPTS[:1]))
-    # q, k, v, o per layer and gate + up per layer (down_proj through its module): 2 layers
-    assert len(calls) == 1 + 2 * (4 + 3)
     otf.disable(llama)
     assert {type(m) for m in llama.modules() if isinstance(m, nn.Linear)} == {nn.Linear, Custom}
+
+
+def test_large_linears_run_onednn(two_threads: None,
+                                  onednn_calls: Callable[[Callable[[], Any]], tuple[Any, int]]
+                                  ) -> None:
+    """With opmux.layers.dense_linear behind every projection, float32 weights of 2**20
+    elements at a few rows run oneDNN's matmul: q, k, v, o, and the MLP's gate, up (one
+    concatenated activation input) and down, in each layer."""
+    import transformers as tr
+
+    torch.manual_seed(0)
+    config = tr.LlamaConfig(vocab_size=128, hidden_size=1024, intermediate_size=1024,
+                            num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+                            head_dim=128)
+    model = tr.LlamaForCausalLM(config).eval()
+    ids = torch.tensor(PROMPTS[:1])
+    with torch.no_grad():
+        want, plain_calls = onednn_calls(lambda: model(ids).logits)
+        otf.enable(model)
+        got, calls = onednn_calls(lambda: model(ids).logits)
+    assert plain_calls == 0
+    assert calls == 2 * 7  # (lm_head's weight is small: F.linear)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
