@@ -181,8 +181,7 @@ def plugin_state() -> PluginState:
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    """The installed entry points of :data:`PLUGIN_GROUP`, sorted by name (tests
-    monkeypatch this)."""
+    """The installed entry points of :data:`PLUGIN_GROUP`, sorted by name."""
     return sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name)
 
 

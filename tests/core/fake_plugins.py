@@ -21,7 +21,15 @@ class FakePlugins:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.eps: list[importlib.metadata.EntryPoint] = []
         self.monkeypatch = monkeypatch
-        monkeypatch.setattr(plugins, "_entry_points", lambda: list(self.eps))
+        real = importlib.metadata.entry_points
+
+        def entry_points(**selection: Any) -> Any:
+            """Only these plugins in opmux's group; every other group as installed."""
+            if selection.get("group") == plugins.PLUGIN_GROUP:
+                return importlib.metadata.EntryPoints(self.eps)
+            return real(**selection)
+
+        monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
 
     def add(self, name: str, *, platforms: list[str] | None = None,
             register: Callable[..., None] | None = None, info: Any = None,

@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from opmux.layers import ColumnParallelLinear, _gemm
-
-pytestmark = pytest.mark.skipif(_gemm._ONEDNN is None,
-                                reason="this torch build has no oneDNN matmul op")
+from opmux.layers import ColumnParallelLinear, dense_linear
 
 OUT, IN = 1024, 1024  # 2**20 elements: the smallest weight the oneDNN path takes
 
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the calls that reach oneDNN (the real op still computes them)."""
-    calls: list[int] = []
-    real = _gemm._ONEDNN
-    assert real is not None
-
-    def counted(*args: Any) -> torch.Tensor:
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(_gemm, "_ONEDNN", counted)
-    return calls
+#: ``onednn_calls(fn)`` of tests/conftest.py: ``fn()`` and the oneDNN matmuls it ran
+Count = Callable[[Callable[[], Any]], tuple[Any, int]]
 
 
 def _inputs(gen: torch.Generator) -> dict[str, Callable[[], torch.Tensor]]:
@@ -54,15 +31,15 @@ def _inputs(gen: torch.Generator) -> dict[str, Callable[[], torch.Tensor]]:
 
 @pytest.mark.parametrize("case", list(_inputs(torch.Generator())))
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_onednn_path_equals_f_linear(two_threads: None, onednn_calls: list[int], case: str,
+def test_onednn_path_equals_f_linear(two_threads: None, onednn_calls: Count, case: str,
                                      with_bias: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     x = _inputs(gen)[case]()
     w = torch.randn(OUT, IN, generator=gen)
     b = torch.randn(OUT, generator=gen) if with_bias else None
     with torch.inference_mode():
-        got = _gemm.dense_linear(x, w, b)
-    assert onednn_calls == [1]
+        got, calls = onednn_calls(lambda: dense_linear(x, w, b))
+    assert calls == 1
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
 
 
@@ -78,12 +55,11 @@ def _declined() -> dict[str, tuple[torch.Tensor, torch.Tensor, Callable[[], Any]
 
 
 @pytest.mark.parametrize("case", list(_declined()))
-def test_other_calls_run_f_linear(two_threads: None, onednn_calls: list[int],
-                                  case: str) -> None:
+def test_other_calls_run_f_linear(two_threads: None, onednn_calls: Count, case: str) -> None:
     x, w, mode = _declined()[case]
     with mode():
-        got = _gemm.dense_linear(x, w, None)
-    assert onednn_calls == []
+        got, calls = onednn_calls(lambda: dense_linear(x, w, None))
+    assert calls == 0
     torch.testing.assert_close(got, F.linear(x, w), rtol=0, atol=0)
     if case == "autograd":
         got.sum().backward()
@@ -106,13 +82,13 @@ def _f_linear_only() -> dict[str, tuple[torch.Tensor, torch.Tensor, Any]]:
 
 
 @pytest.mark.parametrize("case", list(_f_linear_only()))
-def test_layouts_onednn_does_not_read_run_f_linear(two_threads: None, onednn_calls: list[int],
+def test_layouts_onednn_does_not_read_run_f_linear(two_threads: None, onednn_calls: Count,
                                                    case: str) -> None:
     x, w, b = _f_linear_only()[case]
     with torch.inference_mode():
-        got = _gemm.dense_linear(x, w, b)
+        got, calls = onednn_calls(lambda: dense_linear(x, w, b))
         want = F.linear(x, w, b)
-    assert onednn_calls == []
+    assert calls == 0
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
@@ -128,33 +104,34 @@ def test_bad_shapes_raise_f_linears_error(two_threads: None, x: torch.Tensor, w:
         with pytest.raises(RuntimeError) as want:
             F.linear(x, w, b)
         with pytest.raises(RuntimeError) as got:
-            _gemm.dense_linear(x, w, b)
+            dense_linear(x, w, b)
     assert str(got.value) == str(want.value)
 
 
-def test_cpu_autocast_runs_f_linear(two_threads: None, onednn_calls: list[int]) -> None:
+def test_cpu_autocast_runs_f_linear(two_threads: None, onednn_calls: Count) -> None:
     """Under CPU autocast the call follows autocast's dtype, as F.linear does."""
     x, w = torch.randn(4, IN), torch.randn(OUT, IN)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        got = _gemm.dense_linear(x, w, None)
+        got, calls = onednn_calls(lambda: dense_linear(x, w, None))
         want = F.linear(x, w)
-    assert onednn_calls == []
+    assert calls == 0
     assert got.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_one_thread_runs_f_linear(onednn_calls: list[int]) -> None:
+def test_one_thread_runs_f_linear(onednn_calls: Count) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            _gemm.dense_linear(torch.randn(4, IN), torch.randn(OUT, IN), None)
+            _, calls = onednn_calls(
+                lambda: dense_linear(torch.randn(4, IN), torch.randn(OUT, IN), None))
     finally:
         torch.set_num_threads(before)
-    assert onednn_calls == []
+    assert calls == 0
 
 
-def test_compiled_layer_runs_f_linear(two_threads: None, onednn_calls: list[int]) -> None:
+def test_compiled_layer_runs_f_linear(two_threads: None, onednn_calls: Count) -> None:
     layer = ColumnParallelLinear(IN, OUT, bias=True)
     layer.weight_loader(layer.weight, torch.randn(OUT, IN))
     assert layer.bias is not None
@@ -162,8 +139,8 @@ def test_compiled_layer_runs_f_linear(two_threads: None, onednn_calls: list[int]
     x = torch.randn(4, IN)
     compiled = torch.compile(layer, fullgraph=True)
     with torch.no_grad():
-        eager, _ = layer(x)
-        assert onednn_calls == [1]
-        got, _ = compiled(x)
-    assert onednn_calls == [1]  # the traced graph holds F.linear
+        (eager, _), calls = onednn_calls(lambda: layer(x))
+        assert calls == 1
+        (got, _), calls = onednn_calls(lambda: compiled(x))
+    assert calls == 0  # the traced graph holds F.linear
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-4)

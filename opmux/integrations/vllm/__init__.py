@@ -13,7 +13,8 @@ before it builds a model. It replaces, through vLLM's own extension points:
   ``NewGELU``, ``GELUTanh``, ``FastGELU``, ``QuickGELU``, ``ReLUSquaredActivation`` and
   ``RotaryEmbedding`` with its scaling variants (:data:`ROPE_CLASSES`);
 * ``attention``: the CPU attention backend (``CPU_ATTN``) with opmux's cache layout,
-  ``opmux::reshape_and_cache`` and ``opmux::paged_attention``;
+  ``opmux::reshape_and_cache`` and ``opmux::paged_attention``
+  (:mod:`opmux.integrations.vllm.attention`);
 * ``ir``: an ``opmux`` provider for ``vllm.ir.ops.rms_norm`` / ``fused_add_rms_norm``
   (vLLM runs it when ``ir_op_priority`` names it).
 
@@ -24,8 +25,9 @@ request, since vLLM kills a worker that has not exited 5 s after its SIGTERM and
 exit hooks may then never run.
 
 ``OPMUX_VLLM=0`` turns the plugin off; ``OPMUX_VLLM_LAYERS=rms_norm,silu_and_mul,attention``
-replaces only the named parts (:data:`LAYERS`). A vLLM outside :data:`SUPPORTED_VLLM` is
-reported once (a ``UserWarning`` and a log line) and left untouched.
+replaces only the named parts (:data:`LAYERS`). A vLLM outside :data:`SUPPORTED_VLLM`
+(:func:`vllm_version_supported`) is reported once (a ``UserWarning`` and a log line) and left
+untouched.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from opmux.core.state import runtime
 from opmux.integrations.vllm._rope_classes import ROPE_CLASSES
 
 __all__ = ["LAYERS", "ROPE_CLASSES", "SUPPORTED_VLLM", "WorkerExtension", "register",
-           "registered"]
+           "registered", "vllm_version_supported"]
 
 _LOG = logging.getLogger("opmux.integrations.vllm")
 
@@ -65,6 +67,15 @@ def _version_tuple(text: str) -> tuple[int, int] | None:
         return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x")
     except (IndexError, ValueError):
         return None
+
+
+def vllm_version_supported(version: str) -> bool:
+    """Whether the plugin replaces the layers of a vLLM of this version, as its package
+    reports it (``"0.32.1"``, ``"0.32.0rc1"``, ``"0.32.0.dev5+gabc"``): the major and minor
+    release within :data:`SUPPORTED_VLLM`. A string that is no version is not supported."""
+    parsed = _version_tuple(version)
+    low, high = SUPPORTED_VLLM
+    return parsed is not None and low <= parsed < high
 
 
 def _vllm_version() -> str | None:
@@ -112,9 +123,8 @@ def _register() -> list[str]:
     if importlib.util.find_spec("vllm") is None:
         return []
     version = _vllm_version() or "unknown"
-    parsed = _version_tuple(version)
-    low, high = SUPPORTED_VLLM
-    if parsed is None or not low <= parsed < high:
+    if not vllm_version_supported(version):
+        low, high = SUPPORTED_VLLM
         message = (f"opmux.integrations.vllm was built for vLLM >= {low[0]}.{low[1]}, "
                    f"< {high[0]}.{high[1]}; found vLLM {version}: opmux leaves vLLM's layers "
                    f"alone (set {config.ENV_VLLM}=0 to silence this)")
@@ -125,9 +135,9 @@ def _register() -> list[str]:
 
     replaced = _layers.install([n for n in selected if n in _layers.LAYER_NAMES])
     if "attention" in selected:
-        from opmux.integrations.vllm import _attention
+        from opmux.integrations.vllm import attention
 
-        if _attention.install():
+        if attention.install():
             replaced.append("CPU_ATTN")
     if "ir" in selected:
         from opmux.integrations.vllm import _ir

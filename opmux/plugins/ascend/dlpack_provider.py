@@ -38,15 +38,15 @@ from opmux.ops.checks import (
     check_advance_step_flashattn_values,
     static_check_passes,
 )
-from opmux.plugins.ascend import _custom_ops
+from opmux.plugins.ascend import mindspore_ops
 
 if TYPE_CHECKING:
     from opmux.plugins.registration import RegistryLike
 
-__all__ = ["PROVIDER", "advance_step_flashattn", "advance_step_flashattn_supports", "register",
-           "to_mindspore"]
+__all__ = ["PROVIDER", "advance_step_flashattn", "advance_step_flashattn_supports",
+           "cached_view_count", "forget_views", "register", "to_mindspore"]
 
-PROVIDER = _custom_ops.PROVIDER
+PROVIDER = mindspore_ops.PROVIDER
 """Provider name: ``"mindspore"``."""
 
 _to_dlpack: Callable[[Tensor], Any] = torch.utils.dlpack.to_dlpack  # type: ignore[attr-defined]
@@ -63,6 +63,12 @@ _SyncFlag = tuple[Callable[[Any], bool], Callable[[Any, bool], None], Any]
 # (get_param, set_param, key) of MindSpore's context flag pynative_synchronize
 _sync_flag: _SyncFlag | None = None
 _barrier: Callable[[], None] | None = None
+
+
+def cached_view_count() -> int:
+    """How many torch tensors have a cached MindSpore view now (an entry goes with its
+    tensor: the count comes back down once the tensors are collected)."""
+    return len(_views)
 
 
 def _bind_mindspore() -> tuple[Callable[[Any], Any], _SyncFlag, Callable[[], None]]:
@@ -125,7 +131,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
     if not input_tokens.is_cpu:  # index values: the AscendC kernel does not check them
         check_advance_step_flashattn_values(num_queries, block_size, seq_lens, block_tables,
                                             provider=PROVIDER)
-    fn = _custom_ops.kernel()
+    fn = mindspore_ops.kernel()
     if _sync_flag is not None and _barrier is not None:
         (get, set_, key), barrier = _sync_flag, _barrier
     else:
@@ -144,7 +150,7 @@ def advance_step_flashattn(num_seqs: int, num_queries: int, block_size: int,
                 set_(key, False)
         barrier()
     except (ValueError, RuntimeError) as exc:
-        raise _custom_ops.as_opmux_error(exc) from None
+        raise mindspore_ops.as_opmux_error(exc) from None
 
 
 def advance_step_flashattn_supports(num_seqs: int, num_queries: int, block_size: int,

@@ -1,10 +1,10 @@
 """Triton kernels of the RMS norms.
 
-``rms_norm`` and ``fused_add_rms_norm``: one program per row. Rows up to ``_MAX_SINGLE``
-elements stay in registers (one read of ``x``); longer rows take two passes over the row (sum of
-squares, then normalise). Math in fp32, one rounding to ``x.dtype``. ``fused_add_rms_norm``
-rounds ``x + residual`` to the input dtype before normalising, exactly as the native reference
-does.
+``rms_norm`` and ``fused_add_rms_norm``: one program per row. Rows up to
+:data:`MAX_SINGLE_PASS_ROW` elements stay in registers (one read of ``x``); longer rows take
+two passes over the row (sum of squares, then normalise). Math in fp32, one rounding to
+``x.dtype``. ``fused_add_rms_norm`` rounds ``x + residual`` to the input dtype before
+normalising, exactly as the native reference does.
 
 ``gemma_rms_norm``, ``gemma_fused_add_rms_norm`` and ``rms_norm_gated``: one program per row
 (per row and group for the gated norm), looping over the row in chunks of at most
@@ -33,13 +33,15 @@ from opmux.ops.checks import (
 from opmux.plugins.cuda.triton_runtime import DTYPES, PROVIDER, next_pow2
 
 __all__ = [
-    "fused_add_rms_norm", "fused_add_rms_norm_supports", "gemma_fused_add_rms_norm",
-    "gemma_fused_add_rms_norm_supports", "gemma_rms_norm", "gemma_rms_norm_supports",
-    "rms_norm", "rms_norm_gated", "rms_norm_gated_supports", "rms_norm_supports",
+    "MAX_SINGLE_PASS_ROW", "fused_add_rms_norm", "fused_add_rms_norm_supports",
+    "gemma_fused_add_rms_norm", "gemma_fused_add_rms_norm_supports", "gemma_rms_norm",
+    "gemma_rms_norm_supports", "rms_norm", "rms_norm_gated", "rms_norm_gated_supports",
+    "rms_norm_supports",
 ]
 
-_MAX_SINGLE = 16384
-"""Longest row normalised from registers in one pass; longer rows loop in chunks of this."""
+MAX_SINGLE_PASS_ROW = 16384
+"""Longest row ``rms_norm`` and ``fused_add_rms_norm`` normalise from registers in one pass;
+longer rows take two passes, in chunks of this many elements."""
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -101,7 +103,7 @@ def _launch(x2: torch.Tensor, res2: torch.Tensor | None, weight: torch.Tensor,
     rows, d = x2.shape
     if rows == 0 or d == 0:
         return
-    block = min(next_pow2(d), _MAX_SINGLE)
+    block = min(next_pow2(d), MAX_SINGLE_PASS_ROW)
     single = block >= d
     num_warps = min(max(block // 512, 1), 16)
     has_res = res2 is not None

@@ -1,4 +1,4 @@
-"""``_custom_ops.advance_step_flashattn`` on MindSpore tensors against the native reference."""
+"""``mindspore_ops.advance_step_flashattn`` on MindSpore tensors against the native reference."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from ms_batches import native_result, random_batch, to_ms, to_np
 
 import opmux
-from opmux.plugins.ascend import _custom_ops
+from opmux.plugins.ascend import mindspore_ops
 
 pytestmark = [pytest.mark.mindspore, pytest.mark.slow]
 
@@ -19,7 +19,7 @@ ARGS = ("input_tokens", "sampled_token_ids", "input_positions", "seq_lens", "slo
 
 
 def call(num_seqs: int, num_queries: int, block_size: int, t: dict[str, Any]) -> None:
-    _custom_ops.advance_step_flashattn(num_seqs, num_queries, block_size, *(t[k] for k in ARGS))
+    mindspore_ops.advance_step_flashattn(num_seqs, num_queries, block_size, *(t[k] for k in ARGS))
 
 
 def test_extension_built_for_cpu_backend(extension: ModuleType) -> None:

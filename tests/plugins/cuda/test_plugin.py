@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import types
 
 import pytest
@@ -77,8 +78,9 @@ def test_without_triton_the_provider_is_unsupported_and_says_why(
     from opmux.plugins.cuda import triton_ops
 
     reason = "triton is not installed (pip install 'opmux[cuda]')"
-    monkeypatch.setattr(triton_ops, "_have_triton", lambda: False)
-    monkeypatch.setattr(triton_ops, "triton_status", lambda: (False, reason))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "triton" else real(name, *args))
     op = registry.register_op(opmux.ops.silu_and_mul.native, name="silu_and_mul", namespace=ns)
     assert triton_ops.register(registry, "CPU") == ["silu_and_mul:triton"]
     impl = op.impls["triton"]

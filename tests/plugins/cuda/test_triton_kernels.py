@@ -85,12 +85,11 @@ def test_activation_non_contiguous_and_errors(k: Any, device: torch.device) -> N
 # ----------------------------------------------------------------------------------- norms
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("looped", [False, True])
-def test_rms_norm(k: Any, device: torch.device, dtype: torch.dtype, looped: bool,
-                  monkeypatch: pytest.MonkeyPatch) -> None:
-    if looped:  # rows longer than the register block take the two-pass path
-        monkeypatch.setattr(k.norm, "_MAX_SINGLE", 32)
-    x = torch.randn(2, 3, 100, device=device).to(dtype)
-    w = torch.randn(100, device=device).to(dtype)
+def test_rms_norm(k: Any, device: torch.device, dtype: torch.dtype, looped: bool) -> None:
+    # rows longer than the register block take the two-pass path
+    d = k.norm.MAX_SINGLE_PASS_ROW + 100 if looped else 100
+    x = torch.randn(2, 3, d, device=device).to(dtype)
+    w = torch.randn(d, device=device).to(dtype)
     close(k.norm.rms_norm(x, w, 1e-5), native("rms_norm")(x, w, 1e-5), dtype)
     w32 = w.float()  # fp32 weight with a low-precision activation
     close(k.norm.rms_norm(x, w32), native("rms_norm")(x, w32), dtype)
@@ -98,13 +97,12 @@ def test_rms_norm(k: Any, device: torch.device, dtype: torch.dtype, looped: bool
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("looped", [False, True])
-def test_fused_add_rms_norm(k: Any, device: torch.device, dtype: torch.dtype, looped: bool,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
-    if looped:
-        monkeypatch.setattr(k.norm, "_MAX_SINGLE", 16)
-    x = torch.randn(5, 72, device=device).to(dtype)
-    r = torch.randn(5, 72, device=device).to(dtype)
-    w = torch.randn(72, device=device).to(dtype)
+def test_fused_add_rms_norm(k: Any, device: torch.device, dtype: torch.dtype,
+                            looped: bool) -> None:
+    d = k.norm.MAX_SINGLE_PASS_ROW + 72 if looped else 72
+    x = torch.randn(5, d, device=device).to(dtype)
+    r = torch.randn(5, d, device=device).to(dtype)
+    w = torch.randn(d, device=device).to(dtype)
     x0, r0 = x.clone(), r.clone()
     out, res = k.norm.fused_add_rms_norm(x, r, w, 1e-6)
     want_out, want_res = native("fused_add_rms_norm")(x, r, w, 1e-6)

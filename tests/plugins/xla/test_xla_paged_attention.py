@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import pytest
 import torch
 from xla_cases import CASES, Case, damage, loop_reference, make_case
@@ -213,41 +216,42 @@ def test_empty_batch_gives_zeros() -> None:
         assert torch.count_nonzero(fn(*case.args())) == 0
 
 
-def _routed_impl(kind: str) -> opmux.OpImpl:
+def _routed_fns(kind: str) -> tuple[Callable[..., torch.Tensor], Callable[..., bool] | None]:
+    """The catalog ``paged_attention`` function and predicate the CUDA route hands the call
+    to, served here as provider ``triton`` of the catalog op."""
     if kind == "triton":
         import os
 
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported
         from opmux.plugins.cuda import triton_attention
 
-        fn, pred = triton_attention.paged_attention, triton_attention.paged_attention_supports
-    else:
-        fn, pred = opmux.get_op("paged_attention").native, None
-    return opmux.OpImpl("opmux::paged_attention", "triton", "CPU", fn, True, pred)
+        return triton_attention.paged_attention, triton_attention.paged_attention_supports
+    return opmux.get_op("paged_attention").native, None
 
 
 @pytest.mark.parametrize("kind", ["native", pytest.param("triton", marks=pytest.mark.triton)])
 @pytest.mark.parametrize("name", ["mixed", "window_soft_cap_padded", "decode_padded", "gqa_4"])
-def test_cuda_route_converts_layout_without_host_reads(
-    monkeypatch: pytest.MonkeyPatch, kind: str, name: str
-) -> None:
+def test_cuda_route_converts_layout_without_host_reads(kind: str, name: str) -> None:
     # the CUDA provider's conversion (no host reads: CUDA-graph safe), run on CPU tensors
-    # against a routed catalog impl that counts its calls (Triton runs interpreted)
-    impl = _routed_impl(kind)
+    # against the catalog op's provider "triton", counting its calls (Triton runs interpreted)
+    catalog = opmux.get_op("paged_attention")
+    assert not catalog.has_provider("triton"), "this test serves the route's triton provider"
+    inner, pred = _routed_fns(kind)
     calls: list[int] = []
-    inner = impl.fn
 
     def counted(*args: object) -> torch.Tensor:
         calls.append(1)
         with torch.utils._python_dispatch._pop_mode_temporarily():  # the routed impl may read
-            return inner(*args)  # type: ignore[no-any-return]
+            return inner(*args)
 
-    impl.fn = counted
-    monkeypatch.setattr(pa, "_catalog_impl", lambda provider: impl if provider == "triton"
-                        else None)
+    functools.update_wrapper(counted, catalog.native)  # the catalog op's signature
+    catalog.register_impl("triton", dispatch_key="CPU", supports_args=pred)(counted)
     case = make_case(**CASES[name])  # type: ignore[arg-type]
-    with _NoHostReads():
-        out = pa.catalog_cuda(*case.args())  # type: ignore[arg-type]
+    try:
+        with _NoHostReads():
+            out = pa.catalog_cuda(*case.args())  # type: ignore[arg-type]
+    finally:
+        catalog.unregister_impl("triton")
     assert calls == [1]
     torch.testing.assert_close(out, loop_reference(case), atol=1e-4, rtol=1e-4)
 

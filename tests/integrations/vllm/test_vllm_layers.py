@@ -3,7 +3,7 @@ implementation, and falls back to it where the opmux op does not apply (vllm lan
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -70,22 +70,20 @@ def test_rms_norms_replaced_and_agree(vllm_ctx: Any, dtype: torch.dtype) -> None
         torch.testing.assert_close(new_res, want_res, **tol)
 
 
-def test_rms_norm_fallback_to_vllm(vllm_ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rms_norm_fallback_to_vllm(vllm_ctx: Any,
+                                  op_calls: Callable[[str], list[dict[str, Any]]]) -> None:
     from vllm.model_executor.layers.layernorm import RMSNorm
 
-    from opmux.integrations.vllm import _layers
-
-    def refuse(*args: Any) -> None:
-        raise AssertionError("the opmux op must not run for var_hidden_size")
-
-    monkeypatch.setattr(_layers, "rms_norm", refuse)
+    calls = op_calls("rms_norm")
     layer = RMSNorm(64, var_hidden_size=32)
     x = torch.randn(3, 64)
     _close(layer(x), RMSNorm.forward_native(layer, x))
+    assert calls == []  # the opmux op does not run for var_hidden_size
     # no weight: the op runs with the ones vLLM keeps
-    monkeypatch.undo()
     plain = RMSNorm(64, has_weight=False)
     _close(plain(x), RMSNorm.forward_native(plain, x))
+    (call,) = calls
+    assert call["x"] is x and torch.equal(call["weight"], torch.ones(64))
 
 
 def _rope_layers() -> list[tuple[str, dict[str, Any]]]:

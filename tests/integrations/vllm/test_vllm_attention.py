@@ -20,13 +20,13 @@ H, HKV, D, BS, BLOCKS = 8, 2, 32, 32, 12
 def attn() -> Iterator[Any]:
     from vllm.v1.attention.backends import cpu_attn
 
-    from opmux.integrations.vllm import _attention
+    from opmux.integrations.vllm import attention
 
     # the impl only reads the model dtype from the engine's config (no model needed here)
     config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cpu_attn, "get_current_vllm_config", lambda: config)
-        yield _attention
+        yield attention
 
 
 def _reference(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],

@@ -4,6 +4,7 @@ each activation the architectures allow (core lane)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,17 +14,21 @@ from _transformers_models import ARCHS, PROMPTS, build
 pytest.importorskip("transformers")
 
 from opmux.integrations import transformers as otf
-from opmux.integrations.transformers import _attention, _layers
+
+Calls = list[dict[str, Any]]
 
 
 @pytest.fixture
-def masked_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the attention calls that run paged_attention under a mask."""
-    calls: list[int] = []
-    original = _attention._masked_attention
-    monkeypatch.setattr(_attention, "_masked_attention",
-                        lambda *args: calls.append(1) or original(*args))
-    return calls
+def attention_calls(op_calls: Callable[[str], Calls]) -> Calls:
+    """The test's calls of opmux's ``paged_attention``."""
+    return op_calls("paged_attention")
+
+
+def _per_row(call: dict[str, Any]) -> bool:
+    """Whether a ``paged_attention`` call reads a mask: every sequence is one query row
+    with its own block table (the keys that row sees)."""
+    starts = call["query_start_loc"]
+    return torch.equal(starts, torch.arange(len(starts), dtype=starts.dtype))
 
 
 def _padded(side: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +43,7 @@ def _padded(side: str) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_padded_forward_runs_opmux_attention(arch: str, side: str,
-                                             masked_calls: list[int]) -> None:
+                                             attention_calls: Calls) -> None:
     model = build(arch)
     ids, mask = _padded(side)
     with torch.no_grad():
@@ -47,7 +52,8 @@ def test_padded_forward_runs_opmux_attention(arch: str, side: str,
         got = model(ids, attention_mask=mask).logits
     real = mask.bool()
     torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-4)
-    assert len(masked_calls) == model.config.num_hidden_layers
+    assert len(attention_calls) == model.config.num_hidden_layers
+    assert all(_per_row(call) for call in attention_calls)
     # one padded row alone equals the unpadded prompt
     with torch.no_grad():
         alone = model(torch.tensor(PROMPTS[:1])).logits[0]
@@ -55,7 +61,7 @@ def test_padded_forward_runs_opmux_attention(arch: str, side: str,
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_left_padded_generate_equals_plain(arch: str, masked_calls: list[int]) -> None:
+def test_left_padded_generate_equals_plain(arch: str, attention_calls: Calls) -> None:
     model = build(arch)
     ids, mask = _padded("left")
     kwargs: dict[str, Any] = dict(attention_mask=mask, max_new_tokens=6, do_sample=False,
@@ -64,11 +70,20 @@ def test_left_padded_generate_equals_plain(arch: str, masked_calls: list[int]) -
     otf.enable(model)
     got = model.generate(ids, **kwargs)
     assert torch.equal(got, want)
-    assert len(masked_calls) == 6 * model.config.num_hidden_layers  # prefill and each step
+    assert len(attention_calls) == 6 * model.config.num_hidden_layers  # prefill and each step
+    assert all(_per_row(call) for call in attention_calls)
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_pytorch_tanh", "gelu_new"])
-def test_gated_mlp_activations(monkeypatch: pytest.MonkeyPatch, act: str) -> None:
+#: transformers' activation -> (the op of the gated MLP, its ``approximate``), or None: the
+#: tanh GELU written out (gelu_new) has no gated op and runs transformers' MLP
+GATED_OPS: dict[str, tuple[str, str | None] | None] = {
+    "silu": ("silu_and_mul", None), "gelu": ("gelu_and_mul", "none"),
+    "gelu_pytorch_tanh": ("gelu_and_mul", "tanh"), "gelu_new": None,
+}
+
+
+@pytest.mark.parametrize("act", list(GATED_OPS))
+def test_gated_mlp_activations(op_calls: Callable[[str], Calls], act: str) -> None:
     """SiLU, exact GELU and the tanh GELUs run silu_and_mul / gelu_and_mul."""
     import transformers as tr
 
@@ -76,12 +91,14 @@ def test_gated_mlp_activations(monkeypatch: pytest.MonkeyPatch, act: str) -> Non
     for layer in model.model.layers:
         layer.mlp.act_fn = tr.activations.ACT2FN[act]
     ids = torch.tensor(PROMPTS[1:])
-    calls: list[int] = []
-    real = _layers._gate_up
-    monkeypatch.setattr(_layers, "_gate_up", lambda *a: calls.append(1) or real(*a))
+    calls = {name: op_calls(name) for name in ("silu_and_mul", "gelu_and_mul")}
     with torch.no_grad():
         want = model(ids).logits
         otf.enable(model)
         got = model(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert len(calls) == (2 if act != "gelu_new" else 0)  # gelu_new: transformers' MLP
+    expected = GATED_OPS[act]
+    ran = {name: [c.get("approximate") for c in seen] for name, seen in calls.items()}
+    layers = model.config.num_hidden_layers
+    assert ran == {name: [expected[1]] * layers if expected and name == expected[0] else []
+                   for name in calls}

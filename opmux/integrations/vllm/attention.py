@@ -51,8 +51,6 @@ __all__ = ["OpmuxAttentionUnsupported", "OpmuxCPUAttentionBackend", "OpmuxCPUAtt
 class OpmuxAttentionUnsupported(OpmuxError, NotImplementedError):
     """A layer asks the opmux CPU attention backend for a feature it does not implement."""
 
-    __module__ = "opmux.integrations.vllm"
-
 
 def _refuse(feature: str, fix: str) -> OpmuxAttentionUnsupported:
     return OpmuxAttentionUnsupported(

