@@ -8,11 +8,12 @@ are set, ``only`` holds ``then``: the call is then one attribute read and one ca
 tuned table gives the op a different order per size bucket, ``sized`` holds one selection
 per bucket (the bit length of the first argument's ``numel()``, so picking one is an index).
 
-The walk is :meth:`KeyChain.pick`: the wrap-off call (:func:`make_eager`), ``Op.dispatch``,
-``Op.explain`` and the provider tally use it. The torch kernel (:func:`make_kernel`) runs the
-same walk written inline, so that a call costs one Python frame for the selection
-(``benchmarks/dispatch_overhead.py``); ``tests/core/test_op_dispatch.py`` checks that both
-choose alike. A predicate that raises declines the call and warns once per (op, provider).
+The walk is :meth:`KeyChain.pick`: ``Op.dispatch``, ``Op.explain`` and the provider tally
+use it. The torch kernel (:func:`make_kernel`) and the wrap-off call (:func:`make_eager`) run
+the same walk written inline over :data:`Selection`, so that a call costs one Python frame
+for the selection (``benchmarks/dispatch_overhead.py``); ``tests/core/test_op.py`` checks
+that they choose alike. A predicate that raises declines the call and warns once per (op,
+provider).
 
 A chain is replaced in one attribute assignment per field (``only`` cleared first and set
 last), and each field is read once per call, so a call sees either the old or the new
@@ -202,8 +203,8 @@ def make_eager(chains: dict[str, KeyChain], native: Callable[..., Any], torch_op
                key_of: Callable[[tuple[Any, ...], dict[str, Any]], str]
                ) -> Callable[..., Any]:
     """The call used with the torch wrap off: the key of the first tensor's device, then
-    :meth:`KeyChain.pick`, passing keywords on (under Dynamo tracing it calls ``torch_op``,
-    so a compiled graph still sees one node)."""
+    the key's walk (as :meth:`KeyChain.pick`), passing keywords on (under Dynamo tracing it
+    calls ``torch_op``, so a compiled graph still sees one node)."""
     tensor = torch.Tensor
     is_compiling = torch.compiler.is_dynamo_compiling
 
@@ -224,6 +225,17 @@ def make_eager(chains: dict[str, KeyChain], native: Callable[..., Any], torch_op
         only = holder.only
         if only is not None:
             return only(*args, **kwargs)
-        return holder.pick(args, kwargs)[1](*args, **kwargs)
+        sized = holder.sized
+        walk, then = sized[first.numel().bit_length()] \
+            if sized is not None and isinstance(first, tensor) else holder.sel
+        for pred, fn in walk:  # KeyChain.pick's walk, inline (module docstring)
+            try:
+                ok = pred(*args, **kwargs)
+            except Exception as exc:
+                holder.declined(pred, exc)
+                continue
+            if ok:
+                return fn(*args, **kwargs)
+        return then(*args, **kwargs)
 
     return eager
