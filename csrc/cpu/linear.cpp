@@ -21,7 +21,7 @@ constexpr int64_t kBlock = 8;   // weight rows per block
 constexpr int64_t kLine = 64;   // bytes of one chunk of a row
 // software prefetch distance, into L2: the hardware prefetchers stop at page boundaries
 // (benchmarks/llamacpp_cpu.py)
-constexpr int64_t kAhead = 8192;
+constexpr int64_t kAhead = 4096;
 
 template <typename T>
 constexpr int64_t chunk_elems() {
