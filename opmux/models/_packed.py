@@ -39,7 +39,7 @@ from torch import Tensor
 
 from opmux.core.registry import global_registry
 
-__all__ = ["PackedWeight", "can_pack", "copies_bytes"]
+__all__ = ["PackedWeight", "can_pack"]
 
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
@@ -67,11 +67,6 @@ def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
             and weight.dtype in _DTYPES and weight.is_cpu
             and not weight.is_inference()  # its in-place changes must be seen (_version)
             and (bias is None or (bias.dtype == weight.dtype and bias.is_cpu)))
-
-
-def copies_bytes(weight: Tensor) -> int:
-    """The bytes :class:`PackedWeight` adds for ``weight`` (its packed and blocked copies)."""
-    return 2 * weight.numel() * weight.element_size()
 
 
 def _blocked_kernel() -> Callable[..., None] | None:
@@ -109,6 +104,12 @@ class PackedWeight:
         self._row_plain = weight.dtype == torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
         self._blocked_kernel = _blocked_kernel() if blocked else None
+
+    def copies_bytes(self) -> int:
+        """The bytes this adds beside the weight: the packed copy, and the blocked copy where
+        the blocked kernel serves it."""
+        copies = 1 if self._blocked_kernel is None else 2
+        return copies * self.weight.numel() * self.weight.element_size()
 
     def takes(self, x: Tensor) -> bool:
         """Whether :meth:`__call__` serves ``x``: rows of CPU input in the weight's dtype,

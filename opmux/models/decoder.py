@@ -34,7 +34,7 @@ from opmux.layers import (
     get_rope,
 )
 from opmux.layers.moe import FusedMoE
-from opmux.models._packed import PackedWeight, can_pack, copies_bytes
+from opmux.models._packed import PackedWeight, can_pack
 from opmux.models.config import ModelConfig
 from opmux.models.memory import MemoryNeed, check_fits
 from opmux.ops.kv_formats import KVCacheFormat, get_kv_cache_format, kv_cache_format
@@ -282,7 +282,7 @@ class CausalLM(torch.nn.Module):
                 if old is None or old.weight is not weight or old.bias is not bias:
                     old = PackedWeight(weight, bias)
                 packs.append((mod, old))
-        added = sum(copies_bytes(p.weight) for _, p in packs)
+        added = sum(p.copies_bytes() for _, p in packs)
         check_fits([MemoryNeed("packed weights", added, "copies of the linear weights laid "
                                "out for the GEMM libraries",
                                "build the Engine with pack_weights=False")],
