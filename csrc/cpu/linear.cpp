@@ -1,14 +1,20 @@
-// linear_blocked_out: out[m, n] = x[m, :] . w[n, :] (+ bias[n]) for a few rows of x, against a
-// weight laid out once in blocks (opmux/models/_packed.py packs it):
+// Two kernels for out[m, n] = x[m, :] . w[n, :] (+ bias[n]) over a few rows of x: the shape of a
+// decode step's linears, which are bound by how fast the weight streams from memory
+// (benchmarks/llamacpp_cpu.py). Both give a thread whole groups of 8 weight rows, keep x in L1,
+// prefetch the weight into L2 (the hardware prefetchers stop at page boundaries), multiply
+// bfloat16 with VDPBF16PS where the CPU has it (else widen to float32), accumulate every
+// product in float32 and round once.
+//
+// linear_out reads the weight as it lies, [N, K] with unit inner stride: the 8 rows of a group
+// are 8 streams side by side. It serves the catalog op `linear` (the `cpp` provider).
+//
+// linear_blocked_out reads a copy laid out once in blocks (opmux/models/_packed.py packs it):
 //
 //   packed[N8, KC, 8, C]: block b, chunk c, row r, lane j = w[8 b + r, C c + j]
 //
 // where C is one 64-byte cache line of the dtype (16 float32, 32 bfloat16) and N and K are
-// zero-padded up to whole blocks. A thread owns whole blocks of 8 outputs, so it streams one
-// contiguous run of the weight, 8 lines at a time, while x stays in L1: the shape of a decode
-// step's linears, which are bound by how fast the weight streams from memory
-// (benchmarks/llamacpp_cpu.py). bfloat16 multiplies with VDPBF16PS where the CPU has it,
-// else widens to float32; every product is accumulated in float32 and rounded once.
+// zero-padded up to whole blocks, so a group of 8 rows is one contiguous stream. The engine's
+// decode step uses it.
 #include "op_library.h"
 #include "vec_common.h"
 
@@ -144,6 +150,131 @@ void linear_blocked(at::Tensor& out, const at::Tensor& x, const at::Tensor& pack
   });
 }
 
+// ---------------------------------------------------------------------- the plain weight
+// rows_dot: sum over k < K of x[k] * w[r][k] for the 8 rows r (row pointers), into acc_out[r].
+#if defined(CPU_CAPABILITY_AVX512)
+inline void prefetch_row(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kAhead, _MM_HINT_T1);
+}
+
+inline void rows_dot(const float* const* w, const float* x, int64_t K, float* acc_out) {
+  __m512 acc[kBlock];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + k);
+    for (int64_t r = 0; r < kBlock; ++r) {
+      prefetch_row(w[r] + k);
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + k), xv, acc[r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+    for (int64_t r = 0; r < kBlock; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w[r] + k), xv, acc[r]);
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#if defined(__AVX512BF16__)
+inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_t K,
+                     float* acc_out) {
+  __m512 acc[kBlock];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
+    for (int64_t r = 0; r < kBlock; ++r) {
+      prefetch_row(w[r] + k);
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(w[r] + k), xv);
+    }
+  }
+  if (k < K) {  // the zeroed lanes add 0 * 0
+    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1);
+    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + k);
+    for (int64_t r = 0; r < kBlock; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_maskz_loadu_epi16(m, w[r] + k), xv);
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#else
+inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_t K,
+                     float* acc_out) {
+  __m512 acc[kBlock];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 xv = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k)));
+    for (int64_t r = 0; r < kBlock; ++r) {
+      prefetch_row(w[r] + k);
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
+      acc[r] = _mm512_fmadd_ps(widen_bf16(h), xv, acc[r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
+    const __m512 xv = widen_bf16(_mm256_maskz_loadu_epi16(m, x + k));
+    for (int64_t r = 0; r < kBlock; ++r)
+      acc[r] = _mm512_fmadd_ps(widen_bf16(_mm256_maskz_loadu_epi16(m, w[r] + k)), xv, acc[r]);
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+#endif
+#else
+// at::vec: 8 float lanes on AVX2, the scalar fallback elsewhere.
+template <typename T>
+inline void rows_dot(const T* const* w, const T* x, int64_t K, float* acc_out) {
+  fVec acc[kBlock];
+  int64_t k = 0;
+  for (; k + kF <= K; k += kF) {
+    const fVec xv = load_f(x + k);
+#if defined(CPU_CAPABILITY_AVX2)
+    for (int64_t r = 0; r < kBlock; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kAhead, _MM_HINT_T1);
+#endif
+    for (int64_t r = 0; r < kBlock; ++r) acc[r] = at::vec::fmadd(load_f(w[r] + k), xv, acc[r]);
+  }
+  if (k < K) {
+    const fVec xv = load_f(x + k, K - k);
+    for (int64_t r = 0; r < kBlock; ++r)
+      acc[r] = at::vec::fmadd(load_f(w[r] + k, K - k), xv, acc[r]);
+  }
+  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = hsum(acc[r]);
+}
+#endif
+
+template <typename T>
+void linear_plain(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                  const c10::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t sx = x.stride(0), sw = w.stride(0), so = out.stride(0);
+  const T* xp = x.const_data_ptr<T>();
+  const T* wp = w.const_data_ptr<T>();
+  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
+  T* op = out.data_ptr<T>();
+  const int64_t groups = (N + kBlock - 1) / kBlock;
+  // a task reads at least 256 KiB of weight: fewer forks for small layers
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, kBlock * K * w.element_size()));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    float acc[kBlock];
+    const T* rows[kBlock];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n0 = g * kBlock, count = std::min(kBlock, N - n0);
+      // a last group of fewer than 8 rows repeats its last row; those sums are not stored
+      for (int64_t r = 0; r < kBlock; ++r) rows[r] = wp + (n0 + std::min(r, count - 1)) * sw;
+      for (int64_t m = 0; m < M; ++m) {
+        rows_dot(rows, xp + m * sx, K, acc);
+        for (int64_t r = 0; r < count; ++r) {
+          const int64_t n = n0 + r;
+          op[m * so + n] = static_cast<T>(bp ? acc[r] + static_cast<float>(bp[n]) : acc[r]);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void linear_blocked_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
@@ -172,7 +303,35 @@ void linear_blocked_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
   }
 }
 
+void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                const c10::optional<at::Tensor>& bias) {
+  const auto dt = x.scalar_type();
+  OPMUX_CHECK("linear", dt == at::kFloat || dt == at::kBFloat16,
+              "expected x float32 or bfloat16, got ", dt);
+  OPMUX_CHECK("linear", x.dim() == 2 && weight.dim() == 2 && out.dim() == 2 &&
+                            weight.size(1) == x.size(1) && out.size(0) == x.size(0) &&
+                            out.size(1) == weight.size(0),
+              "expected x [M, K], weight [N, K] and out [M, N]");
+  const bool unit = x.size(1) <= 1 || (x.stride(1) == 1 && weight.stride(1) == 1);
+  OPMUX_CHECK("linear", unit && (out.size(1) <= 1 || out.stride(1) == 1),
+              "expected x, weight and out with unit inner strides");
+  OPMUX_CHECK("linear", weight.scalar_type() == dt && out.scalar_type() == dt,
+              "expected weight and out of x's dtype");
+  OPMUX_CHECK("linear", !bias.has_value() || (bias->scalar_type() == dt &&
+                                              bias->is_contiguous() &&
+                                              bias->dim() == 1 &&
+                                              bias->numel() == out.size(1)),
+              "expected bias [N] of x's dtype");
+  if (dt == at::kFloat) {
+    linear_plain<float>(out, x, weight, bias);
+  } else {
+    linear_plain<at::BFloat16>(out, x, weight, bias);
+  }
+}
+
 TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
+  m.def("linear_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()",
+        cpu_kernel(&linear_out));
   m.def("linear_blocked_out(Tensor(a!) out, Tensor x, Tensor packed, Tensor? bias) -> ()",
         cpu_kernel(&linear_blocked_out));
 }

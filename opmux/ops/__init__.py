@@ -37,6 +37,7 @@ from opmux.ops.layernorm import (
     rms_norm,
     rms_norm_gated,
 )
+from opmux.ops.linear import linear
 from opmux.ops.moe import fused_moe, grouped_topk, topk_softmax
 from opmux.ops.quant import quant_fp8
 from opmux.ops.rotary import apply_rotary_emb, dual_chunk_rotary_embedding, rotary_embedding
@@ -69,6 +70,7 @@ __all__ = [
     "gemma_fused_add_rms_norm",
     "gemma_rms_norm",
     "grouped_topk",
+    "linear",
     "mla_attention",
     "moe",
     "mul_and_silu",

@@ -29,6 +29,7 @@ from opmux.testing.bad_input_table import (
 )
 from opmux.testing.bad_inputs_cache import register_cache_bad_inputs
 from opmux.testing.bad_inputs_elementwise import register_elementwise_bad_inputs
+from opmux.testing.bad_inputs_linear import register_linear_bad_inputs
 from opmux.testing.bad_inputs_moe import register_moe_bad_inputs
 from opmux.testing.case_table import check_unique
 
@@ -43,7 +44,8 @@ __all__ = [
 ]
 
 _FAMILIES: Final[tuple[Callable[[], None], ...]] = (
-    register_elementwise_bad_inputs, register_cache_bad_inputs, register_moe_bad_inputs)
+    register_elementwise_bad_inputs, register_cache_bad_inputs, register_moe_bad_inputs,
+    register_linear_bad_inputs)
 
 CATALOG_MODULES: Final[tuple[str, ...]] = tuple(f.__module__ for f in _FAMILIES)
 """Modules registering the catalog's bad inputs (one per op family group)."""

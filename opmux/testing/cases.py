@@ -28,6 +28,7 @@ from opmux.testing.case_table import (
 )
 from opmux.testing.communication_cases import register_communication_cases
 from opmux.testing.layernorm_cases import register_layernorm_cases
+from opmux.testing.linear_cases import register_linear_cases
 from opmux.testing.moe_cases import register_moe_cases
 from opmux.testing.quant_cases import register_quant_cases
 from opmux.testing.rotary_cases import register_rotary_cases
@@ -44,6 +45,7 @@ FAMILIES: tuple[Callable[[], None], ...] = (
     register_cache_cases,
     register_communication_cases,
     register_layernorm_cases,
+    register_linear_cases,
     register_moe_cases,
     register_quant_cases,
     register_rotary_cases,

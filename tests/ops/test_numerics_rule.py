@@ -96,6 +96,16 @@ def _attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_tabl
     return out
 
 
+def _linear_args(dtype: torch.dtype, g: torch.Generator) -> tuple[Any, ...]:
+    # two rows: the decode-step calls the cpp kernel takes
+    return (_randn(g, 2, 1024).to(dtype), _randn(g, 1000, 1024, scale=1 / 32).to(dtype),
+            _randn(g, 1000).to(dtype))
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    return (x[..., None, :] * weight).sum(-1) + bias
+
+
 def _activation(shape: tuple[int, int], scale: float = 2.0) -> Builder:
     return lambda dtype, g: (_randn(g, *shape, scale=scale).to(dtype),)
 
@@ -164,6 +174,7 @@ OPS: dict[str, tuple[str, Builder, Formula]] = {
                        lambda x, w, eps: _rms(x, w, eps, 1.0)),
     "gemma_fused_add_rms_norm": ("gemma_fused_add_rms_norm", _norm(True), _add_rms(1.0, False)),
     "rotary_embedding": ("rotary_embedding", _rotary_args, _rotary),
+    "linear": ("linear", _linear_args, _linear),
     "fused_moe-1x128x128": ("fused_moe", _moe_args(1, 128, 128), _moe),
     "fused_moe-64x128x128": ("fused_moe", _moe_args(64, 128, 128), _moe),
     "fused_moe-256x128x128": ("fused_moe", _moe_args(256, 128, 128), _moe),

@@ -18,7 +18,7 @@ read), :mod:`~opmux.ops.checks.single_arguments` (the checks of one argument eve
 shares, with the one integer-range check), :mod:`~opmux.ops.checks.fakes` (fakes built from
 a check), then one per op family, named like the op modules of
 :mod:`opmux.ops`: ``activation``, ``attention``, ``cache``, ``communication``, ``layernorm``,
-``moe``, ``quant``, ``rotary``, ``ssd``, ``ssm``.
+``linear``, ``moe``, ``quant``, ``rotary``, ``ssd``, ``ssm``.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from opmux.ops.checks.layernorm import (
     check_rms_norm,
     check_rms_norm_gated,
 )
+from opmux.ops.checks.linear import check_linear
 from opmux.ops.checks.moe import (
     check_expert_ids,
     check_fused_moe_args,
@@ -165,6 +166,7 @@ __all__ = [
     "check_grouped_topk",
     "check_int",
     "check_int_range",
+    "check_linear",
     "check_mla_attention",
     "check_no_overlap",
     "check_paged_attention",

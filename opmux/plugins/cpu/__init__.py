@@ -32,7 +32,7 @@ SERVED_OPS = frozenset({
     "gemma_rms_norm", "gemma_fused_add_rms_norm", "rms_norm_gated", "quant_fp8",
     "concat_and_cache_mla", "encoder_attention", "mla_attention",
     "causal_conv1d", "causal_conv1d_update", "selective_scan", "selective_state_update",
-    "ssd_chunk_scan", "ssd_state_update", "fused_moe",
+    "ssd_chunk_scan", "ssd_state_update", "fused_moe", "linear",
 })
 
 

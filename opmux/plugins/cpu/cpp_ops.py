@@ -35,7 +35,7 @@ from opmux.ops.kv_formats import (
 )
 from opmux.plugins.registration import OpTable, op_table, predicate
 
-from . import build, cpp_activation, cpp_attention, cpp_moe, cpp_ssd, cpp_ssm
+from . import build, cpp_activation, cpp_attention, cpp_linear, cpp_moe, cpp_ssd, cpp_ssm
 from ._kernels import FLOATS, PROVIDER, K, call, cpu_float
 from .amx_format import AMX_BF16
 
@@ -570,6 +570,7 @@ OPS: OpTable = op_table(
     cpp_ssm.OPS,
     cpp_ssd.OPS,
     cpp_moe.OPS,
+    cpp_linear.OPS,
 )
 """Op name -> (impl, supports_args) of every op this provider serves."""
 
