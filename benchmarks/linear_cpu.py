@@ -14,7 +14,14 @@ the oneDNN routes against the CPU plugin's blocked kernel (``csrc/cpu/linear.cpp
 the Engine uses for one and two rows (ratio below 1.0: the blocked kernel is faster). Run it
 with ``--threads 1 2``: the blocked kernel's lead grows with the second thread.
 
-Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed]``.
+With ``--op`` it times a decode step's linears instead: one pass over the 33 weights of the
+100M Llama (8 layers of QKV, output, gate/up and down projections, and the LM head: 290 MB in
+float32, so each pass streams them from memory as a decode step does) at 1 and 2 rows,
+``F.linear`` against the catalog op ``linear`` (``opmux.ops.linear``: the ``cpp`` provider's
+kernel on the plain weight, dispatch included), float32 and bfloat16 (ratio below 1.0: the op
+is faster). The ``cpu`` plugin must be loaded (opmux installed).
+
+Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed | --op]``.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from timing import interleaved_us
+from timing import interleaved_us, require_cpu_plugin
 
+import opmux
 from opmux.layers import _gemm
 from opmux.models._packed import PackedWeight
 
@@ -46,9 +54,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--packed", action="store_true",
                         help="the Engine's packed weights: oneDNN against the blocked kernel")
+    parser.add_argument("--op", action="store_true",
+                        help="a decode step's linears: F.linear against the catalog op")
     args = parser.parse_args()
     if args.packed:
         packed(args.threads, args.rounds)
+        return
+    if args.op:
+        decode_step(args.threads, args.rounds)
         return
     print(f"torch {torch.__version__}, oneDNN op {'found' if _gemm._ONEDNN else 'missing'}")
     print(f"{'threads':>7} {'rows':>5} {'in':>5} {'out':>5} {'F.linear us':>12} "
@@ -62,9 +75,36 @@ def main() -> None:
                 t = interleaved_us({"F.linear": lambda x=x, w=w: F.linear(x, w, None),
                                     "dense": lambda x=x, w=w: _gemm.dense_linear(x, w, None)},
                                    calls=calls, rounds=args.rounds)
-                path = "oneDNN" if _gemm.takes_onednn(x, w, None) else "F.linear"
+                path = ("op" if _gemm.takes_linear_op(x, w, None) else
+                        "oneDNN" if _gemm.takes_onednn(x, w, None) else "F.linear")
             print(f"{threads:>7} {rows:>5} {k:>5} {n:>5} {t['F.linear']:>12.1f} "
                   f"{t['dense']:>16.1f} {path:>8} {t['dense'] / t['F.linear']:>6.2f}")
+
+
+def decode_step(threads_list: list[int], rounds: int) -> None:
+    require_cpu_plugin()
+    op = opmux.get_op("linear")
+    print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'F.linear ms':>12} {'op ms':>8} "
+          f"{'ratio':>6} {'op GB/s':>8}  provider")
+    for dtype in (torch.float32, torch.bfloat16):
+        weights = [torch.randn(n, k).to(dtype) for _ in range(8) for k, n in PACKED_SHAPES[:4]]
+        weights.append(torch.randn(PACKED_SHAPES[4][1], PACKED_SHAPES[4][0]).to(dtype))
+        nbytes = sum(w.numel() * w.element_size() for w in weights)
+        for threads in threads_list:
+            torch.set_num_threads(threads)
+            clock = time.thread_time if threads == 1 else time.perf_counter
+            for rows in (1, 2):
+                xs = {k: torch.randn(rows, k).to(dtype) for k, _ in PACKED_SHAPES}
+                provider = op.dispatch(xs[768], weights[0]).provider
+                with torch.inference_mode():
+                    t = interleaved_us(
+                        {"F.linear": lambda xs=xs, ws=weights: [F.linear(xs[w.shape[1]], w)
+                                                                for w in ws],
+                         "op": lambda xs=xs, ws=weights: [op(xs[w.shape[1]], w) for w in ws]},
+                        calls=1, rounds=rounds, clock=clock)
+                print(f"{str(dtype)[6:]:>8} {threads:>7} {rows:>5} {t['F.linear'] / 1e3:>12.2f} "
+                      f"{t['op'] / 1e3:>8.2f} {t['op'] / t['F.linear']:>6.2f} "
+                      f"{nbytes / t['op'] / 1e3:>8.1f}  {provider}")
 
 
 def packed(threads_list: list[int], rounds: int) -> None:

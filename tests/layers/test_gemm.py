@@ -1,7 +1,9 @@
-"""The linear layers' GEMM: oneDNN where it wins, ``F.linear`` everywhere else, same values."""
+"""The linear layers' GEMM: the catalog op ``linear`` for a decode step's rows, oneDNN where
+it wins, ``F.linear`` everywhere else, same values."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +21,7 @@ Count = Callable[[Callable[[], Any]], tuple[Any, int]]
 
 def _inputs(gen: torch.Generator) -> dict[str, Callable[[], torch.Tensor]]:
     return {
-        "one row": lambda: torch.randn(1, IN, generator=gen),
+        "three rows": lambda: torch.randn(3, IN, generator=gen),
         "decode batch": lambda: torch.randn(16, IN, generator=gen),
         "3-D": lambda: torch.randn(2, 8, IN, generator=gen),
         "transposed": lambda: torch.randn(IN, 8, generator=gen).t(),
@@ -77,7 +79,6 @@ def _f_linear_only() -> dict[str, tuple[torch.Tensor, torch.Tensor, Any]]:
         "1-D weight": (x, torch.randn(IN * 1024)[:IN], None),
         "overlapping weight": (x, torch.randn(1, IN).expand(OUT, IN), None),
         "transposed weight": (x, torch.randn(IN, OUT).t(), torch.randn(OUT)),
-        "1-D input": (torch.randn(IN), w, None),
     }
 
 
@@ -144,3 +145,68 @@ def test_compiled_layer_runs_f_linear(two_threads: None, onednn_calls: Count) ->
         (got, _), calls = onednn_calls(lambda: compiled(x))
     assert calls == 0  # the traced graph holds F.linear
     torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-4)
+
+
+#: ``op_calls(name)`` of tests/conftest.py: the list receiving the arguments of every call
+Calls = Callable[[str], list[dict[str, Any]]]
+
+
+@pytest.mark.parametrize("case", ["one row", "two rows", "1-D input", "3-D one token",
+                                  "stride-0 row", "bias"])
+def test_decode_rows_run_the_catalog_op(op_calls: Calls, onednn_calls: Count,
+                                        case: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    w, b = torch.randn(OUT, IN, generator=gen), None
+    x = {"one row": lambda: torch.randn(1, IN, generator=gen),
+         "two rows": lambda: torch.randn(2, IN, generator=gen),
+         "1-D input": lambda: torch.randn(IN, generator=gen),
+         "3-D one token": lambda: torch.randn(1, 1, IN, generator=gen),
+         "stride-0 row": lambda: torch.randn(1, generator=gen).expand(2, IN),
+         "bias": lambda: torch.randn(1, IN, generator=gen)}[case]()
+    if case == "bias":
+        b = torch.randn(OUT, generator=gen)
+    calls = op_calls("linear")
+    with torch.no_grad():
+        got, matmuls = onednn_calls(lambda: dense_linear(x, w, b))
+    assert len(calls) == 1 and calls[0]["x"] is x and calls[0]["weight"] is w
+    assert matmuls == 0
+    assert got.shape == F.linear(x, w, b).shape
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def _not_for_the_op() -> dict[str, Callable[[], Any]]:
+    """Calls of one or two rows that keep F.linear's own behaviour."""
+    w = torch.randn(OUT, IN)
+
+    def autocast() -> Any:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return dense_linear(torch.randn(1, IN), w, None)
+
+    def autograd() -> Any:
+        x = torch.randn(1, IN, requires_grad=True)
+        dense_linear(x, w, None).sum().backward()
+        assert x.grad is not None
+
+    def no_grad(x: torch.Tensor, weight: torch.Tensor = w, bias: Any = None) -> Any:
+        with torch.no_grad():
+            return dense_linear(x, weight, bias)
+
+    return {
+        "autocast": autocast,
+        "autograd": autograd,
+        "bfloat16": lambda: no_grad(torch.randn(1, IN).bfloat16(), w.bfloat16()),
+        "float64": lambda: no_grad(torch.randn(1, IN).double(), w.double()),
+        "three rows": lambda: no_grad(torch.randn(3, IN)),
+        "0-d bias": lambda: no_grad(torch.randn(1, IN), w, torch.tensor(0.5)),
+        "1-D weight": lambda: no_grad(torch.randn(1, IN), torch.randn(IN)),
+        "compiled": lambda: torch.compile(lambda x: dense_linear(x, w, None),
+                                          fullgraph=True)(torch.randn(1, IN)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_not_for_the_op()))
+def test_other_calls_keep_f_linear(op_calls: Calls, case: str) -> None:
+    calls = op_calls("linear")
+    with torch.no_grad() if case == "compiled" else contextlib.nullcontext():
+        _not_for_the_op()[case]()
+    assert calls == []
