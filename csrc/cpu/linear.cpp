@@ -14,7 +14,7 @@
 //
 // where C is one 64-byte cache line of the dtype (16 float32, 32 bfloat16) and N and K are
 // zero-padded up to whole blocks, so a group of 8 rows is one contiguous stream. The engine's
-// decode step uses it.
+// bfloat16 decode step uses it (faster than the plain weight there on one thread).
 #include "op_library.h"
 #include "vec_common.h"
 
@@ -151,20 +151,32 @@ void linear_blocked(at::Tensor& out, const at::Tensor& x, const at::Tensor& pack
 }
 
 // ---------------------------------------------------------------------- the plain weight
-// rows_dot: sum over k < K of x[k] * w[r][k] for the 8 rows r (row pointers), into acc_out[r].
-#if defined(CPU_CAPABILITY_AVX512)
-inline void prefetch_row(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kAhead, _MM_HINT_T1);
+// Prefetches the same columns of the next group of 8 rows, `ahead` elements on, into L2: a distance that
+// follows the rows' length (benchmarks/linear_cpu.py --op). Past the weight's end it fetches
+// nothing useful and never faults.
+template <typename T>
+inline void prefetch_next_group(const T* p, int64_t ahead) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead) * sizeof(T);
+  _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T1);
+#else
+  (void)p;
+  (void)ahead;
+#endif
 }
 
-inline void rows_dot(const float* const* w, const float* x, int64_t K, float* acc_out) {
+// rows_dot: sum over k < K of x[k] * w[r][k] for the 8 rows r (row pointers), into acc_out[r];
+// `ahead` is the distance in elements from a group's rows to the next group's.
+#if defined(CPU_CAPABILITY_AVX512)
+inline void rows_dot(const float* const* w, const float* x, int64_t K, int64_t ahead,
+                     float* acc_out) {
   __m512 acc[kBlock];
   for (auto& a : acc) a = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     const __m512 xv = _mm512_loadu_ps(x + k);
     for (int64_t r = 0; r < kBlock; ++r) {
-      prefetch_row(w[r] + k);
+      prefetch_next_group(w[r] + k, ahead);
       acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + k), xv, acc[r]);
     }
   }
@@ -179,14 +191,14 @@ inline void rows_dot(const float* const* w, const float* x, int64_t K, float* ac
 
 #if defined(__AVX512BF16__)
 inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_t K,
-                     float* acc_out) {
+                     int64_t ahead, float* acc_out) {
   __m512 acc[kBlock];
   for (auto& a : acc) a = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
     const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
     for (int64_t r = 0; r < kBlock; ++r) {
-      prefetch_row(w[r] + k);
+      prefetch_next_group(w[r] + k, ahead);
       acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(w[r] + k), xv);
     }
   }
@@ -200,14 +212,14 @@ inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_
 }
 #else
 inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_t K,
-                     float* acc_out) {
+                     int64_t ahead, float* acc_out) {
   __m512 acc[kBlock];
   for (auto& a : acc) a = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     const __m512 xv = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k)));
     for (int64_t r = 0; r < kBlock; ++r) {
-      prefetch_row(w[r] + k);
+      prefetch_next_group(w[r] + k, ahead);
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
       acc[r] = _mm512_fmadd_ps(widen_bf16(h), xv, acc[r]);
     }
@@ -224,15 +236,12 @@ inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_
 #else
 // at::vec: 8 float lanes on AVX2, the scalar fallback elsewhere.
 template <typename T>
-inline void rows_dot(const T* const* w, const T* x, int64_t K, float* acc_out) {
+inline void rows_dot(const T* const* w, const T* x, int64_t K, int64_t ahead, float* acc_out) {
   fVec acc[kBlock];
   int64_t k = 0;
   for (; k + kF <= K; k += kF) {
     const fVec xv = load_f(x + k);
-#if defined(CPU_CAPABILITY_AVX2)
-    for (int64_t r = 0; r < kBlock; ++r)
-      _mm_prefetch(reinterpret_cast<const char*>(w[r] + k) + kAhead, _MM_HINT_T1);
-#endif
+    for (int64_t r = 0; r < kBlock; ++r) prefetch_next_group(w[r] + k, ahead);
     for (int64_t r = 0; r < kBlock; ++r) acc[r] = at::vec::fmadd(load_f(w[r] + k), xv, acc[r]);
   }
   if (k < K) {
@@ -265,7 +274,7 @@ void linear_plain(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
       // a last group of fewer than 8 rows repeats its last row; those sums are not stored
       for (int64_t r = 0; r < kBlock; ++r) rows[r] = wp + (n0 + std::min(r, count - 1)) * sw;
       for (int64_t m = 0; m < M; ++m) {
-        rows_dot(rows, xp + m * sx, K, acc);
+        rows_dot(rows, xp + m * sx, K, kBlock * sw, acc);
         for (int64_t r = 0; r < count; ++r) {
           const int64_t n = n0 + r;
           op[m * so + n] = static_cast<T>(bp ? acc[r] + static_cast<float>(bp[n]) : acc[r]);
