@@ -10,9 +10,10 @@ small model's (hidden 256) to show the fixed cost that the weight-size rule avoi
 
 With ``--packed`` it compares instead the Engine's packed weights (``opmux.models``'
 ``PackedWeight``) at 1-16 rows, float32 and (on CPUs with native bfloat16 compute) bfloat16:
-the oneDNN routes against the CPU plugin's blocked kernel (``csrc/cpu/linear.cpp``), which
-the Engine uses for one and two rows (ratio below 1.0: the blocked kernel is faster). Run it
-with ``--threads 1 2``: the blocked kernel's lead grows with the second thread.
+the oneDNN routes against the CPU plugin's row kernels (``csrc/cpu/linear.cpp``: float32 on
+the plain weight, bfloat16 on the blocked copy), which the Engine uses for one and two rows
+(ratio below 1.0: the kernel is faster). Run it with ``--threads 1 2``: the kernels' lead
+grows with the second thread.
 
 With ``--op`` it times a decode step's linears instead: one pass over the 33 weights of the
 100M Llama (8 layers of QKV, output, gate/up and down projections, and the LM head: 290 MB in
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--packed", action="store_true",
-                        help="the Engine's packed weights: oneDNN against the blocked kernel")
+                        help="the Engine's packed weights: oneDNN against the row kernels")
     parser.add_argument("--op", action="store_true",
                         help="a decode step's linears: F.linear against the catalog op")
     args = parser.parse_args()
@@ -112,7 +113,7 @@ def packed(threads_list: list[int], rounds: int) -> None:
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         dtypes.append(torch.bfloat16)
     print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'in':>5} {'out':>6} {'oneDNN us':>10} "
-          f"{'blocked us':>11} {'ratio':>6}")
+          f"{'kernel us':>11} {'ratio':>6}")
     for dtype in dtypes:
         for threads in threads_list:
             torch.set_num_threads(threads)
@@ -121,15 +122,16 @@ def packed(threads_list: list[int], rounds: int) -> None:
             for rows in (1, 2, 4, 16):
                 for k, n in PACKED_SHAPES:
                     w, x = torch.randn(n, k).to(dtype), torch.randn(rows, k).to(dtype)
-                    onednn, blocked = PackedWeight(w, None, blocked=False), PackedWeight(w, None)
+                    onednn = PackedWeight(w, None, row_kernel=False)
+                    kernel = PackedWeight(w, None)
                     with torch.inference_mode():
                         calls = max(3, int(2e5 / (k * n / 1e3 + 1e2)))
                         t = interleaved_us({"onednn": lambda x=x, p=onednn: p(x),
-                                            "blocked": lambda x=x, p=blocked: p(x)},
+                                            "kernel": lambda x=x, p=kernel: p(x)},
                                            calls=calls, rounds=rounds, clock=clock)
                     print(f"{str(dtype)[6:]:>8} {threads:>7} {rows:>5} {k:>5} {n:>6} "
-                          f"{t['onednn']:>10.1f} {t['blocked']:>11.1f} "
-                          f"{t['blocked'] / t['onednn']:>6.2f}")
+                          f"{t['onednn']:>10.1f} {t['kernel']:>11.1f} "
+                          f"{t['kernel'] / t['onednn']:>6.2f}")
 
 
 if __name__ == "__main__":

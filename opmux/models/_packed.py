@@ -9,10 +9,12 @@ loading and every other path, and the engine's decoder calls it instead of the l
 module call, no dispatch):
 
 - one or two rows (a decode step at batch 1 or 2, bound by how fast the weight streams from
-  memory): the ``cpp`` kernels' ``linear_blocked_out`` (``csrc/cpu/linear.cpp``) on a copy
-  laid out in blocks of 8 rows by one cache line, which each thread streams as one contiguous
-  run; it scales with the threads where MKL's and oneDNN's matrix-vector routes do not
-  (``benchmarks/linear_cpu.py --packed``);
+  memory): the ``cpp`` kernels of ``csrc/cpu/linear.cpp``, which scale with the threads where
+  MKL's and oneDNN's matrix-vector routes do not (``benchmarks/linear_cpu.py --packed``):
+  float32 through ``linear_out`` on the weight itself, bfloat16 through
+  ``linear_blocked_out`` on a copy laid out in blocks of 8 rows by one cache line, which each
+  thread streams as one contiguous run (for bfloat16 on one thread that beats the plain
+  weight; for float32 it does not, ``benchmarks/linear_cpu.py --op``);
 - more rows (a batched decode step, a prefill), and one or two rows where the CPU plugin's
   kernels are not loaded: oneDNN's packed copy, except a single float32 row, which goes
   through oneDNN on the plain weight when it has at least 2**20 elements (below that oneDNN's
@@ -25,8 +27,8 @@ module call, no dispatch):
 packing is laid out again at its next call.
 
 The two oneDNN ops are private torch ops, looked up once; where a torch build lacks them
-nothing is packed. The blocked kernel is looked up when a weight is packed, after start-up
-(the CPU plugin loads it).
+nothing is packed. The row kernels are looked up when a weight is packed, after start-up
+(the CPU plugin loads them).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = ["PackedWeight", "can_pack"]
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
 _BLOCK, _LINE = 8, 64  # the blocked copy: rows per block, bytes per chunk (csrc/cpu/linear.cpp)
-_BLOCKED_ROWS = 2  # the most rows the blocked copy serves (benchmarks/linear_cpu.py --packed)
+_ROW_KERNEL_ROWS = 2  # the most rows the row kernels serve (benchmarks/linear_cpu.py --packed)
 
 
 def _find(name: str) -> Callable[..., Tensor] | None:
@@ -69,12 +71,12 @@ def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
             and (bias is None or (bias.dtype == weight.dtype and bias.is_cpu)))
 
 
-def _blocked_kernel() -> Callable[..., None] | None:
-    """``torch.ops.opmux_cpu.linear_blocked_out`` when the CPU plugin's kernels are loaded
-    (start-up, run here if no op call ran it yet, loads them)."""
+def _row_kernel(dtype: torch.dtype) -> Callable[..., None] | None:
+    """The CPU plugin's kernel for one or two rows of ``dtype`` (see the module), when its
+    kernels are loaded (start-up, run here if no op call ran it yet, loads them)."""
     global_registry().ensure_loaded()
-    kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, "linear_blocked_out",
-                                                 None)
+    name = "linear_out" if dtype == torch.float32 else "linear_blocked_out"
+    kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, name, None)
     return kernel
 
 
@@ -95,20 +97,22 @@ class PackedWeight:
     :param bias: ``[out]`` or ``None``.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, *, blocked: bool = True) -> None:
-        """:param blocked: serve one or two rows with the blocked kernel where it is loaded
-            (``False``: oneDNN, the baseline of ``benchmarks/linear_cpu.py --packed``)."""
+    def __init__(self, weight: Tensor, bias: Tensor | None, *, row_kernel: bool = True
+                 ) -> None:
+        """:param row_kernel: serve one or two rows with the CPU plugin's kernel where it is
+            loaded (``False``: oneDNN, the baseline of ``benchmarks/linear_cpu.py --packed``)."""
         self.weight, self.bias = weight, bias
         self._version = -1
-        self._packed = self._blocked = weight
+        self._packed = self._rows = weight  # the oneDNN copy; what the row kernel reads
         self._row_plain = weight.dtype == torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
-        self._blocked_kernel = _blocked_kernel() if blocked else None
+        self._row_kernel = _row_kernel(weight.dtype) if row_kernel else None
+        self._blocked = self._row_kernel is not None and weight.dtype != torch.float32
 
     def copies_bytes(self) -> int:
         """The bytes this adds beside the weight: the packed copy, and the blocked copy where
-        the blocked kernel serves it."""
-        copies = 1 if self._blocked_kernel is None else 2
+        the row kernel reads one."""
+        copies = 2 if self._blocked else 1
         return copies * self.weight.numel() * self.weight.element_size()
 
     def takes(self, x: Tensor) -> bool:
@@ -122,13 +126,12 @@ class PackedWeight:
         w = self.weight
         if w._version != self._version:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
-            if self._blocked_kernel is not None:
-                self._blocked = _block_layout(w.detach())
+            self._rows = _block_layout(w.detach()) if self._blocked else w.detach()
             self._version = w._version
-        blocked = self._blocked_kernel
-        if blocked is not None and x.shape[0] <= _BLOCKED_ROWS and x.stride(-1) == 1:
+        kernel = self._row_kernel
+        if kernel is not None and x.shape[0] <= _ROW_KERNEL_ROWS and x.stride(-1) == 1:
             out = x.new_empty((x.shape[0], w.shape[0]))
-            blocked(out, x, self._blocked, self.bias)
+            kernel(out, x, self._rows, self.bias)
             return out
         if x.shape[0] == 1 and self._row_plain:
             if self._row_onednn:

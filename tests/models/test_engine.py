@@ -242,7 +242,7 @@ def test_packed_weights_give_the_layers_tokens_and_follow_weight_changes(ckpt: P
     fast, slow = Engine(packed, block_size=4), Engine(plain, block_size=4, pack_weights=False)
     before = fast.generate(PROMPTS, 6).outputs
     assert before == slow.generate(PROMPTS, 6).outputs
-    for rows in (1, 2):  # the blocked kernel's row counts
+    for rows in (1, 2):  # the row kernel's row counts
         assert fast.generate(PROMPTS[:rows], 6).outputs == slow.generate(PROMPTS[:rows], 6).outputs
     with torch.no_grad():  # in place, after the copies were made: they must be made again
         for model in (packed, plain):
@@ -264,7 +264,7 @@ def test_bfloat16_weights_are_packed_where_the_cpu_computes_in_bfloat16(ckpt: Pa
         assert fast.generate(PROMPTS[:rows], 6).outputs == slow.generate(PROMPTS[:rows], 6).outputs
 
 
-_BLOCKED_RUN = """
+_ROW_KERNEL_RUN = """
 import sys
 import torch
 from opmux.models import Engine, load_model
@@ -280,11 +280,13 @@ print(sorted({e.name for e in prof.events() if e.name.startswith("opmux_cpu::lin
     pytest.param("bfloat16", marks=pytest.mark.skipif(
         not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
         reason="bfloat16 weights are packed on CPUs that compute in bfloat16"))])
-def test_a_fresh_process_decodes_single_rows_through_the_blocked_kernel(ckpt: Path,
-                                                                       dtype: str) -> None:
+def test_a_fresh_process_decodes_single_rows_through_the_row_kernel(ckpt: Path,
+                                                                   dtype: str) -> None:
     """The Engine is the first thing the process runs: packing starts opmux up, so the
-    decode steps' linears reach the CPU plugin's blocked kernel (the profiler shows it)."""
-    run = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, str(ckpt), dtype],
+    decode steps' linears reach the CPU plugin's row kernel (the profiler shows it): float32
+    on the plain weight, bfloat16 on the blocked copy."""
+    run = subprocess.run([sys.executable, "-c", _ROW_KERNEL_RUN, str(ckpt), dtype],
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().splitlines()[-1] == "['opmux_cpu::linear_blocked_out']"
+    kernel = "linear_out" if dtype == "float32" else "linear_blocked_out"
+    assert run.stdout.strip().splitlines()[-1] == f"['opmux_cpu::{kernel}']"
