@@ -151,9 +151,9 @@ void linear_blocked(at::Tensor& out, const at::Tensor& x, const at::Tensor& pack
 }
 
 // ---------------------------------------------------------------------- the plain weight
-// Prefetches the same columns of the next group of 8 rows, `ahead` elements on, into L2: a distance that
-// follows the rows' length (benchmarks/linear_cpu.py --op). Past the weight's end it fetches
-// nothing useful and never faults.
+// Prefetches the same columns of the next group of 8 rows, `ahead` elements on, into L2: a
+// distance that follows the rows' length (benchmarks/linear_cpu.py --op). Past the weight's end
+// it fetches nothing useful and never faults.
 template <typename T>
 inline void prefetch_next_group(const T* p, int64_t ahead) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -168,71 +168,70 @@ inline void prefetch_next_group(const T* p, int64_t ahead) {
 // rows_dot: sum over k < K of x[k] * w[r][k] for the 8 rows r (row pointers), into acc_out[r];
 // `ahead` is the distance in elements from a group's rows to the next group's.
 #if defined(CPU_CAPABILITY_AVX512)
-inline void rows_dot(const float* const* w, const float* x, int64_t K, int64_t ahead,
-                     float* acc_out) {
+// How kC elements of a row are loaded (all, or under a mask of the first ones with zeros
+// elsewhere) and multiplied into the accumulator: float32; bfloat16 pairs by VDPBF16PS, or widened to float32
+// where the CPU lacks it.
+struct Float32Lanes {
+  using V = __m512;
+  using M = __mmask16;
+  static constexpr int64_t kC = 16;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const float* p, M m) { return _mm512_maskz_loadu_ps(m, p); }
+  static __m512 mac(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+
+#if defined(__AVX512BF16__)
+struct Bfloat16Lanes {
+  using V = __m512bh;
+  using M = __mmask32;
+  static constexpr int64_t kC = 32;
+  static V load(const at::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static V load(const at::BFloat16* p, M m) { return (__m512bh)_mm512_maskz_loadu_epi16(m, p); }
+  static __m512 mac(__m512 acc, V w, V x) { return _mm512_dpbf16_ps(acc, w, x); }
+};
+#else
+struct Bfloat16Lanes {
+  using V = __m512;
+  using M = __mmask16;
+  static constexpr int64_t kC = 16;
+  static V load(const at::BFloat16* p) {
+    return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V load(const at::BFloat16* p, M m) { return widen_bf16(_mm256_maskz_loadu_epi16(m, p)); }
+  static __m512 mac(__m512 acc, V w, V x) { return _mm512_fmadd_ps(w, x, acc); }
+};
+#endif
+
+template <typename L, typename T>
+inline void rows_dot_lanes(const T* const* w, const T* x, int64_t K, int64_t ahead,
+                           float* acc_out) {
   __m512 acc[kBlock];
   for (auto& a : acc) a = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + k);
+  for (; k + L::kC <= K; k += L::kC) {
+    const typename L::V xv = L::load(x + k);
     for (int64_t r = 0; r < kBlock; ++r) {
       prefetch_next_group(w[r] + k, ahead);
-      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + k), xv, acc[r]);
+      acc[r] = L::mac(acc[r], L::load(w[r] + k), xv);
     }
   }
-  if (k < K) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-    for (int64_t r = 0; r < kBlock; ++r)
-      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w[r] + k), xv, acc[r]);
+  if (k < K) {  // the masked-off lanes add 0 * 0
+    const auto m = static_cast<typename L::M>((uint64_t{1} << (K - k)) - 1);
+    const typename L::V xv = L::load(x + k, m);
+    for (int64_t r = 0; r < kBlock; ++r) acc[r] = L::mac(acc[r], L::load(w[r] + k, m), xv);
   }
   for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-#if defined(__AVX512BF16__)
+inline void rows_dot(const float* const* w, const float* x, int64_t K, int64_t ahead,
+                     float* acc_out) {
+  rows_dot_lanes<Float32Lanes>(w, x, K, ahead, acc_out);
+}
+
 inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_t K,
                      int64_t ahead, float* acc_out) {
-  __m512 acc[kBlock];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
-    for (int64_t r = 0; r < kBlock; ++r) {
-      prefetch_next_group(w[r] + k, ahead);
-      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(w[r] + k), xv);
-    }
-  }
-  if (k < K) {  // the zeroed lanes add 0 * 0
-    const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1);
-    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + k);
-    for (int64_t r = 0; r < kBlock; ++r)
-      acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_maskz_loadu_epi16(m, w[r] + k), xv);
-  }
-  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
+  rows_dot_lanes<Bfloat16Lanes>(w, x, K, ahead, acc_out);
 }
-#else
-inline void rows_dot(const at::BFloat16* const* w, const at::BFloat16* x, int64_t K,
-                     int64_t ahead, float* acc_out) {
-  __m512 acc[kBlock];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m512 xv = widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k)));
-    for (int64_t r = 0; r < kBlock; ++r) {
-      prefetch_next_group(w[r] + k, ahead);
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
-      acc[r] = _mm512_fmadd_ps(widen_bf16(h), xv, acc[r]);
-    }
-  }
-  if (k < K) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
-    const __m512 xv = widen_bf16(_mm256_maskz_loadu_epi16(m, x + k));
-    for (int64_t r = 0; r < kBlock; ++r)
-      acc[r] = _mm512_fmadd_ps(widen_bf16(_mm256_maskz_loadu_epi16(m, w[r] + k)), xv, acc[r]);
-  }
-  for (int64_t r = 0; r < kBlock; ++r) acc_out[r] = _mm512_reduce_add_ps(acc[r]);
-}
-#endif
 #else
 // at::vec: 8 float lanes on AVX2, the scalar fallback elsewhere.
 template <typename T>
