@@ -283,6 +283,14 @@ void linear_plain(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   });
 }
 
+// bias: none, or a contiguous [n] of dtype dt
+void check_bias(const c10::optional<at::Tensor>& bias, at::ScalarType dt, int64_t n) {
+  OPMUX_CHECK("linear", !bias.has_value() || (bias->scalar_type() == dt &&
+                                              bias->is_contiguous() && bias->dim() == 1 &&
+                                              bias->numel() == n),
+              "expected bias [N] of x's dtype");
+}
+
 }  // namespace
 
 void linear_blocked_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& packed,
@@ -300,10 +308,7 @@ void linear_blocked_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& 
                             packed.size(0) * kBlock >= out.size(1) &&
                             packed.size(1) * packed.size(3) >= x.size(1),
               "expected a packed weight [N/8, K/C, 8, C] of x's dtype covering out and x");
-  OPMUX_CHECK("linear", !bias.has_value() || (bias->scalar_type() == dt &&
-                                              bias->is_contiguous() &&
-                                              bias->numel() == out.size(1)),
-              "expected bias [N] of x's dtype");
+  check_bias(bias, dt, out.size(1));
   if (dt == at::kFloat) {
     linear_blocked<float>(out, x, packed, bias);
   } else {
@@ -325,11 +330,7 @@ void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
               "expected x, weight and out with unit inner strides");
   OPMUX_CHECK("linear", weight.scalar_type() == dt && out.scalar_type() == dt,
               "expected weight and out of x's dtype");
-  OPMUX_CHECK("linear", !bias.has_value() || (bias->scalar_type() == dt &&
-                                              bias->is_contiguous() &&
-                                              bias->dim() == 1 &&
-                                              bias->numel() == out.size(1)),
-              "expected bias [N] of x's dtype");
+  check_bias(bias, dt, out.size(1));
   if (dt == at::kFloat) {
     linear_plain<float>(out, x, weight, bias);
   } else {
