@@ -71,11 +71,12 @@ def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
             and (bias is None or (bias.dtype == weight.dtype and bias.is_cpu)))
 
 
-def _row_kernel(dtype: torch.dtype) -> Callable[..., None] | None:
-    """The CPU plugin's kernel for one or two rows of ``dtype`` (see the module), when its
-    kernels are loaded (start-up, run here if no op call ran it yet, loads them)."""
+def _row_kernel(plain: bool) -> Callable[..., None] | None:
+    """The CPU plugin's kernel for one or two rows (see the module): on the weight itself
+    (``plain``) or on the blocked copy, when its kernels are loaded (start-up, run here if no
+    op call ran it yet, loads them)."""
     global_registry().ensure_loaded()
-    name = "linear_out" if dtype == torch.float32 else "linear_blocked_out"
+    name = "linear_out" if plain else "linear_blocked_out"
     kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, name, None)
     return kernel
 
@@ -106,8 +107,10 @@ class PackedWeight:
         self._packed = self._rows = weight  # the oneDNN copy; what the row kernel reads
         self._row_plain = weight.dtype == torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
-        self._row_kernel = _row_kernel(weight.dtype) if row_kernel else None
-        self._blocked = self._row_kernel is not None and weight.dtype != torch.float32
+        # float32 is read in place unless its rows are strided (then the blocked copy is made)
+        plain = weight.dtype == torch.float32 and weight.stride(-1) == 1
+        self._row_kernel = _row_kernel(plain) if row_kernel else None
+        self._blocked = self._row_kernel is not None and not plain
 
     def copies_bytes(self) -> int:
         """The bytes this adds beside the weight: the packed copy, and the blocked copy where

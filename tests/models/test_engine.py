@@ -290,3 +290,18 @@ def test_a_fresh_process_decodes_single_rows_through_the_row_kernel(ckpt: Path,
     assert run.returncode == 0, run.stderr
     kernel = "linear_out" if dtype == "float32" else "linear_blocked_out"
     assert run.stdout.strip().splitlines()[-1] == f"['opmux_cpu::{kernel}']"
+
+
+
+def test_a_float32_weight_with_strided_rows_gets_the_blocked_copy(ckpt: Path) -> None:
+    """A float32 weight is read in place by the row kernel unless its rows are strided: then
+    it gets the blocked copy too, and the tokens stay the layers'."""
+    plain, strided = load_model(ckpt), load_model(ckpt)
+    proj = strided.layers[0].mlp.down_proj
+    with torch.no_grad():
+        proj.weight.data = proj.weight.data.t().contiguous().t()
+    assert proj.weight.stride(-1) != 1
+    extra = proj.weight.numel() * proj.weight.element_size()
+    assert strided.pack_weights() == plain.pack_weights() + extra
+    want = Engine(load_model(ckpt), block_size=4, pack_weights=False).generate(PROMPTS[:1], 6)
+    assert Engine(strided, block_size=4).generate(PROMPTS[:1], 6).outputs == want.outputs
