@@ -162,6 +162,7 @@ DOCTEST_MODULES = [
     "opmux.layers.moe_router",
     "opmux.layers.rotary",
     "opmux.ops.cache",
+    "opmux.ops.linear",
     "opmux.testing",
     "opmux.cli.table",
 ]

@@ -5,11 +5,12 @@ The op is ``F.linear`` restricted to the layouts linear layers use (``weight [ou
 ``bias [out]``), so that a platform can serve it with its own kernel: the ``cpp`` provider
 streams the weight for the one- and two-row calls of a decode step
 (``csrc/cpu/linear.cpp``). :func:`opmux.layers.dense_linear` routes the float32 calls of
-that shape here.
+that shape here. The op has a backward (``F.linear``'s gradients, in plain torch ops), so
+it can also be called on tensors that require grad.
 """
 
 # no ``from __future__ import annotations``: opmux infers the torch schema from these annotations
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,3 +42,22 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         wide_bias = None if bias is None else bias.float()
         return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
     return F.linear(x, weight, bias)
+
+
+def _save_inputs(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.with_bias = bias is not None
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor],
+                                                Optional[Tensor]]:
+    x, weight = ctx.saved_tensors
+    rows = grad.reshape(-1, grad.shape[-1])
+    grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+    grad_weight = rows.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+    grad_bias = rows.sum(0) if ctx.with_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_weight, grad_bias
+
+
+linear.register_autograd(_backward, setup_context=_save_inputs)
