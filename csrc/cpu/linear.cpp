@@ -169,8 +169,8 @@ inline void prefetch_next_group(const T* p, int64_t ahead) {
 // `ahead` is the distance in elements from a group's rows to the next group's.
 #if defined(CPU_CAPABILITY_AVX512)
 // How kC elements of a row are loaded (all, or under a mask of the first ones with zeros
-// elsewhere) and multiplied into the accumulator: float32; bfloat16 pairs by VDPBF16PS, or widened to float32
-// where the CPU lacks it.
+// elsewhere) and multiplied into the accumulator: float32; bfloat16 pairs by VDPBF16PS, or
+// widened to float32 where the CPU lacks it.
 struct Float32Lanes {
   using V = __m512;
   using M = __mmask16;
@@ -263,8 +263,8 @@ void linear_plain(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   T* op = out.data_ptr<T>();
   const int64_t groups = (N + kBlock - 1) / kBlock;
   // a task reads at least 256 KiB of weight: fewer forks for small layers
-  const int64_t grain =
-      std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, kBlock * K * w.element_size()));
+  const int64_t group_bytes = std::max<int64_t>(1, kBlock * K * w.element_size());
+  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / group_bytes);
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     float acc[kBlock];
     const T* rows[kBlock];

@@ -47,6 +47,12 @@ def _find_onednn() -> Callable[..., Tensor] | None:
 _ONEDNN = _find_onednn()
 
 
+def _needs_grad(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether autograd records this call (it then stays on ``F.linear``)."""
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
 def takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether :func:`dense_linear` sends this call to oneDNN (see the module): only the
     layouts oneDNN's matmul reads as ``F.linear`` does -- an ``[..., in]`` input of two or
@@ -63,9 +69,7 @@ def takes_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
             and (bias is None or (bias.dtype == torch.float32 and bias.dim() == 1
                                   and bias.shape[0] == weight.shape[0] and bias.is_cpu
                                   and bias.is_contiguous()))
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad)))
-            and torch.get_num_threads() > 1)
+            and not _needs_grad(x, weight, bias) and torch.get_num_threads() > 1)
 
 
 def takes_linear_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
@@ -77,8 +81,7 @@ def takes_linear_op(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
             and weight.dim() == 2 and (bias is None or bias.dim() == 1)
             and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                  or (bias is not None and bias.requires_grad))))
+            and not _needs_grad(x, weight, bias))
 
 
 def dense_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
