@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,6 +29,7 @@ from opmux.layers import (
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
+    RotaryEmbedding,
     RowParallelLinear,
     SiluAndMul,
     VocabParallelEmbedding,
@@ -181,6 +183,89 @@ class _Layer(torch.nn.Module):
         return x, residual
 
 
+class _LeanLayer:
+    """A :class:`_Layer`'s step without module calls: its two norms, rotary embedding and
+    activation as direct calls of the catalog ops their layers would call, its four
+    projections through their packed weights. Same result as the layer
+    (``tests/models/test_engine.py``).
+
+    :meth:`CausalLM.pack_weights` builds one per layer where every part of the layer would
+    take that path anyway (:func:`_lean_layer`), and the model's forward runs it outside
+    autograd and compilation. A decode step's Python runs on caches that the weight stream
+    has just flushed, so each frame saved counts several times over
+    (``benchmarks/decode_profile.py``, "without the lean layers").
+    """
+
+    def __init__(self, layer: _Layer, packs: list[PackedWeight]) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert isinstance(mlp, _MLP)
+        # the norms' parameter tables and the rotary layer, read at each call as the layers
+        # read them
+        self.norm1 = layer.input_layernorm._parameters
+        self.norm2 = layer.post_attention_layernorm._parameters
+        self.eps1 = layer.input_layernorm.variance_epsilon
+        self.eps2 = layer.post_attention_layernorm.variance_epsilon
+        self.rotary = attn.rotary
+        self.head_size, self.neox = attn.rotary.head_size, attn.rotary.is_neox_style
+        self.qkv, self.o, self.gate_up, self.down = packs
+        self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
+        self.sizes = [attn.heads * attn.head_dim] + [attn.kv_heads * attn.head_dim] * 2
+        self.scale, self.window, self.soft_cap = attn.scale, attn.window, attn.soft_cap
+
+    def __call__(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
+                 cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
+        if residual is None:
+            residual = hidden
+            x = ops.rms_norm(hidden, self.norm1["weight"], self.eps1)
+        else:
+            x, residual = ops.fused_add_rms_norm(hidden, residual, self.norm1["weight"],
+                                                 self.eps1)
+        t, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
+        cos_sin = self.rotary.cos_sin_cache
+        if cos_sin.dtype != q.dtype:  # as the layer does: the cache in the query's dtype
+            cos_sin = cos_sin.to(q.dtype)
+        q, k = ops.rotary_embedding(positions, q, k, cos_sin, self.head_size, self.neox)
+        fmt = meta.kv_cache_format
+        ops.reshape_and_cache(k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d),
+                              cache[0], cache[1], meta.slots, fmt)
+        attn = ops.paged_attention(q.reshape(t, self.heads, d), cache[0], cache[1],
+                                   meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                   self.scale, self.window, self.soft_cap, fmt)
+        x, residual = ops.fused_add_rms_norm(self.o(attn.view(t, self.heads * d)), residual,
+                                             self.norm2["weight"], self.eps2)
+        return self.down(ops.silu_and_mul(self.gate_up(x))), residual
+
+
+def _takes_op_path(layer: torch.nn.Module, op_path: Callable[..., Any]) -> bool:
+    """Whether ``layer``, an in-tree layer of its exact class, chose ``op_path`` (its catalog
+    op) as its forward: not disabled (``forward_native``), not replaced out of tree."""
+    return bool(layer.forward == op_path)
+
+
+def _lean_layer(layer: _Layer) -> _LeanLayer | None:
+    """The layer's :class:`_LeanLayer`, or ``None`` where some part of it would not take
+    the lean layer's path: Gemma's norms, MoE, a disabled or replaced layer, a rotary
+    embedding with its own forward, or a projection without a packed weight."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if layer.pre_feedforward_layernorm is not None or not isinstance(mlp, _MLP):
+        return None
+    norms = (layer.input_layernorm, layer.post_attention_layernorm)
+    rotary, act = attn.rotary, mlp.act
+    if not (all(type(n) is RMSNorm and n.variance_size_override is None
+                and _takes_op_path(n, n.forward_cpu) for n in norms)
+            and isinstance(rotary, RotaryEmbedding)
+            and type(rotary).forward_op is RotaryEmbedding.forward_op
+            and _takes_op_path(rotary, rotary.forward_op)
+            and type(act) is SiluAndMul and _takes_op_path(act, act.forward_op)):
+        return None
+    packs = [getattr(m, _PACKED, None)
+             for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    if any(p is None for p in packs):
+        return None
+    return _LeanLayer(layer, [p for p in packs if p is not None])
+
+
 class CausalLM(torch.nn.Module):
     """A decoder-only causal LM of one of :data:`~opmux.models.config.ARCHITECTURES`.
 
@@ -204,6 +289,8 @@ class CausalLM(torch.nn.Module):
         self.logits_processor = LogitsProcessor(cfg.vocab_size, soft_cap=cfg.final_soft_cap)
         self.num_kv_heads: int = layers[0].self_attn.kv_heads if layers else 0
         self.tp_size = get_tensor_model_parallel_world_size()
+        #: every layer's :class:`_LeanLayer`, where :meth:`pack_weights` could build them all
+        self._lean: list[_LeanLayer] | None = None
 
     def moe_layers(self) -> dict[str, FusedMoE]:
         """The MoE layers by ``layer_name`` (the forward context the engine sets)."""
@@ -235,8 +322,14 @@ class CausalLM(torch.nn.Module):
         if self.config.gemma:
             hidden = hidden * torch.tensor(self.config.hidden_size ** 0.5, dtype=hidden.dtype)
         residual: Tensor | None = None
-        for layer, cache in zip(self.layers, kv_cache, strict=True):
-            hidden, residual = layer(hidden, residual, positions, cache, meta)
+        lean = self._lean
+        if lean is not None and (torch.is_grad_enabled() or torch.compiler.is_compiling()
+                                 or not hidden.is_cpu or hidden.dtype != self.dtype
+                                 or hidden.dim() != 2 or hidden.shape[0] == 0):
+            lean = None  # the packed weights' conditions (PackedWeight.takes)
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_cache, strict=True)):
+            step = layer if lean is None else lean[i]
+            hidden, residual = step(hidden, residual, positions, cache, meta)
         if residual is None:
             x = self.norm(hidden)
         else:
@@ -255,8 +348,11 @@ class CausalLM(torch.nn.Module):
         GEMM libraries (:mod:`opmux.models._packed`: float32, and bfloat16 on CPUs with native
         bfloat16 compute), called instead of the layer; single-rank
         models only (a tensor-parallel layer keeps its own path), and the LM head only
-        without a final soft cap. ``enable=False`` drops the copies. Returns the bytes the
-        copies take (made at first use; a layer already packed keeps its copy).
+        without a final soft cap. Where every decoder layer's parts take their catalog ops, it
+        also gives each layer a lean step (:class:`_LeanLayer`) that the forward runs outside
+        autograd and compilation. ``enable=False`` drops the copies and the lean steps.
+        Returns the bytes the copies take (made at first use; a layer already packed keeps
+        its copy).
 
         :raises opmux.models.MemoryBudgetError: the copies do not fit the memory available
             (checked before any layer is given one).
@@ -269,6 +365,7 @@ class CausalLM(torch.nn.Module):
             layers += [attn.qkv_proj, attn.o_proj]
             if isinstance(mlp, _MLP):
                 layers += [mlp.gate_up_proj, mlp.down_proj]
+        self._lean = None
         if not enable or self.tp_size != 1:
             for mod in layers:
                 mod.__dict__.pop(_PACKED, None)
@@ -289,6 +386,10 @@ class CausalLM(torch.nn.Module):
                    "cpu", "pack_weights")
         for mod, packed in packs:
             setattr(mod, _PACKED, packed)
+        lean = [_lean_layer(layer) for layer in self.layers
+                if isinstance(layer, _Layer)]
+        if lean and all(step is not None for step in lean):
+            self._lean = [step for step in lean if step is not None]
         return added
 
     def weight_targets(self) -> dict[str, WeightTarget]:

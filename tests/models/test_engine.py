@@ -6,14 +6,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 import torch
+from _hf_checkpoints import write_checkpoint
+from torch import Tensor
 
 import opmux
 from opmux.cli import main
 from opmux.models import BlockAllocator, Engine, ProviderTally, SamplingParams, load_model
+from opmux.models.decoder import AttentionBatch, CausalLM
 from opmux.models.engine import sample
 from opmux.models.synthetic import LlamaShape, write_random_llama
 from opmux.plugins.registration import predicate
@@ -262,6 +265,88 @@ def test_bfloat16_weights_are_packed_where_the_cpu_computes_in_bfloat16(ckpt: Pa
     fast, slow = Engine(packed, block_size=4), Engine(plain, block_size=4, pack_weights=False)
     for rows in (1, 2, len(PROMPTS)):
         assert fast.generate(PROMPTS[:rows], 6).outputs == slow.generate(PROMPTS[:rows], 6).outputs
+
+
+def _logits_both_ways(model: CausalLM, prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """The logits of a prefill step and two decode steps, through the lean layers and
+    through the layers' forwards (the same packed model, its lean layers set aside)."""
+    results = []
+    for lean in (True, False):
+        engine = Engine(model, block_size=4)
+        if not lean:
+            model._lean = None
+        logits: list[Tensor] = []
+        real = engine.forward_step
+
+        def record(*args: Any, real: Any = real, logits: list[Tensor] = logits) -> Tensor:
+            out: Tensor = real(*args)
+            logits.append(out)
+            return out
+
+        engine.forward_step = record  # type: ignore[method-assign]
+        engine.generate(prompts, 3)
+        results.append(torch.cat([x.flatten() for x in logits]))
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_layers_give_the_layers_logits(tmp_path: Path, arch: str,
+                                            dtype: torch.dtype) -> None:
+    """A packed Llama or Qwen2 (QKV bias) steps through its lean layers, and their logits are
+    the layers' to the bit, prefill and decode, float32 and bfloat16."""
+    write_checkpoint(arch, tmp_path)
+    model = load_model(tmp_path, dtype)
+    model.pack_weights()
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert model._lean is None  # no packed bfloat16 weights: nothing to step through
+        return
+    assert model._lean is not None and len(model._lean) == len(model.layers)
+    lean, layers = _logits_both_ways(model, PROMPTS)
+    assert torch.equal(lean, layers)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "gemma2"])
+def test_models_with_other_parts_have_no_lean_layers(tmp_path: Path, arch: str) -> None:
+    write_checkpoint(arch, tmp_path)
+    model = load_model(tmp_path)
+    model.pack_weights()
+    assert model._lean is None
+
+
+def test_lean_layers_follow_the_layers_choices(ckpt: Path) -> None:
+    """No lean layers where the layers would not run their catalog ops (custom ops off),
+    without packed weights, or while autograd records (the layers' forwards run then)."""
+    try:
+        opmux.set_custom_ops("all,-rms_norm")
+        off = load_model(ckpt)
+        assert off.pack_weights() > 0 and off._lean is None
+    finally:
+        opmux.set_custom_ops(None)
+    model = load_model(ckpt)
+    model.pack_weights()
+    assert model._lean is not None
+    calls = []
+    step = type(model._lean[0]).__call__
+
+    def counted(self: object, *args: object) -> object:
+        calls.append(1)
+        return step(self, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(model._lean[0]), "__call__", counted)
+        Engine(model, block_size=4).generate(PROMPTS[:1], 2)
+        assert len(calls) == 2 * len(model.layers)
+        calls.clear()
+        cache = model.new_kv_cache(4, 4)
+        meta = AttentionBatch(torch.arange(4), torch.arange(1, dtype=torch.int32).view(1, 1),
+                              torch.tensor([4], dtype=torch.int32),
+                              torch.tensor([0, 4], dtype=torch.int32))
+        with torch.enable_grad():  # weights without grad: the layers' forwards can run
+            model.requires_grad_(False)(torch.tensor(PROMPTS[0]), torch.arange(4), cache, meta)
+        assert calls == []
+    model.pack_weights(False)
+    assert model._lean is None
 
 
 _ROW_KERNEL_RUN = """
