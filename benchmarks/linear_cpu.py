@@ -22,7 +22,13 @@ float32, so each pass streams them from memory as a decode step does) at 1 and 2
 kernel on the plain weight, dispatch included), float32 and bfloat16 (ratio below 1.0: the op
 is faster). The ``cpu`` plugin must be loaded (opmux installed).
 
-Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed | --op]``.
+With ``--huge-pages`` it times the same 33 weights in bfloat16 as the Engine's packed weights
+(on CPUs with native bfloat16 compute), at 1 and 2 rows: blocked copies each in its own
+memory against blocked copies sharing one region on 2 MiB pages
+(``opmux.models._packed.place_blocked_copies``; ratio below 1.0: the huge pages are faster).
+
+Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed | --op |
+--huge-pages]``.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ import time
 import torch
 import torch.nn.functional as F
 from timing import interleaved_us, require_cpu_plugin
+from torch import Tensor
 
 import opmux
 from opmux.layers import _gemm
-from opmux.models._packed import PackedWeight
+from opmux.models._packed import PackedWeight, place_blocked_copies
 
 PACKED_SHAPES = [  # (in, out): the linears and LM head of the 100M Llama of llamacpp_cpu.py
     (768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]
@@ -57,7 +64,12 @@ def main() -> None:
                         help="the Engine's packed weights: oneDNN against the row kernels")
     parser.add_argument("--op", action="store_true",
                         help="a decode step's linears: F.linear against the catalog op")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="a decode step's bfloat16 blocked copies, on 4 KiB and 2 MiB pages")
     args = parser.parse_args()
+    if args.huge_pages:
+        huge_pages(args.threads, args.rounds)
+        return
     if args.packed:
         packed(args.threads, args.rounds)
         return
@@ -88,8 +100,7 @@ def decode_step(threads_list: list[int], rounds: int) -> None:
     print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'F.linear ms':>12} {'op ms':>8} "
           f"{'ratio':>6} {'op GB/s':>8}  provider")
     for dtype in (torch.float32, torch.bfloat16):
-        weights = [torch.randn(n, k).to(dtype) for _ in range(8) for k, n in PACKED_SHAPES[:4]]
-        weights.append(torch.randn(PACKED_SHAPES[4][1], PACKED_SHAPES[4][0]).to(dtype))
+        weights = _step_weights(dtype)
         nbytes = sum(w.numel() * w.element_size() for w in weights)
         for threads in threads_list:
             torch.set_num_threads(threads)
@@ -106,6 +117,39 @@ def decode_step(threads_list: list[int], rounds: int) -> None:
                 print(f"{str(dtype)[6:]:>8} {threads:>7} {rows:>5} {t['F.linear'] / 1e3:>12.2f} "
                       f"{t['op'] / 1e3:>8.2f} {t['op'] / t['F.linear']:>6.2f} "
                       f"{nbytes / t['op'] / 1e3:>8.1f}  {provider}")
+
+
+def _step_weights(dtype: torch.dtype) -> list[Tensor]:
+    """The 33 weights of the 100M Llama's decode step (``PACKED_SHAPES``), random."""
+    weights = [torch.randn(n, k).to(dtype) for _ in range(8) for k, n in PACKED_SHAPES[:4]]
+    weights.append(torch.randn(PACKED_SHAPES[4][1], PACKED_SHAPES[4][0]).to(dtype))
+    return weights
+
+
+def huge_pages(threads_list: list[int], rounds: int) -> None:
+    require_cpu_plugin()
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("no native bfloat16 compute: bfloat16 weights are not packed here")
+        return
+    weights = _step_weights(torch.bfloat16)
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    own = [PackedWeight(w, None) for w in weights]
+    shared = [PackedWeight(w, None) for w in weights]
+    place_blocked_copies(shared)
+    print(f"{'threads':>7} {'rows':>5} {'own ms':>8} {'huge pages ms':>14} {'ratio':>6} "
+          f"{'GB/s':>6}")
+    for threads in threads_list:
+        torch.set_num_threads(threads)
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        for rows in (1, 2):
+            xs = {k: torch.randn(rows, k).to(torch.bfloat16) for k, _ in PACKED_SHAPES}
+            with torch.inference_mode():
+                t = interleaved_us(
+                    {name: lambda packs=packs, xs=xs: [p(xs[p.weight.shape[1]]) for p in packs]
+                     for name, packs in (("own", own), ("shared", shared))},
+                    calls=1, rounds=rounds, clock=clock)
+            print(f"{threads:>7} {rows:>5} {t['own'] / 1e3:>8.2f} {t['shared'] / 1e3:>14.2f} "
+                  f"{t['shared'] / t['own']:>6.2f} {nbytes / t['shared'] / 1e3:>6.1f}")
 
 
 def packed(threads_list: list[int], rounds: int) -> None:

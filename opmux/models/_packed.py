@@ -22,6 +22,11 @@ module call, no dispatch):
 - bfloat16 is packed only on CPUs with native bfloat16 compute
   (``torch.ops.mkldnn._is_mkldnn_bf16_supported``); every product accumulates in float32.
 
+The blocked copies of a model's weights share one region of memory that Linux backs with
+2 MiB pages where it can (:func:`place_blocked_copies`): streamed through 4 KiB pages, the
+weights cost a TLB miss every 4 KiB, and the row kernel reads them markedly slower
+(``benchmarks/linear_cpu.py --huge-pages``).
+
 ``benchmarks/decode_profile.py`` times the engine with and without these paths and
 ``benchmarks/llamacpp_cpu.py`` the engine against llama.cpp. A weight changed in place after
 packing is laid out again at its next call.
@@ -33,7 +38,8 @@ nothing is packed. The row kernels are looked up when a weight is packed, after 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import mmap
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -41,12 +47,13 @@ from torch import Tensor
 
 from opmux.core.registry import global_registry
 
-__all__ = ["PackedWeight", "can_pack"]
+__all__ = ["PackedWeight", "can_pack", "huge_page_region", "place_blocked_copies"]
 
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
 _BLOCK, _LINE = 8, 64  # the blocked copy: rows per block, bytes per chunk (csrc/cpu/linear.cpp)
 _ROW_KERNEL_ROWS = 2  # the most rows the row kernels serve (benchmarks/linear_cpu.py --packed)
+_HUGE_PAGE = 2 << 20  # bytes in an x86-64 (and most arm64) huge page
 
 
 def _find(name: str) -> Callable[..., Tensor] | None:
@@ -81,13 +88,55 @@ def _row_kernel(plain: bool) -> Callable[..., None] | None:
     return kernel
 
 
-def _block_layout(weight: Tensor) -> Tensor:
-    """``weight [N, K]`` as ``[N/8, K/C, 8, C]`` (C elements in a cache line), zero-padded."""
+def _block_layout(weight: Tensor, out: Tensor | None = None) -> Tensor:
+    """``weight [N, K]`` as ``[N/8, K/C, 8, C]`` (C elements in a cache line), zero-padded;
+    written into ``out`` (uint8 bytes of :func:`_blocked_bytes`) when given."""
     n, k = weight.shape
     line = _LINE // weight.element_size()
     padded = F.pad(weight, (0, -k % line, 0, -n % _BLOCK))
     rows, cols = padded.shape
-    return padded.view(rows // _BLOCK, _BLOCK, cols // line, line).permute(0, 2, 1, 3).contiguous()
+    blocks = padded.view(rows // _BLOCK, _BLOCK, cols // line, line).permute(0, 2, 1, 3)
+    if out is None:
+        return blocks.contiguous()
+    return out.view(weight.dtype).view(blocks.shape).copy_(blocks)
+
+
+def _blocked_bytes(weight: Tensor) -> int:
+    """The bytes of :func:`_block_layout`'s copy of ``weight`` (whole blocks and lines)."""
+    n, k = weight.shape
+    line = _LINE // weight.element_size()
+    return (n + -n % _BLOCK) * (k + -k % line) * weight.element_size()
+
+
+def huge_page_region(nbytes: int) -> Tensor:
+    """``nbytes`` of uint8 memory from a 2 MiB boundary, in a private anonymous mapping
+    marked ``MADV_HUGEPAGE``: Linux backs it with 2 MiB pages where transparent huge pages
+    are enabled (``always`` or ``madvise``) and free, and with 4 KiB pages otherwise. Where
+    the platform has no such mappings it is ``torch.empty``'s memory."""
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes == 0 or advise is None:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    region = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(advise)
+    except OSError:  # a kernel built without transparent huge pages
+        pass
+    whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
+    start = -whole.data_ptr() % _HUGE_PAGE
+    return whole[start:start + nbytes]
+
+
+def place_blocked_copies(packs: Iterable[PackedWeight]) -> None:
+    """Give the blocked copies of ``packs`` that have no place yet one shared
+    :func:`huge_page_region` (each copy a whole number of cache lines, so each stays
+    aligned); they are laid out there at their next call."""
+    waiting = [p for p in packs if p._blocked and p._place is None]
+    region = huge_page_region(sum(_blocked_bytes(p.weight) for p in waiting))
+    at = 0
+    for p in waiting:
+        size = _blocked_bytes(p.weight)
+        p._place, p._version = region[at:at + size], -1
+        at += size
 
 
 class PackedWeight:
@@ -111,6 +160,8 @@ class PackedWeight:
         plain = weight.dtype == torch.float32 and weight.stride(-1) == 1
         self._row_kernel = _row_kernel(plain) if row_kernel else None
         self._blocked = self._row_kernel is not None and not plain
+        #: where the blocked copy is laid out (:func:`place_blocked_copies`; else its own)
+        self._place: Tensor | None = None
 
     def copies_bytes(self) -> int:
         """The bytes this adds beside the weight: the packed copy, and the blocked copy where
@@ -129,7 +180,8 @@ class PackedWeight:
         w = self.weight
         if w._version != self._version:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
-            self._rows = _block_layout(w.detach()) if self._blocked else w.detach()
+            self._rows = _block_layout(w.detach(), self._place) if self._blocked \
+                else w.detach()
             self._version = w._version
         kernel = self._row_kernel
         if kernel is not None and x.shape[0] <= _ROW_KERNEL_ROWS and x.stride(-1) == 1:
