@@ -11,7 +11,7 @@ small model's (hidden 256) to show the fixed cost that the weight-size rule avoi
 With ``--packed`` it compares instead the Engine's packed weights (``opmux.models``'
 ``PackedWeight``) at 1-16 rows, float32 and (on CPUs with native bfloat16 compute) bfloat16:
 the oneDNN routes against the CPU plugin's row kernels (``csrc/cpu/linear.cpp``: float32 on
-the plain weight, bfloat16 on the blocked copy), which the Engine uses for one and two rows
+the plain weight, bfloat16 on a contiguous copy), which the Engine uses for one and two rows
 (ratio below 1.0: the kernel is faster). Run it with ``--threads 1 2``: the kernels' lead
 grows with the second thread.
 
@@ -23,9 +23,9 @@ kernel on the plain weight, dispatch included), float32 and bfloat16 (ratio belo
 is faster). The ``cpu`` plugin must be loaded (opmux installed).
 
 With ``--huge-pages`` it times the same 33 weights in bfloat16 as the Engine's packed weights
-(on CPUs with native bfloat16 compute), at 1 and 2 rows: blocked copies each in its own
-memory against blocked copies sharing one region on 2 MiB pages
-(``opmux.models._packed.place_blocked_copies``; ratio below 1.0: the huge pages are faster).
+(on CPUs with native bfloat16 compute), at 1 and 2 rows: the row kernel on the weights in
+their own memory (4 KiB pages) against copies sharing one region on 2 MiB pages
+(``opmux.models._packed.place_row_copies``; ratio below 1.0: the huge pages are faster).
 
 Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed | --op |
 --huge-pages]``.
@@ -43,7 +43,7 @@ from torch import Tensor
 
 import opmux
 from opmux.layers import _gemm
-from opmux.models._packed import PackedWeight, place_blocked_copies
+from opmux.models._packed import PackedWeight, place_row_copies
 
 PACKED_SHAPES = [  # (in, out): the linears and LM head of the 100M Llama of llamacpp_cpu.py
     (768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--op", action="store_true",
                         help="a decode step's linears: F.linear against the catalog op")
     parser.add_argument("--huge-pages", action="store_true",
-                        help="a decode step's bfloat16 blocked copies, on 4 KiB and 2 MiB pages")
+                        help="a decode step's bfloat16 weights, on 4 KiB and 2 MiB pages")
     args = parser.parse_args()
     if args.huge_pages:
         huge_pages(args.threads, args.rounds)
@@ -135,7 +135,7 @@ def huge_pages(threads_list: list[int], rounds: int) -> None:
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     own = [PackedWeight(w, None) for w in weights]
     shared = [PackedWeight(w, None) for w in weights]
-    place_blocked_copies(shared)
+    place_row_copies(shared)
     print(f"{'threads':>7} {'rows':>5} {'own ms':>8} {'huge pages ms':>14} {'ratio':>6} "
           f"{'GB/s':>6}")
     for threads in threads_list:

@@ -9,12 +9,10 @@ loading and every other path, and the engine's decoder calls it instead of the l
 module call, no dispatch):
 
 - one or two rows (a decode step at batch 1 or 2, bound by how fast the weight streams from
-  memory): the ``cpp`` kernels of ``csrc/cpu/linear.cpp``, which scale with the threads where
-  MKL's and oneDNN's matrix-vector routes do not (``benchmarks/linear_cpu.py --packed``):
-  float32 through ``linear_out`` on the weight itself, bfloat16 through
-  ``linear_blocked_out`` on a copy laid out in blocks of 8 rows by one cache line, which each
-  thread streams as one contiguous run (for bfloat16 on one thread that beats the plain
-  weight; for float32 it does not, ``benchmarks/linear_cpu.py --op``);
+  memory): the ``cpp`` kernel ``linear_out`` of ``csrc/cpu/linear.cpp``, which scales with the
+  threads where MKL's and oneDNN's matrix-vector routes do not
+  (``benchmarks/linear_cpu.py --packed``): float32 on the weight itself, bfloat16 (and a
+  float32 weight with strided rows) on a contiguous copy;
 - more rows (a batched decode step, a prefill), and one or two rows where the CPU plugin's
   kernels are not loaded: oneDNN's packed copy, except a single float32 row, which goes
   through oneDNN on the plain weight when it has at least 2**20 elements (below that oneDNN's
@@ -22,10 +20,11 @@ module call, no dispatch):
 - bfloat16 is packed only on CPUs with native bfloat16 compute
   (``torch.ops.mkldnn._is_mkldnn_bf16_supported``); every product accumulates in float32.
 
-The blocked copies of a model's weights share one region of memory that Linux backs with
-2 MiB pages where it can (:func:`place_blocked_copies`): streamed through 4 KiB pages, the
-weights cost a TLB miss every 4 KiB, and the row kernel reads them markedly slower
-(``benchmarks/linear_cpu.py --huge-pages``).
+The row kernel's copies of a model's weights share one region of memory that Linux backs
+with 2 MiB pages where it can (:func:`place_row_copies`): streamed through 4 KiB pages, the
+weights cost a TLB miss every 4 KiB, and the kernel reads them markedly slower
+(``benchmarks/linear_cpu.py --huge-pages``). That is why bfloat16 weights get a copy; float32
+weights, twice the bytes, are read in place.
 
 ``benchmarks/decode_profile.py`` times the engine with and without these paths and
 ``benchmarks/llamacpp_cpu.py`` the engine against llama.cpp. A weight changed in place after
@@ -47,13 +46,13 @@ from torch import Tensor
 
 from opmux.core.registry import global_registry
 
-__all__ = ["PackedWeight", "can_pack", "huge_page_region", "place_blocked_copies"]
+__all__ = ["PackedWeight", "can_pack", "huge_page_region", "place_row_copies"]
 
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
-_BLOCK, _LINE = 8, 64  # the blocked copy: rows per block, bytes per chunk (csrc/cpu/linear.cpp)
-_ROW_KERNEL_ROWS = 2  # the most rows the row kernels serve (benchmarks/linear_cpu.py --packed)
+_ROW_KERNEL_ROWS = 2  # the most rows the row kernel serves (benchmarks/linear_cpu.py --packed)
 _HUGE_PAGE = 2 << 20  # bytes in an x86-64 (and most arm64) huge page
+_LINE = 64  # bytes in a cache line
 
 
 def _find(name: str) -> Callable[..., Tensor] | None:
@@ -78,34 +77,12 @@ def can_pack(weight: Tensor, bias: Tensor | None) -> bool:
             and (bias is None or (bias.dtype == weight.dtype and bias.is_cpu)))
 
 
-def _row_kernel(plain: bool) -> Callable[..., None] | None:
-    """The CPU plugin's kernel for one or two rows (see the module): on the weight itself
-    (``plain``) or on the blocked copy, when its kernels are loaded (start-up, run here if no
-    op call ran it yet, loads them)."""
+def _row_kernel() -> Callable[..., None] | None:
+    """The CPU plugin's kernel for one or two rows (see the module), when its kernels are
+    loaded (start-up, run here if no op call ran it yet, loads them)."""
     global_registry().ensure_loaded()
-    name = "linear_out" if plain else "linear_blocked_out"
-    kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, name, None)
+    kernel: Callable[..., None] | None = getattr(torch.ops.opmux_cpu, "linear_out", None)
     return kernel
-
-
-def _block_layout(weight: Tensor, out: Tensor | None = None) -> Tensor:
-    """``weight [N, K]`` as ``[N/8, K/C, 8, C]`` (C elements in a cache line), zero-padded;
-    written into ``out`` (uint8 bytes of :func:`_blocked_bytes`) when given."""
-    n, k = weight.shape
-    line = _LINE // weight.element_size()
-    padded = F.pad(weight, (0, -k % line, 0, -n % _BLOCK))
-    rows, cols = padded.shape
-    blocks = padded.view(rows // _BLOCK, _BLOCK, cols // line, line).permute(0, 2, 1, 3)
-    if out is None:
-        return blocks.contiguous()
-    return out.view(weight.dtype).view(blocks.shape).copy_(blocks)
-
-
-def _blocked_bytes(weight: Tensor) -> int:
-    """The bytes of :func:`_block_layout`'s copy of ``weight`` (whole blocks and lines)."""
-    n, k = weight.shape
-    line = _LINE // weight.element_size()
-    return (n + -n % _BLOCK) * (k + -k % line) * weight.element_size()
 
 
 def huge_page_region(nbytes: int) -> Tensor:
@@ -126,17 +103,17 @@ def huge_page_region(nbytes: int) -> Tensor:
     return whole[start:start + nbytes]
 
 
-def place_blocked_copies(packs: Iterable[PackedWeight]) -> None:
-    """Give the blocked copies of ``packs`` that have no place yet one shared
-    :func:`huge_page_region` (each copy a whole number of cache lines, so each stays
-    aligned); they are laid out there at their next call."""
-    waiting = [p for p in packs if p._blocked and p._place is None]
-    region = huge_page_region(sum(_blocked_bytes(p.weight) for p in waiting))
+def place_row_copies(packs: Iterable[PackedWeight]) -> None:
+    """Give the row kernel's copies of ``packs`` that have no place yet one shared
+    :func:`huge_page_region`, one after another, each from a cache-line boundary; they are
+    made there at their next call."""
+    waiting = [p for p in packs if p._copy and p._place is None]
+    sizes = [p.weight.numel() * p.weight.element_size() for p in waiting]
+    region = huge_page_region(sum(-(-n // _LINE) * _LINE for n in sizes))
     at = 0
-    for p in waiting:
-        size = _blocked_bytes(p.weight)
+    for p, size in zip(waiting, sizes, strict=True):
         p._place, p._version = region[at:at + size], -1
-        at += size
+        at += -(-size // _LINE) * _LINE
 
 
 class PackedWeight:
@@ -156,17 +133,17 @@ class PackedWeight:
         self._packed = self._rows = weight  # the oneDNN copy; what the row kernel reads
         self._row_plain = weight.dtype == torch.float32
         self._row_onednn = weight.numel() >= _MIN_ONEDNN_ROW
-        # float32 is read in place unless its rows are strided (then the blocked copy is made)
-        plain = weight.dtype == torch.float32 and weight.stride(-1) == 1
-        self._row_kernel = _row_kernel(plain) if row_kernel else None
-        self._blocked = self._row_kernel is not None and not plain
-        #: where the blocked copy is laid out (:func:`place_blocked_copies`; else its own)
+        self._row_kernel = _row_kernel() if row_kernel else None
+        # the row kernel reads float32 in place unless its rows are strided, bfloat16 on a copy
+        in_place = weight.dtype == torch.float32 and weight.stride(-1) == 1
+        self._copy = self._row_kernel is not None and not in_place
+        #: where that copy is made (:func:`place_row_copies`; else memory of its own)
         self._place: Tensor | None = None
 
     def copies_bytes(self) -> int:
-        """The bytes this adds beside the weight: the packed copy, and the blocked copy where
-        the row kernel reads one."""
-        copies = 2 if self._blocked else 1
+        """The bytes this adds beside the weight: the packed copy, and the row kernel's copy
+        where it reads one."""
+        copies = 2 if self._copy else 1
         return copies * self.weight.numel() * self.weight.element_size()
 
     def takes(self, x: Tensor) -> bool:
@@ -180,8 +157,12 @@ class PackedWeight:
         w = self.weight
         if w._version != self._version:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
-            self._rows = _block_layout(w.detach(), self._place) if self._blocked \
-                else w.detach()
+            rows = w.detach()
+            if self._place is not None:
+                rows = self._place.view(w.dtype).view(w.shape).copy_(rows)
+            elif self._copy:
+                rows = rows.contiguous()
+            self._rows = rows
             self._version = w._version
         kernel = self._row_kernel
         if kernel is not None and x.shape[0] <= _ROW_KERNEL_ROWS and x.stride(-1) == 1:

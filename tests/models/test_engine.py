@@ -369,18 +369,17 @@ def test_a_fresh_process_decodes_single_rows_through_the_row_kernel(ckpt: Path,
                                                                    dtype: str) -> None:
     """The Engine is the first thing the process runs: packing starts opmux up, so the
     decode steps' linears reach the CPU plugin's row kernel (the profiler shows it): float32
-    on the plain weight, bfloat16 on the blocked copy."""
+    on the plain weight, bfloat16 on its copy."""
     run = subprocess.run([sys.executable, "-c", _ROW_KERNEL_RUN, str(ckpt), dtype],
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr
-    kernel = "linear_out" if dtype == "float32" else "linear_blocked_out"
-    assert run.stdout.strip().splitlines()[-1] == f"['opmux_cpu::{kernel}']"
+    assert run.stdout.strip().splitlines()[-1] == "['opmux_cpu::linear_out']"
 
 
 
-def test_a_float32_weight_with_strided_rows_gets_the_blocked_copy(ckpt: Path) -> None:
+def test_a_float32_weight_with_strided_rows_gets_a_row_copy(ckpt: Path) -> None:
     """A float32 weight is read in place by the row kernel unless its rows are strided: then
-    it gets the blocked copy too, and the tokens stay the layers'."""
+    it gets a contiguous copy for the row kernel, and the tokens stay the layers'."""
     plain, strided = load_model(ckpt), load_model(ckpt)
     proj = strided.layers[0].mlp.down_proj
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The packed weights' memory: blocked copies sharing one region on huge pages."""
+"""The packed weights' memory: the row kernel's copies sharing one region on huge pages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opmux.models import load_model
-from opmux.models._packed import PackedWeight, huge_page_region, place_blocked_copies
+from opmux.models._packed import PackedWeight, huge_page_region, place_row_copies
 from opmux.models.synthetic import LlamaShape, write_random_llama
 
 _HUGE_PAGE = 2 << 20
@@ -57,9 +57,9 @@ def test_the_region_asks_for_huge_pages() -> None:
     assert _smaps_entry(region.data_ptr()).get("THPeligible") == "1"
 
 
-@pytest.mark.skipif(not _NATIVE_BF16, reason="bfloat16 weights get blocked copies on CPUs "
+@pytest.mark.skipif(not _NATIVE_BF16, reason="bfloat16 weights get row copies on CPUs "
                     "that compute in bfloat16")
-def test_a_packed_models_blocked_copies_share_one_region(tmp_path: Path) -> None:
+def test_a_packed_models_row_copies_share_one_region(tmp_path: Path) -> None:
     shape = LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=96)
     model = load_model(write_random_llama(tmp_path, shape, seed=1), torch.bfloat16)
     model.pack_weights()
@@ -73,14 +73,14 @@ def test_a_packed_models_blocked_copies_share_one_region(tmp_path: Path) -> None
             want = torch.nn.functional.linear(x.float(), p.weight.float())
             torch.testing.assert_close(p(x).float(), want, rtol=2e-2, atol=2e-2)
             ptrs.append(p._rows.data_ptr())
-    # one region, laid out back to back from a huge-page boundary
+    # one region from a huge-page boundary, the copies one after another on cache lines
     assert min(ptrs) % _HUGE_PAGE == 0
     spans = sorted((p._rows.data_ptr(), p._rows.numel() * 2) for p in packs)
-    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(spans))
+    assert all(b == a + -(-n // 64) * 64 for (a, n), (b, _) in itertools.pairwise(spans))
     # packing again places nothing twice; a new weight's copy gets a region of its own
     before = {id(p): p._rows.data_ptr() for p in packs}
     extra = PackedWeight(torch.randn(24, 64, dtype=torch.bfloat16), None)
-    place_blocked_copies([*packs, extra])
+    place_row_copies([*packs, extra])
     with torch.inference_mode():
         for p in packs:
             p(xs[p.weight.shape[1]])
