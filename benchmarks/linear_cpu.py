@@ -25,7 +25,7 @@ is faster). The ``cpu`` plugin must be loaded (opmux installed).
 With ``--huge-pages`` it times the same 33 weights in bfloat16 as the Engine's packed weights
 (on CPUs with native bfloat16 compute), at 1 and 2 rows: the row kernel on the weights in
 their own memory (4 KiB pages) against copies sharing one region on 2 MiB pages
-(``opmux.models._packed.place_row_copies``; ratio below 1.0: the huge pages are faster).
+(``opmux.models._packed.place_row_weights``; ratio below 1.0: the huge pages are faster).
 
 Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed | --op |
 --huge-pages]``.
@@ -43,7 +43,7 @@ from torch import Tensor
 
 import opmux
 from opmux.layers import _gemm
-from opmux.models._packed import PackedWeight, place_row_copies
+from opmux.models._packed import PackedWeight, place_row_weights
 
 PACKED_SHAPES = [  # (in, out): the linears and LM head of the 100M Llama of llamacpp_cpu.py
     (768, 1280), (768, 768), (768, 4096), (2048, 768), (768, 32000)]
@@ -135,7 +135,7 @@ def huge_pages(threads_list: list[int], rounds: int) -> None:
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     own = [PackedWeight(w, None) for w in weights]
     shared = [PackedWeight(w, None) for w in weights]
-    place_row_copies(shared)
+    place_row_weights(shared)
     print(f"{'threads':>7} {'rows':>5} {'own ms':>8} {'huge pages ms':>14} {'ratio':>6} "
           f"{'GB/s':>6}")
     for threads in threads_list:

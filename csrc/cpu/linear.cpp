@@ -5,18 +5,21 @@
 // the CPU has it (else widens to float32), accumulates every product in float32 and rounds
 // once. It serves the catalog op `linear` (the `cpp` provider) and the Engine's packed weights.
 //
-// The two dtypes stream the weight differently, each the faster way for it
-// (benchmarks/linear_cpu.py --op and --huge-pages; the A/B is in benchmarks/RESULTS.md):
-// - float32 8 rows at a time, 8 streams side by side, prefetching the same columns of the next
-//   group of 8 rows into L2 (the hardware prefetchers stop at page boundaries);
-// - bfloat16 one row at a time, start to end: one stream per thread.
+// Two ways to stream the weight, each where it is the faster (benchmarks/linear_cpu.py --op and
+// --huge-pages; the A/B is in benchmarks/RESULTS.md):
+// - one row at a time, start to end, for every row of x: one stream per thread; float32
+//   prefetches 4 KiB ahead into L2 (the hardware prefetchers stop at page boundaries),
+//   bfloat16 prefetches nothing. bfloat16 always, float32 for a single row of x.
+// - float32 with two or more rows of x: 8 weight rows side by side, prefetching the same
+//   columns of the next group of 8 rows.
 #include "op_library.h"
 #include "vec_common.h"
 
 namespace opmux_cpu {
 namespace {
 
-constexpr int64_t kBlock = 8;  // float32 weight rows read side by side
+constexpr int64_t kBlock = 8;        // float32 weight rows read side by side
+constexpr int64_t kRowAhead = 4096;  // bytes a float32 row stream prefetches ahead
 
 #if defined(CPU_CAPABILITY_AVX512)
 inline __m512 widen_bf16(__m256i h) {
@@ -24,11 +27,10 @@ inline __m512 widen_bf16(__m256i h) {
 }
 #endif
 
-// Prefetches the same columns of the next group of 8 rows, `ahead` elements on, into L2: a
-// distance that follows the rows' length (benchmarks/linear_cpu.py --op). Past the weight's end
-// it fetches nothing useful and never faults.
+// Prefetches `ahead` elements on from p into L2. Past the weight's end it fetches nothing
+// useful and never faults.
 template <typename T>
-inline void prefetch_next_group(const T* p, int64_t ahead) {
+inline void prefetch_ahead(const T* p, int64_t ahead) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   const uintptr_t at = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead) * sizeof(T);
   _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T1);
@@ -38,9 +40,10 @@ inline void prefetch_next_group(const T* p, int64_t ahead) {
 #endif
 }
 
-// rows_dot (float32): sum over k < K of x[k] * w[r][k] for the 8 rows r (row pointers), into
+// rows_dot: sum over k < K of x[k] * w[r][k] for the 8 rows r (row pointers), into
 // acc_out[r]; `ahead` is the distance in elements from a group's rows to the next group's.
-// row_dot (bfloat16): sum over k < K of x[k] * w[k] for one weight row.
+// row_dot: sum over k < K of x[k] * w[k] for one weight row, prefetching `ahead` elements on
+// (0: nothing).
 #if defined(CPU_CAPABILITY_AVX512)
 // How kC elements of a row are loaded (all, or under a mask of the first ones with zeros
 // elsewhere) and multiplied into the accumulator: float32; bfloat16 pairs by VDPBF16PS, or
@@ -85,7 +88,7 @@ inline void rows_dot_lanes(const T* const* w, const T* x, int64_t K, int64_t ahe
   for (; k + L::kC <= K; k += L::kC) {
     const typename L::V xv = L::load(x + k);
     for (int64_t r = 0; r < kBlock; ++r) {
-      prefetch_next_group(w[r] + k, ahead);
+      prefetch_ahead(w[r] + k, ahead);
       acc[r] = L::mac(acc[r], L::load(w[r] + k), xv);
     }
   }
@@ -103,10 +106,13 @@ inline void rows_dot(const float* const* w, const float* x, int64_t K, int64_t a
 }
 
 template <typename L, typename T>
-inline float row_dot_lanes(const T* w, const T* x, int64_t K) {
+inline float row_dot_lanes(const T* w, const T* x, int64_t K, int64_t ahead) {
   __m512 acc = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + L::kC <= K; k += L::kC) acc = L::mac(acc, L::load(w + k), L::load(x + k));
+  for (; k + L::kC <= K; k += L::kC) {
+    if (ahead) prefetch_ahead(w + k, ahead);
+    acc = L::mac(acc, L::load(w + k), L::load(x + k));
+  }
   if (k < K) {  // the masked-off lanes add 0 * 0
     const auto m = static_cast<typename L::M>((uint64_t{1} << (K - k)) - 1);
     acc = L::mac(acc, L::load(w + k, m), L::load(x + k, m));
@@ -114,8 +120,12 @@ inline float row_dot_lanes(const T* w, const T* x, int64_t K) {
   return _mm512_reduce_add_ps(acc);
 }
 
-inline float row_dot(const at::BFloat16* w, const at::BFloat16* x, int64_t K) {
-  return row_dot_lanes<Bfloat16Lanes>(w, x, K);
+inline float row_dot(const float* w, const float* x, int64_t K, int64_t ahead) {
+  return row_dot_lanes<Float32Lanes>(w, x, K, ahead);
+}
+
+inline float row_dot(const at::BFloat16* w, const at::BFloat16* x, int64_t K, int64_t ahead) {
+  return row_dot_lanes<Bfloat16Lanes>(w, x, K, ahead);
 }
 #else
 // at::vec: 8 float lanes on AVX2, the scalar fallback elsewhere.
@@ -126,7 +136,7 @@ inline void rows_dot(const T* const* w, const T* x, int64_t K, int64_t ahead, fl
   int64_t k = 0;
   for (; k + kF <= K; k += kF) {
     const fVec xv = load_f(x + k);
-    for (int64_t r = 0; r < kBlock; ++r) prefetch_next_group(w[r] + k, ahead);
+    for (int64_t r = 0; r < kBlock; ++r) prefetch_ahead(w[r] + k, ahead);
     for (int64_t r = 0; r < kBlock; ++r) acc[r] = at::vec::fmadd(load_f(w[r] + k), xv, acc[r]);
   }
   if (k < K) {
@@ -138,16 +148,19 @@ inline void rows_dot(const T* const* w, const T* x, int64_t K, int64_t ahead, fl
 }
 
 template <typename T>
-inline float row_dot(const T* w, const T* x, int64_t K) {
+inline float row_dot(const T* w, const T* x, int64_t K, int64_t ahead) {
   fVec acc(0.f);
   int64_t k = 0;
-  for (; k + kF <= K; k += kF) acc = at::vec::fmadd(load_f(w + k), load_f(x + k), acc);
+  for (; k + kF <= K; k += kF) {
+    if (ahead) prefetch_ahead(w + k, ahead);
+    acc = at::vec::fmadd(load_f(w + k), load_f(x + k), acc);
+  }
   if (k < K) acc = at::vec::fmadd(load_f(w + k, K - k), load_f(x + k, K - k), acc);
   return hsum(acc);
 }
 #endif
 
-// float32: groups of 8 weight rows, read side by side.
+// groups of 8 weight rows, read side by side (float32, two or more rows of x).
 template <typename T>
 void linear_groups(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                    const c10::optional<at::Tensor>& bias) {
@@ -179,10 +192,10 @@ void linear_groups(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   });
 }
 
-// bfloat16: each weight row read once, start to end, for every row of x (the second row of x
-// finds it in L1).
+// one weight row at a time, start to end, for every row of x (the later rows of x find it in
+// L1), prefetching `ahead` elements on (0: nothing).
 template <typename T>
-void linear_rows(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+void linear_rows(int64_t ahead, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                  const c10::optional<at::Tensor>& bias) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const int64_t sx = x.stride(0), sw = w.stride(0), so = out.stride(0);
@@ -196,7 +209,7 @@ void linear_rows(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t m = 0; m < M; ++m) {
-        const float acc = row_dot(wp + n * sw, xp + m * sx, K);
+        const float acc = row_dot(wp + n * sw, xp + m * sx, K, ahead);
         op[m * so + n] = static_cast<T>(bp ? acc + static_cast<float>(bp[n]) : acc);
       }
     }
@@ -228,10 +241,12 @@ void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
   OPMUX_CHECK("linear", weight.scalar_type() == dt && out.scalar_type() == dt,
               "expected weight and out of x's dtype");
   check_bias(bias, dt, out.size(1));
-  if (dt == at::kFloat) {
+  if (dt == at::kFloat && x.size(0) > 1) {
     linear_groups<float>(out, x, weight, bias);
+  } else if (dt == at::kFloat) {
+    linear_rows<float>(kRowAhead / static_cast<int64_t>(sizeof(float)), out, x, weight, bias);
   } else {
-    linear_rows<at::BFloat16>(out, x, weight, bias);
+    linear_rows<at::BFloat16>(0, out, x, weight, bias);
   }
 }
 

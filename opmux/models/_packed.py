@@ -20,11 +20,10 @@ module call, no dispatch):
 - bfloat16 is packed only on CPUs with native bfloat16 compute
   (``torch.ops.mkldnn._is_mkldnn_bf16_supported``); every product accumulates in float32.
 
-The row kernel's copies of a model's weights share one region of memory that Linux backs
-with 2 MiB pages where it can (:func:`place_row_copies`): streamed through 4 KiB pages, the
-weights cost a TLB miss every 4 KiB, and the kernel reads them markedly slower
-(``benchmarks/linear_cpu.py --huge-pages``). That is why bfloat16 weights get a copy; float32
-weights, twice the bytes, are read in place.
+What the row kernel reads of a model's weights (the bfloat16 copies; the float32 weights
+themselves, moved) shares one region of memory that Linux backs with 2 MiB pages where it can
+(:func:`place_row_weights`): streamed through 4 KiB pages, the weights cost a TLB miss every
+4 KiB, and the kernel reads them markedly slower (``benchmarks/linear_cpu.py --huge-pages``).
 
 ``benchmarks/decode_profile.py`` times the engine with and without these paths and
 ``benchmarks/llamacpp_cpu.py`` the engine against llama.cpp. A weight changed in place after
@@ -46,7 +45,7 @@ from torch import Tensor
 
 from opmux.core.registry import global_registry
 
-__all__ = ["PackedWeight", "can_pack", "huge_page_region", "place_row_copies"]
+__all__ = ["PackedWeight", "can_pack", "huge_page_region", "place_row_weights"]
 
 _ROWS_HINT = 16  # the rows oneDNN lays the weight out for: a batched decode step
 _MIN_ONEDNN_ROW = 1 << 20  # weight elements from which a single row goes to oneDNN
@@ -103,16 +102,24 @@ def huge_page_region(nbytes: int) -> Tensor:
     return whole[start:start + nbytes]
 
 
-def place_row_copies(packs: Iterable[PackedWeight]) -> None:
-    """Give the row kernel's copies of ``packs`` that have no place yet one shared
-    :func:`huge_page_region`, one after another, each from a cache-line boundary; they are
-    made there at their next call."""
-    waiting = [p for p in packs if p._copy and p._place is None]
+def place_row_weights(packs: Iterable[PackedWeight]) -> None:
+    """Put what the row kernel reads of ``packs`` (those not placed yet) in one shared
+    :func:`huge_page_region`, one after another, each from a cache-line boundary: a weight's
+    copy where the kernel reads one (made there at its next call), else the weight itself,
+    whose data moves there (the same tensor, the same values; a tensor taken from its
+    ``.data`` before no longer shares its memory)."""
+    waiting = [p for p in packs if p._row_kernel is not None and not p._placed]
     sizes = [p.weight.numel() * p.weight.element_size() for p in waiting]
     region = huge_page_region(sum(-(-n // _LINE) * _LINE for n in sizes))
     at = 0
     for p, size in zip(waiting, sizes, strict=True):
-        p._place, p._version = region[at:at + size], -1
+        slot = region[at:at + size].view(p.weight.dtype).view(p.weight.shape)
+        if p._copy:
+            p._place = slot
+        else:
+            with torch.no_grad():
+                p.weight.data = slot.copy_(p.weight)
+        p._placed, p._version, p._rows = True, -1, p.weight  # the old memory let go
         at += -(-size // _LINE) * _LINE
 
 
@@ -137,8 +144,9 @@ class PackedWeight:
         # the row kernel reads float32 in place unless its rows are strided, bfloat16 on a copy
         in_place = weight.dtype == torch.float32 and weight.stride(-1) == 1
         self._copy = self._row_kernel is not None and not in_place
-        #: where that copy is made (:func:`place_row_copies`; else memory of its own)
+        #: where that copy is made (:func:`place_row_weights`; else memory of its own)
         self._place: Tensor | None = None
+        self._placed = False  # by place_row_weights
 
     def copies_bytes(self) -> int:
         """The bytes this adds beside the weight: the packed copy, and the row kernel's copy
@@ -159,7 +167,7 @@ class PackedWeight:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
             rows = w.detach()
             if self._place is not None:
-                rows = self._place.view(w.dtype).view(w.shape).copy_(rows)
+                rows = self._place.copy_(rows)
             elif self._copy:
                 rows = rows.contiguous()
             self._rows = rows

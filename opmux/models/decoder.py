@@ -36,7 +36,7 @@ from opmux.layers import (
     get_rope,
 )
 from opmux.layers.moe import FusedMoE
-from opmux.models._packed import PackedWeight, can_pack, place_row_copies
+from opmux.models._packed import PackedWeight, can_pack, place_row_weights
 from opmux.models.config import ModelConfig
 from opmux.models.memory import MemoryNeed, check_fits
 from opmux.ops.kv_formats import KVCacheFormat, get_kv_cache_format, kv_cache_format
@@ -386,7 +386,7 @@ class CausalLM(torch.nn.Module):
                    "cpu", "pack_weights")
         for mod, packed in packs:
             setattr(mod, _PACKED, packed)
-        place_row_copies(packed for _, packed in packs)
+        place_row_weights(packed for _, packed in packs)
         lean = [_lean_layer(layer) for layer in self.layers
                 if isinstance(layer, _Layer)]
         if lean and all(step is not None for step in lean):

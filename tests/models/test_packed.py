@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opmux.models import load_model
-from opmux.models._packed import PackedWeight, huge_page_region, place_row_copies
+from opmux.models._packed import PackedWeight, huge_page_region, place_row_weights
 from opmux.models.synthetic import LlamaShape, write_random_llama
 
 _HUGE_PAGE = 2 << 20
@@ -80,10 +80,29 @@ def test_a_packed_models_row_copies_share_one_region(tmp_path: Path) -> None:
     # packing again places nothing twice; a new weight's copy gets a region of its own
     before = {id(p): p._rows.data_ptr() for p in packs}
     extra = PackedWeight(torch.randn(24, 64, dtype=torch.bfloat16), None)
-    place_row_copies([*packs, extra])
+    place_row_weights([*packs, extra])
     with torch.inference_mode():
         for p in packs:
             p(xs[p.weight.shape[1]])
         extra(xs[shape.hidden])
     assert {id(p): p._rows.data_ptr() for p in packs} == before
     assert extra._rows.data_ptr() % _HUGE_PAGE == 0
+
+
+def test_a_packed_float32_models_weights_move_onto_one_region(tmp_path: Path) -> None:
+    """The row kernel reads float32 weights in place: packing moves their data (the same
+    parameters, the same values) into one region, and the layers' own path still reads them."""
+    shape = LlamaShape(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=96)
+    model = load_model(write_random_llama(tmp_path, shape, seed=2))
+    before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    model.pack_weights()
+    packs = [m.packed_weight for m in model.modules() if "packed_weight" in m.__dict__]
+    assert packs and all(p.weight.dtype == torch.float32 for p in packs)
+    for name, p in model.named_parameters():
+        assert p is before[name][0] and torch.equal(p, before[name][1]), name
+    ptrs = sorted((p.weight.data_ptr(), p.weight.numel() * 4) for p in packs)
+    assert ptrs[0][0] % _HUGE_PAGE == 0
+    assert all(b == a + -(-n // 64) * 64 for (a, n), (b, _) in itertools.pairwise(ptrs))
+    # placed once: packing again moves nothing
+    model.pack_weights()
+    assert sorted((p.weight.data_ptr(), p.weight.numel() * 4) for p in packs) == ptrs
