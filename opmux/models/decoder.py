@@ -348,9 +348,12 @@ class CausalLM(torch.nn.Module):
         GEMM libraries (:mod:`opmux.models._packed`: float32, and bfloat16 on CPUs with native
         bfloat16 compute), called instead of the layer; single-rank
         models only (a tensor-parallel layer keeps its own path), and the LM head only
-        without a final soft cap. Where every decoder layer's parts take their catalog ops, it
-        also gives each layer a lean step (:class:`_LeanLayer`) that the forward runs outside
-        autograd and compilation. ``enable=False`` drops the copies and the lean steps.
+        without a final soft cap. What the row kernel streams (bfloat16 copies; float32
+        weights themselves, their data moved: same parameters, same values) goes onto one
+        region of huge pages (:func:`~opmux.models._packed.place_row_weights`). Where every
+        decoder layer's parts take their catalog ops, it also gives each layer a lean step
+        (:class:`_LeanLayer`) that the forward runs outside autograd and compilation.
+        ``enable=False`` drops the copies and the lean steps.
         Returns the bytes the copies take (made at first use; a layer already packed keeps
         its copy).
 

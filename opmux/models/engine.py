@@ -130,7 +130,8 @@ class Engine:
     :param device: where caches and step tensors live (default: the model's parameters').
     :param pack_weights: give the model's CPU linear weights copies laid out for the GEMM
         libraries (:meth:`~opmux.models.decoder.CausalLM.pack_weights`; float32, and bfloat16
-        on CPUs with native bfloat16 compute), which its steps then use;
+        on CPUs with native bfloat16 compute), which its steps then use (this moves the data of
+        float32 weights onto huge pages; the parameters and values stay);
         ``False`` drops copies an earlier ``Engine`` gave the model.
     :raises opmux.models.MemoryBudgetError: the packed copies do not fit the memory available.
     """
