@@ -22,10 +22,11 @@ float32, so each pass streams them from memory as a decode step does) at 1 and 2
 kernel on the plain weight, dispatch included), float32 and bfloat16 (ratio below 1.0: the op
 is faster). The ``cpu`` plugin must be loaded (opmux installed).
 
-With ``--huge-pages`` it times the same 33 weights in bfloat16 as the Engine's packed weights
-(on CPUs with native bfloat16 compute), at 1 and 2 rows: the row kernel on the weights in
-their own memory (4 KiB pages) against copies sharing one region on 2 MiB pages
-(``opmux.models._packed.place_row_weights``; ratio below 1.0: the huge pages are faster).
+With ``--huge-pages`` it times the same 33 weights as the Engine's packed weights, float32 and
+(on CPUs with native bfloat16 compute) bfloat16, at 1 and 2 rows: the row kernel on the
+weights in their own memory (4 KiB pages) against the weights sharing one region on 2 MiB
+pages as the Engine places them (``opmux.models._packed.place_row_weights``: bfloat16 copies,
+float32 moved; ratio below 1.0: the huge pages are faster).
 
 Run: ``python benchmarks/linear_cpu.py [--threads 1 2] [--rounds 15] [--packed | --op |
 --huge-pages]``.
@@ -65,7 +66,7 @@ def main() -> None:
     parser.add_argument("--op", action="store_true",
                         help="a decode step's linears: F.linear against the catalog op")
     parser.add_argument("--huge-pages", action="store_true",
-                        help="a decode step's bfloat16 weights, on 4 KiB and 2 MiB pages")
+                        help="a decode step's weights, on 4 KiB and 2 MiB pages")
     args = parser.parse_args()
     if args.huge_pages:
         huge_pages(args.threads, args.rounds)
@@ -128,28 +129,31 @@ def _step_weights(dtype: torch.dtype) -> list[Tensor]:
 
 def huge_pages(threads_list: list[int], rounds: int) -> None:
     require_cpu_plugin()
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        print("no native bfloat16 compute: bfloat16 weights are not packed here")
-        return
-    weights = _step_weights(torch.bfloat16)
-    nbytes = sum(w.numel() * w.element_size() for w in weights)
-    own = [PackedWeight(w, None) for w in weights]
-    shared = [PackedWeight(w, None) for w in weights]
-    place_row_weights(shared)
-    print(f"{'threads':>7} {'rows':>5} {'own ms':>8} {'huge pages ms':>14} {'ratio':>6} "
-          f"{'GB/s':>6}")
-    for threads in threads_list:
-        torch.set_num_threads(threads)
-        clock = time.thread_time if threads == 1 else time.perf_counter
-        for rows in (1, 2):
-            xs = {k: torch.randn(rows, k).to(torch.bfloat16) for k, _ in PACKED_SHAPES}
-            with torch.inference_mode():
-                t = interleaved_us(
-                    {name: lambda packs=packs, xs=xs: [p(xs[p.weight.shape[1]]) for p in packs]
-                     for name, packs in (("own", own), ("shared", shared))},
-                    calls=1, rounds=rounds, clock=clock)
-            print(f"{threads:>7} {rows:>5} {t['own'] / 1e3:>8.2f} {t['shared'] / 1e3:>14.2f} "
-                  f"{t['shared'] / t['own']:>6.2f} {nbytes / t['shared'] / 1e3:>6.1f}")
+    dtypes = [torch.float32]
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        dtypes.append(torch.bfloat16)
+    print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'own ms':>8} {'huge pages ms':>14} "
+          f"{'ratio':>6} {'GB/s':>6}")
+    for dtype in dtypes:
+        weights = _step_weights(dtype)
+        nbytes = sum(w.numel() * w.element_size() for w in weights)
+        own = [PackedWeight(w, None) for w in weights]
+        shared = [PackedWeight(w.clone(), None) for w in weights]  # float32: moved
+        place_row_weights(shared)
+        for threads in threads_list:
+            torch.set_num_threads(threads)
+            clock = time.thread_time if threads == 1 else time.perf_counter
+            for rows in (1, 2):
+                xs = {k: torch.randn(rows, k).to(dtype) for k, _ in PACKED_SHAPES}
+                with torch.inference_mode():
+                    t = interleaved_us(
+                        {name: lambda packs=packs, xs=xs: [p(xs[p.weight.shape[1]])
+                                                           for p in packs]
+                         for name, packs in (("own", own), ("shared", shared))},
+                        calls=1, rounds=rounds, clock=clock)
+                print(f"{str(dtype)[6:]:>8} {threads:>7} {rows:>5} {t['own'] / 1e3:>8.2f} "
+                      f"{t['shared'] / 1e3:>14.2f} {t['shared'] / t['own']:>6.2f} "
+                      f"{nbytes / t['shared'] / 1e3:>6.1f}")
 
 
 def packed(threads_list: list[int], rounds: int) -> None:

@@ -9,9 +9,10 @@
 // --huge-pages; the A/B is in benchmarks/RESULTS.md):
 // - one row at a time, start to end, for every row of x: one stream per thread; float32
 //   prefetches 4 KiB ahead into L2 (the hardware prefetchers stop at page boundaries),
-//   bfloat16 prefetches nothing. bfloat16 always, float32 for a single row of x.
-// - float32 with two or more rows of x: 8 weight rows side by side, prefetching the same
-//   columns of the next group of 8 rows.
+//   bfloat16 prefetches nothing. bfloat16 always; float32 for a single row of x when the
+//   caller says the weight lies on 2 MiB pages (`huge_pages`: the Engine's packed weights).
+// - float32 otherwise: 8 weight rows side by side, prefetching the same columns of the next
+//   group of 8 rows.
 #include "op_library.h"
 #include "vec_common.h"
 
@@ -160,33 +161,48 @@ inline float row_dot(const T* w, const T* x, int64_t K, int64_t ahead) {
 }
 #endif
 
-// groups of 8 weight rows, read side by side (float32, two or more rows of x).
+// The operands of out = x wᵀ + bias as the loops read them.
 template <typename T>
-void linear_groups(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-                   const c10::optional<at::Tensor>& bias) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const int64_t sx = x.stride(0), sw = w.stride(0), so = out.stride(0);
-  const T* xp = x.const_data_ptr<T>();
-  const T* wp = w.const_data_ptr<T>();
-  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
-  T* op = out.data_ptr<T>();
-  const int64_t groups = (N + kBlock - 1) / kBlock;
-  // a task reads at least 256 KiB of weight: fewer forks for small layers
-  const int64_t group_bytes = std::max<int64_t>(1, kBlock * K * w.element_size());
-  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / group_bytes);
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+struct Operands {
+  int64_t M, K, N, sx, sw, so;
+  const T* x;
+  const T* w;
+  const T* bias;  // nullptr: none
+  T* out;
+
+  Operands(at::Tensor& out_, const at::Tensor& x_, const at::Tensor& w_,
+           const c10::optional<at::Tensor>& bias_)
+      : M(x_.size(0)), K(x_.size(1)), N(w_.size(0)), sx(x_.stride(0)), sw(w_.stride(0)),
+        so(out_.stride(0)), x(x_.const_data_ptr<T>()), w(w_.const_data_ptr<T>()),
+        bias(bias_.has_value() ? bias_->const_data_ptr<T>() : nullptr),
+        out(out_.data_ptr<T>()) {}
+
+  // out[m, n] from its float32 sum: the bias added, rounded once
+  void store(int64_t m, int64_t n, float acc) const {
+    out[m * so + n] = static_cast<T>(bias ? acc + static_cast<float>(bias[n]) : acc);
+  }
+
+  // the rows a task takes: at least 256 KiB of weight, fewer forks for small layers
+  int64_t grain(int64_t rows_per_item) const {
+    const int64_t bytes = std::max<int64_t>(1, rows_per_item * K * int64_t{sizeof(T)});
+    return std::max<int64_t>(1, (int64_t{256} << 10) / bytes);
+  }
+};
+
+// groups of 8 weight rows, read side by side (float32).
+template <typename T>
+void linear_groups(const Operands<T>& a) {
+  const int64_t groups = (a.N + kBlock - 1) / kBlock;
+  at::parallel_for(0, groups, a.grain(kBlock), [&](int64_t g0, int64_t g1) {
     float acc[kBlock];
     const T* rows[kBlock];
     for (int64_t g = g0; g < g1; ++g) {
-      const int64_t n0 = g * kBlock, count = std::min(kBlock, N - n0);
+      const int64_t n0 = g * kBlock, count = std::min(kBlock, a.N - n0);
       // a last group of fewer than 8 rows repeats its last row; those sums are not stored
-      for (int64_t r = 0; r < kBlock; ++r) rows[r] = wp + (n0 + std::min(r, count - 1)) * sw;
-      for (int64_t m = 0; m < M; ++m) {
-        rows_dot(rows, xp + m * sx, K, kBlock * sw, acc);
-        for (int64_t r = 0; r < count; ++r) {
-          const int64_t n = n0 + r;
-          op[m * so + n] = static_cast<T>(bp ? acc[r] + static_cast<float>(bp[n]) : acc[r]);
-        }
+      for (int64_t r = 0; r < kBlock; ++r) rows[r] = a.w + (n0 + std::min(r, count - 1)) * a.sw;
+      for (int64_t m = 0; m < a.M; ++m) {
+        rows_dot(rows, a.x + m * a.sx, a.K, kBlock * a.sw, acc);
+        for (int64_t r = 0; r < count; ++r) a.store(m, n0 + r, acc[r]);
       }
     }
   });
@@ -195,22 +211,11 @@ void linear_groups(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
 // one weight row at a time, start to end, for every row of x (the later rows of x find it in
 // L1), prefetching `ahead` elements on (0: nothing).
 template <typename T>
-void linear_rows(int64_t ahead, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-                 const c10::optional<at::Tensor>& bias) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const int64_t sx = x.stride(0), sw = w.stride(0), so = out.stride(0);
-  const T* xp = x.const_data_ptr<T>();
-  const T* wp = w.const_data_ptr<T>();
-  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
-  T* op = out.data_ptr<T>();
-  // a task reads at least 256 KiB of weight: fewer forks for small layers
-  const int64_t row_bytes = std::max<int64_t>(1, K * w.element_size());
-  const int64_t grain = std::max<int64_t>(1, (int64_t{256} << 10) / row_bytes);
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+void linear_rows(const Operands<T>& a, int64_t ahead) {
+  at::parallel_for(0, a.N, a.grain(1), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
-      for (int64_t m = 0; m < M; ++m) {
-        const float acc = row_dot(wp + n * sw, xp + m * sx, K, ahead);
-        op[m * so + n] = static_cast<T>(bp ? acc + static_cast<float>(bp[n]) : acc);
+      for (int64_t m = 0; m < a.M; ++m) {
+        a.store(m, n, row_dot(a.w + n * a.sw, a.x + m * a.sx, a.K, ahead));
       }
     }
   });
@@ -227,7 +232,7 @@ void check_bias(const c10::optional<at::Tensor>& bias, at::ScalarType dt, int64_
 }  // namespace
 
 void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-                const c10::optional<at::Tensor>& bias) {
+                const c10::optional<at::Tensor>& bias, bool huge_pages) {
   const auto dt = x.scalar_type();
   OPMUX_CHECK("linear", dt == at::kFloat || dt == at::kBFloat16,
               "expected x float32 or bfloat16, got ", dt);
@@ -241,17 +246,18 @@ void linear_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
   OPMUX_CHECK("linear", weight.scalar_type() == dt && out.scalar_type() == dt,
               "expected weight and out of x's dtype");
   check_bias(bias, dt, out.size(1));
-  if (dt == at::kFloat && x.size(0) > 1) {
-    linear_groups<float>(out, x, weight, bias);
+  if (dt == at::kFloat && (x.size(0) > 1 || !huge_pages)) {
+    linear_groups(Operands<float>(out, x, weight, bias));
   } else if (dt == at::kFloat) {
-    linear_rows<float>(kRowAhead / static_cast<int64_t>(sizeof(float)), out, x, weight, bias);
+    linear_rows(Operands<float>(out, x, weight, bias), kRowAhead / int64_t{sizeof(float)});
   } else {
-    linear_rows<at::BFloat16>(0, out, x, weight, bias);
+    linear_rows(Operands<at::BFloat16>(out, x, weight, bias), 0);
   }
 }
 
 TORCH_LIBRARY_FRAGMENT(opmux_cpu, m) {
-  m.def("linear_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()",
+  m.def("linear_out(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, "
+        "bool huge_pages=False) -> ()",
         cpu_kernel(&linear_out));
 }
 

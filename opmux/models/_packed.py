@@ -146,7 +146,7 @@ class PackedWeight:
         self._copy = self._row_kernel is not None and not in_place
         #: where that copy is made (:func:`place_row_weights`; else memory of its own)
         self._place: Tensor | None = None
-        self._placed = False  # by place_row_weights
+        self._placed = False  # by place_row_weights: what the row kernel reads is on huge pages
 
     def copies_bytes(self) -> int:
         """The bytes this adds beside the weight: the packed copy, and the row kernel's copy
@@ -175,7 +175,7 @@ class PackedWeight:
         kernel = self._row_kernel
         if kernel is not None and x.shape[0] <= _ROW_KERNEL_ROWS and x.stride(-1) == 1:
             out = x.new_empty((x.shape[0], w.shape[0]))
-            kernel(out, x, self._rows, self.bias)
+            kernel(out, x, self._rows, self.bias, self._placed)
             return out
         if x.shape[0] == 1 and self._row_plain:
             if self._row_onednn:

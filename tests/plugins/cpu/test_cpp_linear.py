@@ -1,7 +1,8 @@
 """The ``cpp`` linear kernel ``linear_out`` (a few rows of x against the plain weight: the
 ``cpp`` provider of the catalog op ``linear`` and the Engine's row kernel) against
-``F.linear``: odd sizes, strided rows, bias or none, float32 (8 rows at a time) and bfloat16
-(one row at a time), views; bad arguments refused before anything is written."""
+``F.linear``: odd sizes, strided rows, bias or none, float32 (8 rows at a time, or one at a
+time for a single row said to lie on huge pages) and bfloat16 (one row at a time), views; bad
+arguments refused before anything is written."""
 
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ pytestmark = pytest.mark.slow  # the session fixture compiles the extension on f
                                       (31, 9), (33, 64)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 8])
 @pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("huge_pages", [False, True])  # float32 single rows: the row loop
 def test_plain_kernel_matches_f_linear(cpp: Any, dtype: torch.dtype, k: int, n: int, rows: int,
-                                       with_bias: bool) -> None:
+                                       with_bias: bool, huge_pages: bool) -> None:
     g = torch.Generator().manual_seed(k * 1000 + n + rows)
     w = torch.randn(n, k + 3, generator=g).to(dtype)[:, 1:k + 1]  # rows apart by k + 3
     x = torch.randn(rows, k + 5, generator=g).to(dtype)[:, 2:k + 2]  # strided rows
     bias = torch.randn(n, generator=g).to(dtype) if with_bias else None
     out = torch.full((rows, n), float("nan"), dtype=dtype)
-    torch.ops.opmux_cpu.linear_out(out, x, w, bias)
+    torch.ops.opmux_cpu.linear_out(out, x, w, bias, huge_pages)
     exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
     native = F.linear(x, w, bias)
     slack = 1e-6 * (x.double().abs() @ w.double().abs().t()).max().item()
