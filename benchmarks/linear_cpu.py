@@ -127,11 +127,15 @@ def _step_weights(dtype: torch.dtype) -> list[Tensor]:
     return weights
 
 
+def _packed_dtypes() -> list[torch.dtype]:
+    """float32, and bfloat16 where the CPU computes in it (the dtypes the Engine packs)."""
+    bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return [torch.float32, torch.bfloat16] if bf16 else [torch.float32]
+
+
 def huge_pages(threads_list: list[int], rounds: int) -> None:
     require_cpu_plugin()
-    dtypes = [torch.float32]
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        dtypes.append(torch.bfloat16)
+    dtypes = _packed_dtypes()
     print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'own ms':>8} {'huge pages ms':>14} "
           f"{'ratio':>6} {'GB/s':>6}")
     for dtype in dtypes:
@@ -157,9 +161,7 @@ def huge_pages(threads_list: list[int], rounds: int) -> None:
 
 
 def packed(threads_list: list[int], rounds: int) -> None:
-    dtypes = [torch.float32]
-    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        dtypes.append(torch.bfloat16)
+    dtypes = _packed_dtypes()
     print(f"{'dtype':>8} {'threads':>7} {'rows':>5} {'in':>5} {'out':>6} {'oneDNN us':>10} "
           f"{'kernel us':>11} {'ratio':>6}")
     for dtype in dtypes:
