@@ -108,19 +108,18 @@ def place_row_weights(packs: Iterable[PackedWeight]) -> None:
     copy where the kernel reads one (made there at its next call), else the weight itself,
     whose data moves there (the same tensor, the same values; a tensor taken from its
     ``.data`` before no longer shares its memory)."""
-    waiting = [p for p in packs if p._row_kernel is not None and not p._placed]
+    waiting = [p for p in packs if p._row_kernel is not None and p._place is None]
     sizes = [p.weight.numel() * p.weight.element_size() for p in waiting]
-    region = huge_page_region(sum(-(-n // _LINE) * _LINE for n in sizes))
-    at = 0
-    for p, size in zip(waiting, sizes, strict=True):
-        slot = region[at:at + size].view(p.weight.dtype).view(p.weight.shape)
-        if p._copy:
-            p._place = slot
-        else:
+    starts = [0]
+    for size in sizes:  # each slot rounded up to whole cache lines
+        starts.append(starts[-1] + -(-size // _LINE) * _LINE)
+    region = huge_page_region(starts[-1])
+    for p, at, size in zip(waiting, starts[:-1], sizes, strict=True):
+        p._place = region[at:at + size].view(p.weight.dtype).view(p.weight.shape)
+        if not p._copy:
             with torch.no_grad():
-                p.weight.data = slot.copy_(p.weight)
-        p._placed, p._version, p._rows = True, -1, p.weight  # the old memory let go
-        at += -(-size // _LINE) * _LINE
+                p.weight.data = p._place.copy_(p.weight)
+        p._version, p._rows = -1, p.weight  # the old memory let go
 
 
 class PackedWeight:
@@ -144,9 +143,9 @@ class PackedWeight:
         # the row kernel reads float32 in place unless its rows are strided, bfloat16 on a copy
         in_place = weight.dtype == torch.float32 and weight.stride(-1) == 1
         self._copy = self._row_kernel is not None and not in_place
-        #: where that copy is made (:func:`place_row_weights`; else memory of its own)
+        #: what the row kernel reads, on huge pages (:func:`place_row_weights`): where the
+        #: copy is made, or the weight's own data; ``None``: memory of its own
         self._place: Tensor | None = None
-        self._placed = False  # by place_row_weights: what the row kernel reads is on huge pages
 
     def copies_bytes(self) -> int:
         """The bytes this adds beside the weight: the packed copy, and the row kernel's copy
@@ -166,16 +165,14 @@ class PackedWeight:
         if w._version != self._version:
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
             rows = w.detach()
-            if self._place is not None:
-                rows = self._place.copy_(rows)
-            elif self._copy:
-                rows = rows.contiguous()
+            if self._copy:
+                rows = rows.contiguous() if self._place is None else self._place.copy_(rows)
             self._rows = rows
             self._version = w._version
         kernel = self._row_kernel
         if kernel is not None and x.shape[0] <= _ROW_KERNEL_ROWS and x.stride(-1) == 1:
             out = x.new_empty((x.shape[0], w.shape[0]))
-            kernel(out, x, self._rows, self.bias, self._placed)
+            kernel(out, x, self._rows, self.bias, self._place is not None)
             return out
         if x.shape[0] == 1 and self._row_plain:
             if self._row_onednn:

@@ -108,20 +108,26 @@ class _Attention(torch.nn.Module):
         self.scale = cfg.attn_scale
         self.window = cfg.sliding_windows[layer]
         self.soft_cap = cfg.attn_soft_cap
+        self.qkv_sizes = [self.heads * d, self.kv_heads * d, self.kv_heads * d]
 
     def forward(self, x: Tensor, positions: Tensor, cache: tuple[Tensor, Tensor],
                 meta: AttentionBatch) -> Tensor:
-        t, d = x.shape[0], self.head_dim
-        qkv = _project(self.qkv_proj, x)
-        q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k, v = _project(self.qkv_proj, x).split(self.qkv_sizes, dim=-1)
         q, k = self.rotary(positions, q, k)
+        return _project(self.o_proj, self.attend(q, k, v, cache, meta))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor],
+               meta: AttentionBatch) -> Tensor:
+        """The step's keys and values written to ``cache``, then paged attention of the
+        rotated queries: ``[T, heads * head_dim]``."""
+        t, d = q.shape[0], self.head_dim
         ops.reshape_and_cache(k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d),
                               cache[0], cache[1], meta.slots, meta.kv_cache_format)
-        attn = ops.paged_attention(q.reshape(t, self.heads, d), cache[0], cache[1],
-                                   meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                   self.scale, self.window, self.soft_cap,
-                                   meta.kv_cache_format)
-        return _project(self.o_proj, attn.view(t, self.heads * d))
+        attn: Tensor = ops.paged_attention(q.reshape(t, self.heads, d), cache[0], cache[1],
+                                           meta.block_tables, meta.seq_lens,
+                                           meta.query_start_loc, self.scale, self.window,
+                                           self.soft_cap, meta.kv_cache_format)
+        return attn.view(t, self.heads * d)
 
 
 class _MLP(torch.nn.Module):
@@ -205,12 +211,9 @@ class _LeanLayer:
         self.norm2 = layer.post_attention_layernorm._parameters
         self.eps1 = layer.input_layernorm.variance_epsilon
         self.eps2 = layer.post_attention_layernorm.variance_epsilon
-        self.rotary = attn.rotary
+        self.attn, self.rotary = attn, attn.rotary
         self.head_size, self.neox = attn.rotary.head_size, attn.rotary.is_neox_style
         self.qkv, self.o, self.gate_up, self.down = packs
-        self.heads, self.kv_heads, self.head_dim = attn.heads, attn.kv_heads, attn.head_dim
-        self.sizes = [attn.heads * attn.head_dim] + [attn.kv_heads * attn.head_dim] * 2
-        self.scale, self.window, self.soft_cap = attn.scale, attn.window, attn.soft_cap
 
     def __call__(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
                  cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
@@ -220,20 +223,13 @@ class _LeanLayer:
         else:
             x, residual = ops.fused_add_rms_norm(hidden, residual, self.norm1["weight"],
                                                  self.eps1)
-        t, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
+        q, k, v = self.qkv(x).split(self.attn.qkv_sizes, dim=-1)
         cos_sin = self.rotary.cos_sin_cache
         if cos_sin.dtype != q.dtype:  # as the layer does: the cache in the query's dtype
             cos_sin = cos_sin.to(q.dtype)
         q, k = ops.rotary_embedding(positions, q, k, cos_sin, self.head_size, self.neox)
-        fmt = meta.kv_cache_format
-        ops.reshape_and_cache(k.reshape(t, self.kv_heads, d), v.reshape(t, self.kv_heads, d),
-                              cache[0], cache[1], meta.slots, fmt)
-        attn = ops.paged_attention(q.reshape(t, self.heads, d), cache[0], cache[1],
-                                   meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                   self.scale, self.window, self.soft_cap, fmt)
-        x, residual = ops.fused_add_rms_norm(self.o(attn.view(t, self.heads * d)), residual,
-                                             self.norm2["weight"], self.eps2)
+        x, residual = ops.fused_add_rms_norm(self.o(self.attn.attend(q, k, v, cache, meta)),
+                                             residual, self.norm2["weight"], self.eps2)
         return self.down(ops.silu_and_mul(self.gate_up(x))), residual
 
 
