@@ -48,7 +48,7 @@ def checked(op: Op, impl: OpImpl) -> Callable[..., Any]:
                     op=op.qualname, provider=provider)
         for name, (version, copy) in before.items():
             tensor = named[name]
-            if tensor._version != version or not _same(copy, tensor):
+            if _version(tensor) != version or not _same(copy, tensor):
                 raise ProviderOutputError(
                     f"op {op.qualname!r}: provider {provider!r} changed argument {name!r}, "
                     f"which is not in mutates_args {list(op.mutates_args)}",
@@ -112,8 +112,14 @@ def _describe(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
+def _version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter; ``-1`` for an inference tensor, which has none (its
+    values are compared)."""
+    return -1 if tensor.is_inference() else tensor._version
+
+
 def _snapshot(tensor: torch.Tensor) -> tuple[int, torch.Tensor]:
-    return tensor._version, tensor.detach().clone()
+    return _version(tensor), tensor.detach().clone()
 
 
 def _same(before: torch.Tensor, after: torch.Tensor) -> bool:

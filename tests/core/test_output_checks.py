@@ -73,6 +73,20 @@ def test_bad_provider_outputs_are_reported_naming_op_and_provider(
     assert f"op {op.qualname!r}: provider 'bad'" in str(info.value)
 
 
+@pytest.mark.parametrize(("impl", "message"), [
+    (_int64, "output with dtype torch.int64"),
+    (_writes_y, "changed argument 'y'"),  # inference tensors have no version counter
+])
+def test_checks_run_on_inference_tensors(registry: opmux.OpRegistry, ns: str,
+                                         impl: Callable[..., Any], message: str) -> None:
+    op = _op_with(registry, ns, impl)
+    with torch.inference_mode():
+        x, y = torch.arange(3.0), torch.zeros(3)
+        with opmux.enable_output_checks(), pytest.raises(opmux.ProviderOutputError,
+                                                         match=message):
+            op(x, y)
+
+
 def test_off_means_the_provider_itself_is_on_the_hot_path(registry: opmux.OpRegistry,
                                                            ns: str) -> None:
     op = _op_with(registry, ns, _int64)
