@@ -10,8 +10,10 @@ events: catalog ops by name, linear layers by weight shape, and the rest by ATen
 bookkeeping, the profiler's own cost per op included). The unprofiled decode step (the
 ``Engine``'s ``decode_s`` per step, best of ``--rounds`` alternating runs) is printed beside
 it, for the ``Engine`` as built (linear weights laid out for the GEMM libraries,
-``opmux.models._packed``, and each decoder layer stepped by its lean layer: catalog ops and
-packed weights called without module calls), for one with the packed weights but every
+``opmux.models._packed``, and each decoder layer stepped by its lean layer: at one or two
+rows one call of the CPU plugin's ``decoder_layer`` per layer, else catalog ops and packed
+weights called without module calls), for one whose lean layers make the op calls at every
+row count ("op calls, not one call per layer"), for one with the packed weights but every
 layer through its forward ("without the lean layers"), and for one built with
 ``pack_weights=False`` (every linear through its layer), each on its own copy of the model.
 
@@ -97,13 +99,16 @@ def main() -> None:
         write_random_llama(Path(tmp), shape, seed=0)
         engine = Engine(load_model(tmp, dtype), block_size=16)
         layers = Engine(load_model(tmp, dtype), block_size=16, pack_weights=False)
+        op_calls = Engine(load_model(tmp, dtype), block_size=16)
+        for step in op_calls.model._lean or []:
+            step.kernel = None  # lean layers, each through its op calls
         no_lean = Engine(load_model(tmp, dtype), block_size=16)
         no_lean.model._lean = None  # packed weights, but every layer through its forward
     print(f"{args.size} ({shape.num_parameters() / 1e6:.1f}M parameters), {args.dtype}, "
           f"{torch.get_num_threads()} thread(s), torch {torch.__version__}")
     for batch in args.batch:
         prompts = token_prompts(batch, args.prompt_len, shape.vocab)
-        runs = {"packed": engine, "no_lean": no_lean, "layers": layers}
+        runs = {"packed": engine, "op_calls": op_calls, "no_lean": no_lean, "layers": layers}
         best = dict.fromkeys(runs, float("inf"))
         for e in runs.values():
             e.generate(prompts, 4)
@@ -114,7 +119,9 @@ def main() -> None:
         wall, ops, steps = profile_decode(engine, prompts, args.new_tokens)
         in_ops = sum(s for _, s in ops.values())
         print(f"\nbatch {batch}: decode step {best['packed'] * 1e3:.2f} ms unprofiled "
-              f"(without the lean layers: {best['no_lean'] * 1e3:.2f} ms, "
+              f"(op calls, not one call per layer: {best['op_calls'] * 1e3:.2f} ms, "
+              f"{best['op_calls'] / best['packed']:.2f}x; "
+              f"without the lean layers: {best['no_lean'] * 1e3:.2f} ms, "
               f"{best['no_lean'] / best['packed']:.2f}x; pack_weights=False: "
               f"{best['layers'] * 1e3:.2f} ms, {best['layers'] / best['packed']:.2f}x), "
               f"{wall / steps * 1e3:.2f} ms profiled ({steps} steps)")

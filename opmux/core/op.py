@@ -230,6 +230,21 @@ class Op:
                 return impl
         return self._native_impl
 
+    def first_choice(self, key: str) -> OpImpl | None:
+        """The provider every call of dispatch key ``key`` (``"CPU"``) tries first, where it
+        runs as registered (not traced, not output-checked) and no size bucket has an order
+        of its own; else ``None`` (native first, or no such key). Its predicate still decides
+        each call. For callers that run a provider's kernels directly while it stays first
+        (``opmux.models``' lean decoder layers); not the hot path."""
+        self._registry.ensure_loaded()
+        holder = self.priorities.chains.get(key)
+        if holder is None or holder.sized is not None:
+            return None
+        chain, fns = holder.walk
+        if not chain or fns[0] is not chain[0].fn:
+            return None
+        return chain[0]
+
     def _first_arg(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if args:
             return args[0]

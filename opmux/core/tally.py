@@ -24,7 +24,16 @@ from typing import Any
 from opmux.core.op import Op
 from opmux.core.registry import get_op
 
-__all__ = ["ProviderTally"]
+__all__ = ["ProviderTally", "counting"]
+
+_PLAIN_CALL = Op.__dict__["__call__"]
+
+
+def counting() -> bool:
+    """Whether a :class:`ProviderTally` is counting (its call stands in for
+    ``Op.__call__``): a caller that would run a provider's kernels without an op call makes
+    the op calls instead."""
+    return Op.__dict__["__call__"] is not _PLAIN_CALL
 
 
 class ProviderTally:
@@ -45,14 +54,14 @@ class ProviderTally:
             watched[id(get_op(name))] = self.counts.setdefault(name, Counter())
         original = Op.__dict__["__call__"]
 
-        def counting(op: Op, *args: Any, **kwargs: Any) -> Any:
+        def counted(op: Op, *args: Any, **kwargs: Any) -> Any:
             counter = watched.get(id(op))
             if counter is not None:
                 counter[op.dispatch(*args, **kwargs).provider] += 1
             return original(op, *args, **kwargs)
 
         self._saved.append(original)
-        setattr(Op, "__call__", counting)  # noqa: B010
+        setattr(Op, "__call__", counted)  # noqa: B010
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -159,21 +159,29 @@ class PackedWeight:
         return (x.dim() == 2 and x.shape[0] > 0 and x.dtype == self.weight.dtype and x.is_cpu
                 and not torch.is_grad_enabled() and not torch.compiler.is_compiling())
 
-    def __call__(self, x: Tensor) -> Tensor:
-        assert _REORDER is not None and _LINEAR is not None
+    def rows(self) -> Tensor:
+        """What the row kernel reads, laid out again first if the weight changed in place
+        since (with the oneDNN copy)."""
         w = self.weight
         if w._version != self._version:
+            assert _REORDER is not None
             self._packed = _REORDER(w.detach(), _ROWS_HINT)
             rows = w.detach()
             if self._copy:
                 rows = rows.contiguous() if self._place is None else self._place.copy_(rows)
             self._rows = rows
             self._version = w._version
+        return self._rows
+
+    def __call__(self, x: Tensor) -> Tensor:
+        assert _LINEAR is not None
+        rows = self.rows()
         kernel = self._row_kernel
         if kernel is not None and x.shape[0] <= _ROW_KERNEL_ROWS and x.stride(-1) == 1:
-            out = x.new_empty((x.shape[0], w.shape[0]))
-            kernel(out, x, self._rows, self.bias, self._place is not None)
+            out = x.new_empty((x.shape[0], rows.shape[0]))
+            kernel(out, x, rows, self.bias, self._place is not None)
             return out
+        w = self.weight
         if x.shape[0] == 1 and self._row_plain:
             if self._row_onednn:
                 return _LINEAR(x, w, self.bias, "none", [], "")

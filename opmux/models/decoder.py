@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 import opmux.ops as ops
+from opmux.core.registry import global_registry
+from opmux.core.tally import counting
 from opmux.distributed import get_tensor_model_parallel_world_size
 from opmux.layers import (
     GeluAndMul,
@@ -36,12 +38,14 @@ from opmux.layers import (
     get_rope,
 )
 from opmux.layers.moe import FusedMoE
-from opmux.models._packed import PackedWeight, can_pack, place_row_weights
+from opmux.models._packed import _ROW_KERNEL_ROWS, PackedWeight, can_pack, place_row_weights
 from opmux.models.config import ModelConfig
 from opmux.models.memory import MemoryNeed, check_fits
 from opmux.ops.kv_formats import KVCacheFormat, get_kv_cache_format, kv_cache_format
 
 __all__ = ["AttentionBatch", "CausalLM", "WeightTarget"]
+
+_CPP = "cpp"  # the CPU plugin's provider, whose kernels the one-call layer runs
 
 
 @dataclass
@@ -200,6 +204,11 @@ class _LeanLayer:
     autograd and compilation. A decode step's Python runs on caches that the weight stream
     has just flushed, so each frame saved counts several times over
     (``benchmarks/decode_profile.py``, "without the lean layers").
+
+    :meth:`fused` runs the same kernels in one call of the CPU plugin's ``decoder_layer``
+    (``csrc/cpu/decoder_layer.cpp``), for the steps where every op it stands for would take
+    the ``cpp`` provider anyway (:func:`_kernel_ops_first`) and its projections the row
+    kernel (``benchmarks/decode_profile.py``, "one call per layer").
     """
 
     def __init__(self, layer: _Layer, packs: list[PackedWeight]) -> None:
@@ -214,6 +223,31 @@ class _LeanLayer:
         self.attn, self.rotary = attn, attn.rotary
         self.head_size, self.neox = attn.rotary.head_size, attn.rotary.is_neox_style
         self.qkv, self.o, self.gate_up, self.down = packs
+        #: the one-call layer (:meth:`fused`) where this layer's weights allow it, else None
+        self.kernel = _layer_kernel() if _kernel_takes(attn, packs) else None
+
+    def fused(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
+              cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
+        """:meth:`__call__` in one kernel call (same kernels, same order, same result); a
+        step whose arguments a kernel refuses runs :meth:`__call__`, whose ops say what is
+        wrong or hand the call to the next provider."""
+        kernel, attn = self.kernel, self.attn
+        assert kernel is not None
+        cos_sin = self.rotary.cos_sin_cache
+        if cos_sin.dtype != hidden.dtype:  # as the layer does: the cache in the query's dtype
+            cos_sin = cos_sin.to(hidden.dtype)
+        window, cap = attn.window, attn.soft_cap
+        try:
+            out: tuple[Tensor, Tensor] = kernel(
+                hidden, residual, self.norm1["weight"], self.eps1, self.norm2["weight"],
+                self.eps2, self.qkv.rows(), self.qkv.bias, self.o.rows(), self.gate_up.rows(),
+                self.down.rows(), self.qkv._place is not None, positions, cos_sin, attn.heads,
+                attn.kv_heads, attn.head_dim, self.neox, cache[0], cache[1], meta.slots,
+                meta.block_tables, meta.seq_lens, meta.query_start_loc, attn.scale,
+                -1 if window is None else window, 0.0 if cap is None else cap)
+        except ValueError:
+            return self(hidden, residual, positions, cache, meta)
+        return out
 
     def __call__(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
                  cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
@@ -231,6 +265,39 @@ class _LeanLayer:
         x, residual = ops.fused_add_rms_norm(self.o(self.attn.attend(q, k, v, cache, meta)),
                                              residual, self.norm2["weight"], self.eps2)
         return self.down(ops.silu_and_mul(self.gate_up(x))), residual
+
+
+def _layer_kernel() -> Callable[..., tuple[Tensor, Tensor]] | None:
+    """The CPU plugin's one-call decoder layer where its kernels are loaded (start-up, run
+    here if nothing ran it yet, loads them)."""
+    global_registry().ensure_loaded()
+    kernel: Callable[..., tuple[Tensor, Tensor]] | None = getattr(
+        torch.ops.opmux_cpu, "decoder_layer", None)
+    return kernel
+
+
+def _kernel_takes(attn: _Attention, packs: list[PackedWeight]) -> bool:
+    """Whether the one-call layer can stand for a layer with these projections: all four
+    through the row kernel from one kind of memory, biases on QKV only (Qwen2), and the
+    rotary embedding over the attention's heads."""
+    placed = {p._place is not None for p in packs}
+    return (all(p._row_kernel is not None for p in packs) and len(placed) == 1
+            and all(p.bias is None for p in packs[1:])
+            and attn.rotary.head_size == attn.head_dim)
+
+
+def _kernel_ops_first() -> bool:
+    """Whether every catalog op the one-call layer stands for tries the ``cpp`` provider
+    first on the CPU, as registered, and no :class:`~opmux.ProviderTally` is counting (it
+    counts op calls, so it gets them). Read once per step."""
+    if counting():
+        return False
+    for op in (ops.rms_norm, ops.fused_add_rms_norm, ops.rotary_embedding,
+               ops.reshape_and_cache, ops.paged_attention, ops.silu_and_mul):
+        impl = op.first_choice("CPU")
+        if impl is None or impl.provider != _CPP:
+            return False
+    return True
 
 
 def _takes_op_path(layer: torch.nn.Module, op_path: Callable[..., Any]) -> bool:
@@ -323,8 +390,11 @@ class CausalLM(torch.nn.Module):
                                  or not hidden.is_cpu or hidden.dtype != self.dtype
                                  or hidden.dim() != 2 or hidden.shape[0] == 0):
             lean = None  # the packed weights' conditions (PackedWeight.takes)
+        fused = (lean is not None and all(step.kernel is not None for step in lean)
+                 and hidden.shape[0] <= _ROW_KERNEL_ROWS
+                 and meta.kv_cache_format == "canonical" and _kernel_ops_first())
         for i, (layer, cache) in enumerate(zip(self.layers, kv_cache, strict=True)):
-            step = layer if lean is None else lean[i]
+            step = layer if lean is None else lean[i].fused if fused else lean[i]
             hidden, residual = step(hidden, residual, positions, cache, meta)
         if residual is None:
             x = self.norm(hidden)

@@ -176,3 +176,19 @@ def test_predicate_refuses_names_the_impl_lacks() -> None:
 
     with pytest.raises(opmux.SignatureMismatchError, match=r"reads \['y'\]"):
         predicate(impl, lambda y: True)
+
+
+def test_first_choice_is_the_provider_every_call_tries_first(registry: opmux.OpRegistry,
+                                                             ns: str) -> None:
+    op = _op(registry, ns)
+    first = op.first_choice("CPU")
+    assert first is not None and first.provider == "wide"  # its predicate decides each call
+    assert op.first_choice("XLA") is None  # no provider of that key
+    with op.set_priority(["native", "wide"]):
+        assert op.first_choice("CPU") is None
+    op.priorities.set_tuned(["wide"], [["wide"]] * dispatch.SIZE_BUCKETS)
+    assert op.first_choice("CPU") is None  # an order per size bucket
+    op.priorities.set_tuned(None, None)
+    with opmux.enable_output_checks():
+        assert op.first_choice("CPU") is None  # the provider runs wrapped
+    assert op.first_choice("CPU") is first

@@ -15,6 +15,7 @@ from torch import Tensor
 
 import opmux
 from opmux.cli import main
+from opmux.core.tally import counting
 from opmux.models import BlockAllocator, Engine, ProviderTally, SamplingParams, load_model
 from opmux.models.decoder import AttentionBatch, CausalLM
 from opmux.models.engine import sample
@@ -140,10 +141,12 @@ def test_bad_prompts(engine: Engine) -> None:
 def test_provider_tally_counts_and_restores() -> None:
     op = opmux.ops.silu_and_mul
     before = type(op).__dict__["__call__"]
+    assert not counting()
     with ProviderTally(["silu_and_mul", "rms_norm"]) as tally:
+        assert counting()
         for _ in range(3):
             op(torch.ones(2, 8))
-    assert type(op).__dict__["__call__"] is before
+    assert type(op).__dict__["__call__"] is before and not counting()
     assert sum(tally.calls()["silu_and_mul"].values()) == 3
     assert "rms_norm" not in tally.providers()
     assert tally.providers()["silu_and_mul"] == op.dispatch(torch.ones(2, 8)).provider
@@ -327,14 +330,20 @@ def test_lean_layers_follow_the_layers_choices(ckpt: Path) -> None:
     model.pack_weights()
     assert model._lean is not None
     calls = []
-    step = type(model._lean[0]).__call__
+    lean = type(model._lean[0])
 
-    def counted(self: object, *args: object) -> object:
-        calls.append(1)
-        return step(self, *args)
+    def counting(name: str) -> Any:
+        step = getattr(lean, name)
+
+        def counted(self: object, *args: object) -> object:
+            calls.append(1)
+            return step(self, *args)
+
+        return counted
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(type(model._lean[0]), "__call__", counted)
+        for name in ("__call__", "fused"):  # the op calls, or one call per layer
+            mp.setattr(lean, name, counting(name))
         Engine(model, block_size=4).generate(PROMPTS[:1], 2)
         assert len(calls) == 2 * len(model.layers)
         calls.clear()
