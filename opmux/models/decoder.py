@@ -208,7 +208,7 @@ class _LeanLayer:
     :meth:`fused` runs the same kernels in one call of the CPU plugin's ``decoder_layer``
     (``csrc/cpu/decoder_layer.cpp``), for the steps where every op it stands for would take
     the ``cpp`` provider anyway (:func:`_kernel_ops_first`) and its projections the row
-    kernel (``benchmarks/decode_profile.py``, "one call per layer").
+    kernel (``benchmarks/decode_profile.py``, "op calls, not one call per layer").
     """
 
     def __init__(self, layer: _Layer, packs: list[PackedWeight]) -> None:
