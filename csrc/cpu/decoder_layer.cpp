@@ -4,10 +4,13 @@
 // linear_out for its four projections, called in the order the layers call them, so the
 // result is theirs to the bit. Each kernel checks its own arguments before it writes; the
 // distinct slots native's reshape_and_cache requires are checked here, before anything is
-// written.
+// written, and so are caches without overlapping elements (reshape_and_cache's kernel does
+// not read that condition of native's).
 #include "kernels.h"
 #include "op_library.h"
 #include "vec_common.h"
+
+#include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
 #include <tuple>
@@ -52,6 +55,10 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   OPMUX_CHECK("decoder_layer", hidden.dim() == 2 && heads > 0 && kv_heads > 0 && head_size > 0,
               "expected hidden [T, hidden_size] and positive head counts, got ", hidden.sizes());
   check_distinct_slots(slot_mapping);
+  OPMUX_CHECK("reshape_and_cache",
+              at::has_internal_overlap(key_cache) != at::MemOverlap::Yes &&
+                  at::has_internal_overlap(value_cache) != at::MemOverlap::Yes,
+              "key_cache and value_cache must not have elements that overlap");
   const int64_t T = hidden.size(0);
   const int64_t q_width = heads * head_size;
   const int64_t kv_width = kv_heads * head_size;

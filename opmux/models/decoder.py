@@ -229,8 +229,9 @@ class _LeanLayer:
     def fused(self, hidden: Tensor, residual: Tensor | None, positions: Tensor,
               cache: tuple[Tensor, Tensor], meta: AttentionBatch) -> tuple[Tensor, Tensor]:
         """:meth:`__call__` in one kernel call (same kernels, same order, same result); a
-        step whose arguments a kernel refuses runs :meth:`__call__`, whose ops say what is
-        wrong or hand the call to the next provider."""
+        step whose arguments a kernel refuses (or that has a tensor off the CPU) runs
+        :meth:`__call__`, whose ops say what is wrong or hand the call to the next
+        provider."""
         kernel, attn = self.kernel, self.attn
         assert kernel is not None
         cos_sin = self.rotary.cos_sin_cache
@@ -245,7 +246,7 @@ class _LeanLayer:
                 attn.kv_heads, attn.head_dim, self.neox, cache[0], cache[1], meta.slots,
                 meta.block_tables, meta.seq_lens, meta.query_start_loc, attn.scale,
                 -1 if window is None else window, 0.0 if cap is None else cap)
-        except ValueError:
+        except (ValueError, NotImplementedError):  # refused, or a tensor on another device
             return self(hidden, residual, positions, cache, meta)
         return out
 

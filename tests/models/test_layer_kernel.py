@@ -193,6 +193,18 @@ def test_refused_arguments_get_the_ops_errors(ckpt: Path, seen: list[int]) -> No
         _decode_row(model, torch.tensor([4]), torch.tensor([99]))
 
 
+def _kernel(step: Any, hidden: Tensor, positions: Tensor, cache: tuple[Tensor, Tensor],
+            meta: AttentionBatch) -> tuple[Tensor, Tensor]:
+    """``decoder_layer`` called directly for the first layer of the ``SHAPE`` model."""
+    out: tuple[Tensor, Tensor] = step.kernel(
+        hidden, None, step.norm1["weight"], step.eps1, step.norm2["weight"], step.eps2,
+        step.qkv.rows(), None, step.o.rows(), step.gate_up.rows(), step.down.rows(), False,
+        positions, step.rotary.cos_sin_cache, SHAPE.heads, SHAPE.kv_heads,
+        SHAPE.hidden // SHAPE.heads, True, cache[0], cache[1], meta.slots, meta.block_tables,
+        meta.seq_lens, meta.query_start_loc, 0.25, -1, 0.0)
+    return out
+
+
 def test_the_kernel_checks_distinct_slots_before_writing(model: CausalLM) -> None:
     """Two rows on one slot: ``decoder_layer`` refuses before it writes the cache (and the
     ops then give native's error)."""
@@ -205,12 +217,20 @@ def test_the_kernel_checks_distinct_slots_before_writing(model: CausalLM) -> Non
                           torch.tensor([0, 1, 2], dtype=torch.int32))
     hidden = torch.randn(2, SHAPE.hidden)
     with torch.inference_mode(), pytest.raises(ValueError, match="distinct slots"):
-        step.kernel(hidden, None, step.norm1["weight"], step.eps1,  # type: ignore[misc]
-                    step.norm2["weight"], step.eps2, step.qkv.rows(), None, step.o.rows(),
-                    step.gate_up.rows(), step.down.rows(), False, torch.tensor([1, 1]),
-                    step.rotary.cos_sin_cache, 4, 2, SHAPE.hidden // 4, True, cache[0][0],
-                    cache[0][1], meta.slots, meta.block_tables, meta.seq_lens,
-                    meta.query_start_loc, 0.25, -1, 0.0)
+        _kernel(step, hidden, torch.tensor([1, 1]), cache[0], meta)
     assert all(torch.equal(a, b) for a, b in zip(before, cache[0], strict=True))
     with torch.inference_mode(), pytest.raises(opmux.OpInputError, match="reshape_and_cache"):
         step.fused(hidden, None, torch.tensor([1, 1]), cache[0], meta)
+    # caches whose blocks are one block repeated (stride 0): native refuses them
+    shared = tuple(c[:1].expand_as(c) for c in cache[0])
+    one = AttentionBatch(torch.tensor([1]), torch.zeros(1, 1, dtype=torch.int32),
+                         torch.tensor([2], dtype=torch.int32),
+                         torch.tensor([0, 1], dtype=torch.int32))
+    with torch.inference_mode(), pytest.raises(ValueError, match="overlap"):
+        _kernel(step, hidden[:1], torch.tensor([1]), shared, one)  # type: ignore[arg-type]
+    with torch.inference_mode(), pytest.raises(opmux.OpInputError, match="overlap"):
+        step.fused(hidden[:1], None, torch.tensor([1]), shared, one)  # type: ignore[arg-type]
+    # a cache off the CPU: the ops decide (here native, which wants the query's device)
+    meta_cache = tuple(torch.empty_like(c, device="meta") for c in cache[0])
+    with torch.inference_mode(), pytest.raises(opmux.OpInputError, match="device"):
+        step.fused(hidden[:1], None, torch.tensor([1]), meta_cache, one)  # type: ignore[arg-type]
