@@ -4,6 +4,7 @@
 // Math in fp32 registers, one rounding at the store; gelu_and_mul_sparse rounds its row
 // statistics to the input dtype where the PyTorch reference does.
 #include "gated.h"
+#include "kernels.h"
 #include "op_library.h"
 
 #include <cmath>

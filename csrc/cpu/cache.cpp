@@ -1,6 +1,7 @@
 // reshape_and_cache (scatter new keys/values into the paged cache) and advance_step_flashattn
 // (in-place metadata update between decode steps). Both validate every argument, and every
 // index they will use, before writing anything.
+#include "kernels.h"
 #include "op_library.h"
 #include "vec_common.h"
 

@@ -1,5 +1,6 @@
 // The kernels one C++ file calls from another (each defined, checked and registered as an op in
-// its own file; these are the plain functions behind those ops).
+// its own file, which includes this header so that the compiler holds the two to one
+// signature; these are the plain functions behind those ops).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -3,6 +3,7 @@
 // gemma_rms_norm, gemma_fused_add_rms_norm and rms_norm_gated: fp32 math in registers, one
 // rounding to the input dtype, rows split across threads. The weight may be the input dtype
 // or fp32 (Gemma checkpoints keep either).
+#include "kernels.h"
 #include "norm_rows.h"
 #include "op_library.h"
 

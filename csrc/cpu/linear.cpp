@@ -13,6 +13,7 @@
 //   caller says the weight lies on 2 MiB pages (`huge_pages`: the Engine's packed weights).
 // - float32 otherwise: 8 weight rows side by side, prefetching the same columns of the next
 //   group of 8 rows.
+#include "kernels.h"
 #include "op_library.h"
 #include "vec_common.h"
 

@@ -29,6 +29,7 @@
 // On CPUs with AMX tiles, bf16 items with a head size that is a multiple of 32 (decode groups
 // of 1, 2, 4, 8 or 16 rows per kv head, items of one kv head) take the tile path of
 // paged_attention_amx.h instead.
+#include "kernels.h"
 #include "op_library.h"
 #include "paged_attention_amx.h"
 #include "paged_attention_item.h"

@@ -4,6 +4,7 @@
 // dual_chunk_rotary_embedding (vLLM's DualChunkRotaryEmbedding: one key rotation, five query
 // rotations written side by side). Both are functional: they write into given outputs, math
 // in fp32, one rounding to the output dtype.
+#include "kernels.h"
 #include "op_library.h"
 #include "rope_head.h"
 
